@@ -1,0 +1,82 @@
+// Run configuration: YAML files with `--set key=value` overrides, validated before use.
+//
+// Every key is declared once (name, type, default, documentation, range check) in
+// src/util/config.cpp; `ddiloco config --list` prints them all. Loading rejects unknown keys,
+// values of the wrong type and values out of range with a one-line message naming the source
+// (file or --set), the key and what was expected, e.g.
+//   configs/x.yaml: train.lr: must be > 0, got -0.001
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ddiloco/model.hpp"
+
+namespace ddiloco {
+
+struct RunConfig {
+  std::string dir = "runs/default";  ///< metrics.jsonl, config.yaml, model.h5 go here
+  int64_t seed = 1337;               ///< model init and data order
+  int threads = 0;                   ///< OpenMP threads per rank; 0 = cores / ranks per node
+  int log_every = 10;                ///< steps between train-loss lines
+  bool progress = true;              ///< progress bar on rank 0 when stdout is a terminal
+};
+
+struct DataConfig {
+  std::string train = "data/kjv/train_*.bin";  ///< glob of training shards
+  std::string val = "data/kjv/val_*.bin";      ///< glob of validation shards
+  bool shuffle = true;                         ///< permute shards and batches every epoch
+};
+
+struct TrainConfig {
+  int batch_size = 16;       ///< sequences per rank per step
+  int64_t steps = 2000;      ///< inner optimizer steps
+  double lr = 3e-3;          ///< peak learning rate
+  int64_t warmup_steps = 100;
+  double min_lr_frac = 0.1;  ///< final lr = lr · min_lr_frac (cosine decay)
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  ///< max global gradient norm; 0 disables clipping
+};
+
+struct EvalConfig {
+  int64_t every_steps = 200;        ///< validation loss cadence; 0 = only at the end
+  int64_t val_tokens = 65536;       ///< size of the fixed validation set, tokens
+  int64_t sample_every_steps = 0;   ///< text sample cadence; 0 = only at the end
+  int sample_tokens = 200;          ///< tokens generated per sample
+  std::string sample_prompt = "And God said";
+  double temperature = 0.8;
+};
+
+struct Config {
+  RunConfig run;
+  GptConfig model;
+  DataConfig data;
+  TrainConfig train;
+  EvalConfig eval;
+};
+
+/// Reads `path` (may be empty: defaults only), applies "key=value" overrides in order, and
+/// validates the result. Throws Error naming the file/--set, key and expected value.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+/// Applies one "key=value" override (`source` names it in errors, e.g. "--set").
+void apply_override(Config& config, const std::string& assignment, const std::string& source);
+
+/// Cross-field checks (heads divide width, ...). Throws Error prefixed by `source`.
+void validate(const Config& config, const std::string& source);
+
+/// The effective configuration as YAML (every key, defaults included): what load_config
+/// would read back to the same Config.
+std::string to_yaml(const Config& config);
+
+/// Documentation of every key: name, default value, description.
+struct ConfigKeyDoc {
+  std::string key, default_value, doc;
+};
+std::vector<ConfigKeyDoc> config_keys();
+
+}  // namespace ddiloco

@@ -1,0 +1,63 @@
+// Metrics: one JSON object per line (metrics.jsonl) plus what a person reads on the console.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace ddiloco {
+
+/// Seconds on a monotonic clock since construction.
+class Stopwatch {
+ public:
+  Stopwatch() : start_(std::chrono::steady_clock::now()) {}
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  void restart() { start_ = std::chrono::steady_clock::now(); }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+/// Appends JSON objects, one per line, flushed after each so that a crash loses nothing
+/// already logged and `tail -f` shows progress. Invalid UTF-8 in strings is replaced, never
+/// thrown on. A default-constructed writer discards everything (ranks that do not log).
+class JsonlWriter {
+ public:
+  JsonlWriter() = default;
+  /// Opens `path` for appending (truncating when `truncate`), creating parent directories.
+  /// Throws Error when it cannot be opened.
+  JsonlWriter(const std::filesystem::path& path, bool truncate);
+
+  void write(const nlohmann::json& event);
+  bool enabled() const { return out_.is_open(); }
+
+ private:
+  std::ofstream out_;
+};
+
+/// A one-line progress bar redrawn in place ("\r") when stdout is a terminal; silent
+/// otherwise (logs then carry the progress).
+class ProgressBar {
+ public:
+  explicit ProgressBar(bool enabled);
+  /// Redraws at most ~10 times a second: [#####.....] done/total, then `status`.
+  void update(int64_t done, int64_t total, const std::string& status);
+  /// Ends the line so that following output starts on a fresh one.
+  void finish();
+  /// Clears the bar before other console output (call, print, then update again).
+  void clear();
+  bool enabled() const { return enabled_; }
+
+ private:
+  bool enabled_;
+  bool drawn_ = false;
+  Stopwatch since_draw_;
+  bool first_ = true;
+};
+
+}  // namespace ddiloco

@@ -1,0 +1,152 @@
+#include "ddiloco/shard.hpp"
+
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "ddiloco/error.hpp"
+
+namespace ddiloco {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Closes a file descriptor on scope exit.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+void write_all(int fd, const void* data, size_t bytes, const fs::path& path) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, p, bytes);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("{}: write failed: {}", path.string(), std::strerror(errno));
+    }
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+void write_shard(const fs::path& path, std::span<const uint16_t> tokens) {
+  if (path.has_parent_path()) fs::create_directories(path.parent_path());
+  std::array<int32_t, kShardHeaderInts> header{};
+  header[0] = kShardMagic;
+  header[1] = kShardVersion;
+  if (tokens.size() > static_cast<size_t>(INT32_MAX))
+    fail("{}: {} tokens exceed the format's int32 count", path.string(), tokens.size());
+  header[2] = static_cast<int32_t>(tokens.size());
+
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644)};
+    if (f.fd < 0) fail("{}: cannot create: {}", tmp.string(), std::strerror(errno));
+    write_all(f.fd, header.data(), kShardHeaderBytes, tmp);
+    write_all(f.fd, tokens.data(), tokens.size_bytes(), tmp);
+    if (::fsync(f.fd) != 0) fail("{}: fsync failed: {}", tmp.string(), std::strerror(errno));
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) fail("{}: cannot rename from {}: {}", path.string(), tmp.string(), ec.message());
+}
+
+int64_t read_shard_header(const fs::path& path) {
+  Fd f{::open(path.c_str(), O_RDONLY)};
+  if (f.fd < 0) fail("{}: cannot open token shard: {}", path.string(), std::strerror(errno));
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) fail("{}: cannot stat: {}", path.string(), std::strerror(errno));
+  const auto size = static_cast<int64_t>(st.st_size);
+  if (size < static_cast<int64_t>(kShardHeaderBytes))
+    fail("{}: file is {} bytes, shorter than the {}-byte shard header (truncated or not a token "
+         "shard)",
+         path.string(), size, kShardHeaderBytes);
+  std::array<int32_t, kShardHeaderInts> header{};
+  if (::pread(f.fd, header.data(), kShardHeaderBytes, 0) !=
+      static_cast<ssize_t>(kShardHeaderBytes))
+    fail("{}: cannot read the shard header", path.string());
+  if (header[0] != kShardMagic)
+    fail("{}: bad magic {} (expected {}: not an llm.c/ddiloco token shard)", path.string(),
+         header[0], kShardMagic);
+  if (header[1] != kShardVersion)
+    fail("{}: unsupported shard version {} (expected {}: uint16 tokens)", path.string(),
+         header[1], kShardVersion);
+  const int64_t count = header[2];
+  if (count < 0) fail("{}: negative token count {} in the header", path.string(), count);
+  const int64_t expected = static_cast<int64_t>(kShardHeaderBytes) + 2 * count;
+  if (size != expected)
+    fail("{}: header says {} tokens ({} bytes with the header) but the file is {} bytes "
+         "(truncated or corrupt)",
+         path.string(), count, expected, size);
+  return count;
+}
+
+Shard Shard::open(const fs::path& path, int vocab_size) {
+  const int64_t count = read_shard_header(path);
+  Shard shard;
+  shard.path_ = path;
+  shard.count_ = count;
+  shard.map_bytes_ = kShardHeaderBytes + 2 * static_cast<size_t>(count);
+  Fd f{::open(path.c_str(), O_RDONLY)};
+  if (f.fd < 0) fail("{}: cannot open token shard: {}", path.string(), std::strerror(errno));
+  void* map = ::mmap(nullptr, shard.map_bytes_, PROT_READ, MAP_PRIVATE, f.fd, 0);
+  if (map == MAP_FAILED) fail("{}: mmap failed: {}", path.string(), std::strerror(errno));
+  shard.map_ = map;
+  shard.tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map) +
+                                                    kShardHeaderBytes);
+  const uint16_t* bad = std::find_if(shard.tokens_, shard.tokens_ + count,
+                                     [vocab_size](uint16_t t) { return t >= vocab_size; });
+  if (bad != shard.tokens_ + count)
+    fail("{}: token {} at index {} is ≥ model.vocab_size = {} (shard made for another "
+         "tokenizer?)",
+         path.string(), *bad, bad - shard.tokens_, vocab_size);
+  return shard;
+}
+
+Shard::Shard(Shard&& other) noexcept { *this = std::move(other); }
+
+Shard& Shard::operator=(Shard&& other) noexcept {
+  if (this != &other) {
+    if (map_) ::munmap(map_, map_bytes_);
+    path_ = std::move(other.path_);
+    map_ = std::exchange(other.map_, nullptr);
+    map_bytes_ = std::exchange(other.map_bytes_, 0);
+    tokens_ = std::exchange(other.tokens_, nullptr);
+    count_ = std::exchange(other.count_, 0);
+  }
+  return *this;
+}
+
+Shard::~Shard() {
+  if (map_) ::munmap(map_, map_bytes_);
+}
+
+std::vector<fs::path> expand_shard_pattern(const std::string& pattern, const std::string& what) {
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+  std::vector<fs::path> files;
+  if (rc == 0)
+    for (size_t i = 0; i < g.gl_pathc; ++i) files.emplace_back(g.gl_pathv[i]);
+  ::globfree(&g);
+  if (files.empty())
+    fail("{}: no token shards match '{}' (run `ddiloco prepare-data` or scripts/demo.sh first)",
+         what, pattern);
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+}  // namespace ddiloco

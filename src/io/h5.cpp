@@ -1,0 +1,229 @@
+#include "io/h5.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fmt/format.h>
+
+#include "ddiloco/error.hpp"
+
+namespace ddiloco::h5 {
+
+namespace {
+
+// HDF5 prints its error stack to stderr by default; we report our own one-line errors.
+struct SilenceHdf5 {
+  SilenceHdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+};
+void silence() { static SilenceHdf5 once; }
+
+std::string dims_text(const std::vector<hsize_t>& d) {
+  std::string s = "(";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + (d.size() == 1 ? ",)" : ")");
+}
+
+template <typename T>
+void write_attr_scalar(hid_t obj, const std::string& name, hid_t file_type, hid_t mem_type,
+                       const T& value) {
+  silence();
+  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  if (H5Aexists(obj, name.c_str()) > 0) H5Adelete(obj, name.c_str());
+  Handle attr(H5Acreate2(obj, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT),
+              H5Aclose);
+  if (attr.get() < 0 || H5Awrite(attr, mem_type, &value) < 0)
+    fail("HDF5: cannot write attribute '{}'", name);
+}
+
+Handle open_attr(hid_t obj, const std::string& name, const std::string& label) {
+  silence();
+  if (H5Aexists(obj, name.c_str()) <= 0) fail("{}: missing attribute '{}'", label, name);
+  Handle attr(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose);
+  if (attr.get() < 0) fail("{}: cannot open attribute '{}'", label, name);
+  return attr;
+}
+
+template <typename T>
+void write_data(hid_t loc, const std::string& name, const T* data,
+                const std::vector<hsize_t>& dims, hid_t file_type, hid_t mem_type) {
+  silence();
+  Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+  Handle set(H5Dcreate2(loc, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT,
+                        H5P_DEFAULT),
+             H5Dclose);
+  if (set.get() < 0 || H5Dwrite(set, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+    fail("HDF5: cannot write dataset '{}'", name);
+}
+
+template <typename T>
+void read_data(hid_t loc, const std::string& name, T* data, const std::vector<hsize_t>& dims,
+               const std::string& label, hid_t mem_type) {
+  const auto found = dataset_dims(loc, name, label);
+  if (found != dims)
+    fail("{}: dataset '{}' has shape {}, expected {}", label, name, dims_text(found),
+         dims_text(dims));
+  Handle set(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (set.get() < 0 || H5Dread(set, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+    fail("{}: cannot read dataset '{}' (corrupt file?)", label, name);
+}
+
+}  // namespace
+
+Handle& Handle::operator=(Handle&& o) noexcept {
+  if (this != &o) {
+    reset();
+    id_ = o.id_;
+    close_ = o.close_;
+    o.id_ = H5I_INVALID_HID;
+  }
+  return *this;
+}
+
+void Handle::reset() {
+  if (id_ >= 0 && close_ != nullptr) close_(id_);
+  id_ = H5I_INVALID_HID;
+}
+
+Handle create_file(const std::filesystem::path& path) {
+  silence();
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  Handle f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  if (f.get() < 0) fail("{}: cannot create HDF5 file", path.string());
+  return f;
+}
+
+Handle open_file(const std::filesystem::path& path) {
+  silence();
+  if (!std::filesystem::exists(path)) fail("{}: file not found", path.string());
+  Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (f.get() < 0) fail("{}: not an HDF5 file, or truncated/corrupt", path.string());
+  return f;
+}
+
+Handle create_group(hid_t parent, const std::string& name, const std::string& label) {
+  silence();
+  Handle g(H5Gcreate2(parent, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  if (g.get() < 0) fail("{}: cannot create group '{}'", label, name);
+  return g;
+}
+
+Handle open_group(hid_t parent, const std::string& name, const std::string& label) {
+  silence();
+  if (!exists(parent, name)) fail("{}: missing group '{}'", label, name);
+  Handle g(H5Gopen2(parent, name.c_str(), H5P_DEFAULT), H5Gclose);
+  if (g.get() < 0) fail("{}: cannot open group '{}'", label, name);
+  return g;
+}
+
+bool exists(hid_t parent, const std::string& name) {
+  silence();
+  return H5Lexists(parent, name.c_str(), H5P_DEFAULT) > 0;
+}
+
+void write_attr(hid_t obj, const std::string& name, int64_t value) {
+  write_attr_scalar(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, value);
+}
+void write_attr(hid_t obj, const std::string& name, double value) {
+  write_attr_scalar(obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, value);
+}
+void write_attr(hid_t obj, const std::string& name, const std::string& value) {
+  silence();
+  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type, H5T_VARIABLE);
+  H5Tset_cset(type, H5T_CSET_UTF8);
+  const char* ptr = value.c_str();
+  write_attr_scalar(obj, name, type.get(), type.get(), ptr);
+}
+
+int64_t read_attr_int(hid_t obj, const std::string& name, const std::string& label) {
+  Handle attr = open_attr(obj, name, label);
+  int64_t v = 0;
+  if (H5Aread(attr, H5T_NATIVE_INT64, &v) < 0)
+    fail("{}: attribute '{}' is not an integer", label, name);
+  return v;
+}
+
+double read_attr_double(hid_t obj, const std::string& name, const std::string& label) {
+  Handle attr = open_attr(obj, name, label);
+  double v = 0;
+  if (H5Aread(attr, H5T_NATIVE_DOUBLE, &v) < 0)
+    fail("{}: attribute '{}' is not a number", label, name);
+  return v;
+}
+
+std::string read_attr_string(hid_t obj, const std::string& name, const std::string& label) {
+  Handle attr = open_attr(obj, name, label);
+  Handle file_type(H5Aget_type(attr), H5Tclose);
+  if (H5Tget_class(file_type) != H5T_STRING)
+    fail("{}: attribute '{}' is not a string", label, name);
+  if (H5Tis_variable_str(file_type) > 0) {
+    Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(type, H5T_VARIABLE);
+    H5Tset_cset(type, H5Tget_cset(file_type));
+    char* ptr = nullptr;
+    if (H5Aread(attr, type, &ptr) < 0 || ptr == nullptr)
+      fail("{}: cannot read attribute '{}'", label, name);
+    std::string s(ptr);
+    H5free_memory(ptr);
+    return s;
+  }
+  const size_t n = H5Tget_size(file_type);
+  std::string s(n, '\0');
+  if (H5Aread(attr, file_type, s.data()) < 0) fail("{}: cannot read attribute '{}'", label, name);
+  s.resize(std::strlen(s.c_str()));
+  return s;
+}
+
+void write_dataset(hid_t loc, const std::string& name, const float* data,
+                   const std::vector<hsize_t>& dims) {
+  write_data(loc, name, data, dims, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+}
+void write_dataset(hid_t loc, const std::string& name, const double* data,
+                   const std::vector<hsize_t>& dims) {
+  write_data(loc, name, data, dims, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE);
+}
+void write_dataset(hid_t loc, const std::string& name, const int64_t* data,
+                   const std::vector<hsize_t>& dims) {
+  write_data(loc, name, data, dims, H5T_STD_I64LE, H5T_NATIVE_INT64);
+}
+
+void read_dataset(hid_t loc, const std::string& name, float* data,
+                  const std::vector<hsize_t>& dims, const std::string& label) {
+  read_data(loc, name, data, dims, label, H5T_NATIVE_FLOAT);
+}
+void read_dataset(hid_t loc, const std::string& name, double* data,
+                  const std::vector<hsize_t>& dims, const std::string& label) {
+  read_data(loc, name, data, dims, label, H5T_NATIVE_DOUBLE);
+}
+void read_dataset(hid_t loc, const std::string& name, int64_t* data,
+                  const std::vector<hsize_t>& dims, const std::string& label) {
+  read_data(loc, name, data, dims, label, H5T_NATIVE_INT64);
+}
+
+std::vector<hsize_t> dataset_dims(hid_t loc, const std::string& name, const std::string& label) {
+  silence();
+  if (!exists(loc, name)) fail("{}: missing dataset '{}'", label, name);
+  Handle set(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (set.get() < 0) fail("{}: cannot open dataset '{}'", label, name);
+  Handle space(H5Dget_space(set), H5Sclose);
+  const int rank = H5Sget_simple_extent_ndims(space);
+  if (rank < 0) fail("{}: dataset '{}' has no simple shape", label, name);
+  std::vector<hsize_t> dims(rank);
+  H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  return dims;
+}
+
+void fsync_and_rename(const std::filesystem::path& tmp, const std::filesystem::path& path) {
+  const int fd = ::open(tmp.c_str(), O_RDONLY);
+  if (fd < 0) fail("{}: cannot reopen to sync: {}", tmp.string(), std::strerror(errno));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) fail("{}: fsync failed: {}", tmp.string(), std::strerror(errno));
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) fail("{}: cannot rename from {}: {}", path.string(), tmp.string(), ec.message());
+}
+
+}  // namespace ddiloco::h5

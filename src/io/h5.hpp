@@ -1,0 +1,82 @@
+// Minimal RAII and typed helpers over HDF5's C API (serial library, one writer per file).
+// Every failure throws ddiloco::Error naming the file and the object.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace ddiloco::h5 {
+
+/// Owns an hid_t and closes it with the matching H5*close.
+class Handle {
+ public:
+  Handle() = default;
+  Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  Handle(Handle&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = H5I_INVALID_HID; }
+  Handle& operator=(Handle&& o) noexcept;
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() { reset(); }
+  void reset();
+  hid_t get() const { return id_; }
+  operator hid_t() const { return id_; }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  herr_t (*close_)(hid_t) = nullptr;
+};
+
+/// Creates (truncates) a file. `label` names it in errors.
+Handle create_file(const std::filesystem::path& path);
+/// Opens read-only; throws Error("<path>: not an HDF5 file or unreadable") on failure.
+Handle open_file(const std::filesystem::path& path);
+Handle create_group(hid_t parent, const std::string& name, const std::string& label);
+Handle open_group(hid_t parent, const std::string& name, const std::string& label);
+bool exists(hid_t parent, const std::string& name);
+
+void write_attr(hid_t obj, const std::string& name, int64_t value);
+void write_attr(hid_t obj, const std::string& name, double value);
+void write_attr(hid_t obj, const std::string& name, const std::string& value);
+int64_t read_attr_int(hid_t obj, const std::string& name, const std::string& label);
+double read_attr_double(hid_t obj, const std::string& name, const std::string& label);
+std::string read_attr_string(hid_t obj, const std::string& name, const std::string& label);
+
+/// Writes an N-d dataset (row-major dims) of float32 / float64 / int64.
+void write_dataset(hid_t loc, const std::string& name, const float* data,
+                   const std::vector<hsize_t>& dims);
+void write_dataset(hid_t loc, const std::string& name, const double* data,
+                   const std::vector<hsize_t>& dims);
+void write_dataset(hid_t loc, const std::string& name, const int64_t* data,
+                   const std::vector<hsize_t>& dims);
+/// Reads a dataset whose shape must equal `dims`; throws Error naming label/name, the shape
+/// found and the shape expected.
+void read_dataset(hid_t loc, const std::string& name, float* data,
+                  const std::vector<hsize_t>& dims, const std::string& label);
+void read_dataset(hid_t loc, const std::string& name, double* data,
+                  const std::vector<hsize_t>& dims, const std::string& label);
+void read_dataset(hid_t loc, const std::string& name, int64_t* data,
+                  const std::vector<hsize_t>& dims, const std::string& label);
+/// Shape of a dataset.
+std::vector<hsize_t> dataset_dims(hid_t loc, const std::string& name, const std::string& label);
+
+/// Writes `write(file)` into `<path>.tmp`, closes and fsyncs it, then renames it over `path`:
+/// readers see the old file or the complete new one, never a partial one.
+template <typename Fn>
+void write_atomically(const std::filesystem::path& path, Fn&& write);
+void fsync_and_rename(const std::filesystem::path& tmp, const std::filesystem::path& path);
+
+template <typename Fn>
+void write_atomically(const std::filesystem::path& path, Fn&& write) {
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  {
+    Handle file = create_file(tmp);
+    write(file.get());
+  }
+  fsync_and_rename(tmp, path);
+}
+
+}  // namespace ddiloco::h5

@@ -1,0 +1,95 @@
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "ddiloco/error.hpp"
+#include "ddiloco/optim.hpp"
+
+namespace ddiloco {
+
+template <typename S>
+AdamW<S>::AdamW(const ParameterLayout& layout, const AdamWConfig& config) : config_(config) {
+  for (const auto& t : layout.tensors()) ranges_.push_back({t.offset, t.numel, t.weight_decay});
+  m_.assign(layout.size(), S(0));
+  v_.assign(layout.size(), S(0));
+}
+
+template <typename S>
+void AdamW<S>::reset() {
+  std::fill(m_.begin(), m_.end(), S(0));
+  std::fill(v_.begin(), v_.end(), S(0));
+  t_ = 0;
+}
+
+template <typename S>
+void AdamW<S>::step(std::span<S> params, std::span<const S> grads, double lr) {
+  if (params.size() != m_.size() || grads.size() != m_.size())
+    fail("AdamW: expected {} parameters and gradients, got {} and {}", m_.size(), params.size(),
+         grads.size());
+  if (!(lr > 0)) fail("AdamW: learning rate must be > 0, got {}", lr);
+  ++t_;
+  const S b1 = static_cast<S>(config_.beta1), b2 = static_cast<S>(config_.beta2);
+  const S bc1 = static_cast<S>(1.0 - std::pow(config_.beta1, static_cast<double>(t_)));
+  const S bc2 = static_cast<S>(1.0 - std::pow(config_.beta2, static_cast<double>(t_)));
+  const S eps = static_cast<S>(config_.eps), slr = static_cast<S>(lr);
+  for (const Range& r : ranges_) {
+    const S decay = r.decay ? static_cast<S>(config_.weight_decay) : S(0);
+    S* p = params.data() + r.offset;
+    const S* g = grads.data() + r.offset;
+    S* m = m_.data() + r.offset;
+    S* v = v_.data() + r.offset;
+    const long n = static_cast<long>(r.numel);
+#pragma omp parallel for schedule(static) if (n > 4096)
+    for (long i = 0; i < n; ++i) {
+      m[i] = b1 * m[i] + (S(1) - b1) * g[i];
+      v[i] = b2 * v[i] + (S(1) - b2) * g[i] * g[i];
+      const S mhat = m[i] / bc1;
+      const S vhat = v[i] / bc2;
+      p[i] -= slr * (mhat / (std::sqrt(vhat) + eps) + decay * p[i]);
+    }
+  }
+}
+
+template class AdamW<float>;
+template class AdamW<double>;
+
+double LrSchedule::at(int64_t step) const {
+  if (step < warmup_steps) return peak_lr * static_cast<double>(step + 1) / warmup_steps;
+  const double min_lr = peak_lr * min_lr_frac;
+  if (step >= total_steps || total_steps <= warmup_steps) return min_lr;
+  const double ratio =
+      static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
+  const double coeff = 0.5 * (1.0 + std::cos(std::numbers::pi * ratio));
+  return min_lr + coeff * (peak_lr - min_lr);
+}
+
+template <typename S>
+double global_norm(std::span<const S> grads) {
+  double sum = 0;
+  const long n = static_cast<long>(grads.size());
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+  for (long i = 0; i < n; ++i) sum += static_cast<double>(grads[i]) * grads[i];
+  return std::sqrt(sum);
+}
+
+template <typename S>
+double clip_grad_norm(std::span<S> grads, double max_norm) {
+  const double norm = global_norm(std::span<const S>(grads));
+  if (max_norm > 0) {
+    const double coeff = max_norm / (norm + 1e-6);
+    if (coeff < 1.0) {
+      const S c = static_cast<S>(coeff);
+      const long n = static_cast<long>(grads.size());
+#pragma omp parallel for schedule(static)
+      for (long i = 0; i < n; ++i) grads[i] *= c;
+    }
+  }
+  return norm;
+}
+
+template double global_norm<float>(std::span<const float>);
+template double global_norm<double>(std::span<const double>);
+template double clip_grad_norm<float>(std::span<float>, double);
+template double clip_grad_norm<double>(std::span<double>, double);
+
+}  // namespace ddiloco
