@@ -228,8 +228,17 @@ const Entry& find_entry(const std::string& key, const std::string& source) {
   fail("{}: unknown key '{}' (`ddiloco config --list` shows the known keys)", source, key);
 }
 
+bool is_section(const std::string& key) {
+  for (const auto& e : entries())
+    if (e.key.starts_with(key + ".")) return true;
+  return false;
+}
+
 void set_entry(Config& config, const std::string& key, const YAML::Node& node,
                const std::string& source) {
+  if (is_section(key))
+    fail("{}: {}: is a section, expected a mapping of its keys, got '{}'", source, key,
+         scalar_text(node));
   const Entry& e = find_entry(key, source);
   try {
     e.parse(config, node);
@@ -251,10 +260,7 @@ void load_node(Config& config, const YAML::Node& node, const std::string& prefix
     const std::string key = prefix.empty() ? name : prefix + "." + name;
     if (kv.second.IsMap()) {
       // A section; but a mapping given to a leaf key is a type error, not a section.
-      bool is_section = false;
-      for (const auto& e : entries())
-        if (e.key.starts_with(key + ".")) is_section = true;
-      if (!is_section) {
+      if (!is_section(key)) {
         find_entry(key, source);  // unknown key → its own message
         fail("{}: {}: expected a single value, got a mapping", source, key);
       }

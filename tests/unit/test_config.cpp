@@ -1,0 +1,92 @@
+// Config loading: every bad input stops with one line naming the source, key and expectation.
+#include <gtest/gtest.h>
+
+#include "ddiloco/config.hpp"
+#include "ddiloco/error.hpp"
+#include "temp_dir.hpp"
+
+namespace ddiloco {
+namespace {
+
+std::string error_of(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  test::TempDir dir;
+  test::write_bytes(dir / "c.yaml", yaml);
+  try {
+    load_config((dir / "c.yaml").string(), sets);
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    // Strip the temporary path so the expectations read clearly.
+    const std::string prefix = (dir / "c.yaml").string();
+    if (msg.starts_with(prefix)) msg = "c.yaml" + msg.substr(prefix.size());
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "multi-line error: " << msg;
+    return msg;
+  }
+  return "no error";
+}
+
+TEST(Config, DefaultsAreValid) { EXPECT_NO_THROW(load_config("")); }
+
+TEST(Config, ReadsSectionsAndOverrides) {
+  test::TempDir dir;
+  test::write_bytes(dir / "c.yaml",
+                    "model:\n  n_layer: 6\n  n_embd: 192\n  n_head: 6\ntrain:\n  lr: 1e-3\n"
+                    "data:\n  shuffle: false\n");
+  const Config c = load_config((dir / "c.yaml").string(), {"train.lr=2e-3", "run.dir=out/x"});
+  EXPECT_EQ(c.model.n_layer, 6);
+  EXPECT_EQ(c.model.n_embd, 192);
+  EXPECT_DOUBLE_EQ(c.train.lr, 2e-3);
+  EXPECT_FALSE(c.data.shuffle);
+  EXPECT_EQ(c.run.dir, "out/x");
+  EXPECT_EQ(c.train.batch_size, Config{}.train.batch_size);  // untouched default
+}
+
+TEST(Config, UnknownKeyIsNamedWithASuggestion) {
+  EXPECT_EQ(error_of("train:\n  lrr: 0.1\n"), "c.yaml: unknown key 'train.lrr' (did you mean 'train.lr'?)");
+  EXPECT_EQ(error_of("bogus:\n  x: 1\n"),
+            "c.yaml: unknown key 'bogus' (`ddiloco config --list` shows the known keys)");
+  EXPECT_EQ(error_of("", {"model.n_layers=3"}),
+            "--set: unknown key 'model.n_layers' (did you mean 'model.n_layer'?)");
+}
+
+TEST(Config, BadValuesAreNamed) {
+  EXPECT_EQ(error_of("train:\n  lr: -0.001\n"), "c.yaml: train.lr: must be > 0, got -0.001");
+  EXPECT_EQ(error_of("model:\n  n_embd: 128\n  n_head: 5\n"),
+            "c.yaml: model.n_head: must divide model.n_embd = 128, got 5");
+  EXPECT_EQ(error_of("train:\n  batch_size: many\n"),
+            "c.yaml: train.batch_size: expected an integer, got 'many'");
+  EXPECT_EQ(error_of("train:\n  batch_size: 2.5\n"),
+            "c.yaml: train.batch_size: expected an integer, got '2.5'");
+  EXPECT_EQ(error_of("data:\n  shuffle: maybe\n"),
+            "c.yaml: data.shuffle: expected true or false, got 'maybe'");
+  EXPECT_EQ(error_of("train:\n  beta2: 1.0\n"), "c.yaml: train.beta2: must be in [0, 1), got 1.0");
+  EXPECT_EQ(error_of("train:\n  lr: [1, 2]\n"),
+            "c.yaml: train.lr: expected a single value, got '[1, 2]'");
+  EXPECT_EQ(error_of("train: 3\n"), "c.yaml: train: is a section, expected a mapping of its keys, got '3'");
+  EXPECT_EQ(error_of("", {"train.lr=-1"}), "--set: train.lr: must be > 0, got -1");
+  EXPECT_EQ(error_of("", {"train.lr"}), "--set: expected key=value, got 'train.lr'");
+  EXPECT_EQ(error_of("train:\n  steps: 10\n  warmup_steps: 20\n"),
+            "c.yaml: train.warmup_steps: must be ≤ train.steps = 10, got 20");
+  EXPECT_NE(error_of("model: [unclosed\n").find("c.yaml: line"), std::string::npos);
+}
+
+TEST(Config, EffectiveYamlReadsBackToTheSameConfig) {
+  Config c = load_config("", {"model.n_layer=3", "eval.sample_prompt=In: the \"beginning\"",
+                              "train.lr=0.00123"});
+  test::TempDir dir;
+  test::write_bytes(dir / "eff.yaml", to_yaml(c));
+  const Config back = load_config((dir / "eff.yaml").string());
+  EXPECT_EQ(to_yaml(back), to_yaml(c));
+  EXPECT_EQ(back.eval.sample_prompt, "In: the \"beginning\"");
+  EXPECT_DOUBLE_EQ(back.train.lr, 0.00123);
+  EXPECT_EQ(back.model.n_layer, 3);
+}
+
+TEST(Config, EveryKeyIsDocumented) {
+  for (const auto& k : config_keys()) {
+    EXPECT_FALSE(k.doc.empty()) << k.key;
+    EXPECT_NE(k.key.find('.'), std::string::npos) << k.key;
+  }
+}
+
+}  // namespace
+}  // namespace ddiloco

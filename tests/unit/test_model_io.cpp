@@ -1,0 +1,78 @@
+// Model files: round trip, and refusal of files that are not what they claim.
+#include <gtest/gtest.h>
+
+#include "ddiloco/error.hpp"
+#include "ddiloco/model_io.hpp"
+#include "ddiloco/sampler.hpp"
+#include "io/h5.hpp"
+#include "temp_dir.hpp"
+
+namespace ddiloco {
+namespace {
+
+TEST(ModelIo, RoundTripKeepsShapeParamsAndMetadata) {
+  test::TempDir dir;
+  const GptConfig c{256, 16, 2, 2, 16};
+  Gpt<float> model(c);
+  model.init_weights(9);
+  save_model(dir / "m.h5", c, model.parameters(), {{"step", 12}, {"val_loss", 1.5}});
+  EXPECT_FALSE(std::filesystem::exists(dir / "m.h5.tmp"));
+  const LoadedModel back = load_model(dir / "m.h5");
+  EXPECT_EQ(back.config, c);
+  ASSERT_EQ(back.params.size(), model.parameters().size());
+  EXPECT_TRUE(std::equal(back.params.begin(), back.params.end(), model.parameters().begin()));
+  EXPECT_EQ(back.metadata["step"], 12);
+}
+
+TEST(ModelIo, RefusesNonHdf5WrongFormatAndWrongShapes) {
+  test::TempDir dir;
+  test::write_bytes(dir / "junk.h5", "definitely not hdf5");
+  EXPECT_THROW(load_model(dir / "junk.h5"), Error);
+  EXPECT_THROW(load_model(dir / "missing.h5"), Error);
+
+  // A file whose /model says one shape while a tensor has another.
+  const GptConfig c{256, 16, 1, 2, 16};
+  Gpt<float> model(c);
+  {
+    h5::Handle f = h5::create_file(dir / "bad.h5");
+    h5::write_attr(f, "format", std::string("ddiloco-model"));
+    h5::write_attr(f, "format_version", kModelFormatVersion);
+    h5::write_attr(f, "metadata", std::string("{}"));
+    h5::Handle m = h5::create_group(f, "model", "bad");
+    for (auto [k, v] : {std::pair{"vocab_size", 256}, {"seq_len", 16}, {"n_layer", 1},
+                        {"n_head", 2}, {"n_embd", 16}})
+      h5::write_attr(m, k, int64_t{v});
+    h5::Handle p = h5::create_group(f, "params", "bad");
+    for (const auto& t : model.layout().tensors()) {
+      std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+      if (t.name == "wpe") dims = {8, 16};  // wrong
+      std::vector<float> zeros(t.numel);
+      h5::write_dataset(p, t.name, zeros.data(), dims);
+    }
+  }
+  try {
+    load_model(dir / "bad.h5");
+    ADD_FAILURE() << "accepted a wrong shape";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'wpe' has shape (8, 16), expected (16, 16)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Sampler, GreedyIsDeterministicAndRespectsTheWindow) {
+  Gpt<float> model(GptConfig{256, 8, 1, 2, 16});
+  model.init_weights(3);
+  Rng a(1), b(2);
+  const auto prompt = encode_prompt("And", 256);
+  EXPECT_EQ(prompt, (std::vector<int32_t>{0, 'A', 'n', 'd'}));
+  // Greedy decoding ignores the generator; 20 tokens exceed seq_len = 8 (sliding window).
+  EXPECT_EQ(generate(model, prompt, 20, 0.0, a), generate(model, prompt, 20, 0.0, b));
+  Rng c(5), d(5);
+  EXPECT_EQ(generate(model, prompt, 20, 1.0, c), generate(model, prompt, 20, 1.0, d));
+  EXPECT_THROW(encode_prompt("bad \xFF", 256), Error);
+  EXPECT_EQ(encode_prompt("ignored", 50257), (std::vector<int32_t>{50256}));
+}
+
+}  // namespace
+}  // namespace ddiloco
