@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "model/gemm.hpp"
+#include "model/vmath.hpp"
 
 namespace ddiloco::layers {
 
@@ -23,6 +25,28 @@ constexpr int kQueryBlock = 64;
 // Columns per task when a reduction runs over the N rows of an (N,C) matrix: each thread owns
 // a stripe of columns, so no atomics and no per-thread copies of the result are needed.
 constexpr int kColumnStripe = 32;
+
+// Elementwise work is split in chunks this large so each OpenMP task runs a vectorised kernel.
+constexpr long kChunk = 4096;
+
+// Softmax of p[0..n) in place (n ≥ 1).
+template <typename S>
+void softmax_row(S* p, int n) {
+  if constexpr (std::is_same_v<S, float>) {
+    const float inv = 1.0f / vmath::exp_shift_sum(p, n, vmath::max(p, n));
+    for (int j = 0; j < n; ++j) p[j] *= inv;
+  } else {
+    S maxval = p[0];
+    for (int j = 1; j < n; ++j) maxval = std::max(maxval, p[j]);
+    S sum = 0;
+    for (int j = 0; j < n; ++j) {
+      p[j] = std::exp(p[j] - maxval);
+      sum += p[j];
+    }
+    const S inv = S(1) / sum;
+    for (int j = 0; j < n; ++j) p[j] *= inv;
+  }
+}
 }  // namespace
 
 template <typename S>
@@ -169,15 +193,7 @@ void attention_forward(S* out, S* att, const S* qkv, int B, int T, int C, int NH
         for (int i = 0; i < rows; ++i) {
           const int t = r0 + i;
           S* p = Pb + static_cast<long>(i) * T;
-          S maxval = p[0];
-          for (int j = 1; j <= t; ++j) maxval = std::max(maxval, p[j]);
-          S sum = 0;
-          for (int j = 0; j <= t; ++j) {
-            p[j] = std::exp(p[j] - maxval);
-            sum += p[j];
-          }
-          const S inv = S(1) / sum;
-          for (int j = 0; j <= t; ++j) p[j] *= inv;
+          softmax_row(p, t + 1);
           for (int j = t + 1; j < T; ++j) p[j] = 0;  // masked: future positions
         }
         gemm(false, false, rows, hs, keys, S(1), Pb, T, v, C3, S(0),
@@ -243,25 +259,35 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* att, int 
 
 template <typename S>
 void gelu_forward(S* out, const S* inp, long n) {
-  const S k = std::sqrt(S(2) / S(M_PI));
+  if constexpr (std::is_same_v<S, float>) {
 #pragma omp parallel for schedule(static)
-  for (long i = 0; i < n; ++i) {
-    const S x = inp[i];
-    out[i] = S(0.5) * x * (S(1) + std::tanh(k * (x + S(0.044715) * x * x * x)));
+    for (long i = 0; i < n; i += kChunk) vmath::gelu_forward(out + i, inp + i, std::min(kChunk, n - i));
+  } else {
+    const S k = std::sqrt(S(2) / S(M_PI));
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; ++i) {
+      const S x = inp[i];
+      out[i] = S(0.5) * x * (S(1) + std::tanh(k * (x + S(0.044715) * x * x * x)));
+    }
   }
 }
 
 template <typename S>
 void gelu_backward(S* dinp, const S* inp, const S* dout, long n) {
-  const S k = std::sqrt(S(2) / S(M_PI));
+  if constexpr (std::is_same_v<S, float>) {
 #pragma omp parallel for schedule(static)
-  for (long i = 0; i < n; ++i) {
-    const S x = inp[i];
-    const S u = k * (x + S(0.044715) * x * x * x);
-    const S th = std::tanh(u);
-    const S sech2 = S(1) - th * th;
-    const S grad = S(0.5) * (S(1) + th) + S(0.5) * x * sech2 * k * (S(1) + S(3 * 0.044715) * x * x);
-    dinp[i] = grad * dout[i];
+    for (long i = 0; i < n; i += kChunk)
+      vmath::gelu_backward(dinp + i, inp + i, dout + i, std::min(kChunk, n - i));
+  } else {
+    const S k = std::sqrt(S(2) / S(M_PI));
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; ++i) {
+      const S x = inp[i];
+      const S th = std::tanh(k * (x + S(0.044715) * x * x * x));
+      const S grad = S(0.5) * (S(1) + th) +
+                     S(0.5) * x * (S(1) - th * th) * k * (S(1) + S(3 * 0.044715) * x * x);
+      dinp[i] = grad * dout[i];
+    }
   }
 }
 
@@ -278,17 +304,18 @@ S softmax_crossentropy_forward(S* logits_to_probs, S* losses, const int32_t* tar
 #pragma omp parallel for schedule(static) reduction(+ : total)
   for (int n = 0; n < N; ++n) {
     S* p = logits_to_probs + static_cast<long>(n) * V;
+    // −log softmax in log-sum-exp form: exact even when p[target] underflows.
     const S target_logit = p[targets[n]];
     S maxval = p[0];
     for (int v = 1; v < V; ++v) maxval = std::max(maxval, p[v]);
     S sum = 0;
-    for (int v = 0; v < V; ++v) {
-      p[v] = std::exp(p[v] - maxval);
-      sum += p[v];
+    if constexpr (std::is_same_v<S, float>) {
+      sum = vmath::exp_shift_sum(p, V, maxval);
+    } else {
+      for (int v = 0; v < V; ++v) sum += p[v] = std::exp(p[v] - maxval);
     }
     const S inv = S(1) / sum;
     for (int v = 0; v < V; ++v) p[v] *= inv;
-    // log-sum-exp form: exact even when p[target] underflows.
     losses[n] = std::log(sum) + maxval - target_logit;
     total += losses[n];
   }

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The main job from a fresh clone: installs what is missing, builds, prepares the King James
+# Bible as byte-level shards, trains, and plots the loss curve.
+#   scripts/demo.sh [--ranks R] [--config configs/<name>.yaml] [--set key=value ...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+config=configs/kjv_demo.yaml
+ranks=1
+args=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --config) config=$2; shift 2 ;;
+    --ranks) ranks=$2; shift 2 ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+
+scripts/install_deps.sh
+scripts/build.sh release
+if [[ ! -f data/kjv/train_000000.bin || ! -f data/kjv/val_000000.bin ]]; then
+  build/ddiloco prepare-data --source kjv --out data/kjv
+fi
+
+source scripts/mpi_env.sh
+ddiloco_mpirun -np "$ranks" build/ddiloco train --config "$config" "${args[@]}"
+
+run_dir=$(build/ddiloco config --config "$config" "${args[@]}" | awk '/^run:/{r=1} r && /^  dir:/{gsub(/"/,"",$2); print $2; exit}')
+if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+  /usr/bin/python3 scripts/plot_metrics.py "$run_dir/metrics.jsonl" --out "$run_dir/loss.png"
+fi
+echo "demo: metrics in $run_dir/metrics.jsonl, model in $run_dir/model.h5"
+echo "      try: build/ddiloco sample --model $run_dir/model.h5 --prompt 'And God said'"

@@ -1,0 +1,38 @@
+# Helpers for the end-to-end tests: each test is `bash tests/e2e/<name>.sh DDILOCO SOURCE_DIR`.
+set -euo pipefail
+DDILOCO=$1
+SRC=$2
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/ddiloco-e2e-XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+source "$SRC/scripts/mpi_env.sh"
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# expect_error "<fragment>" cmd...: the command must exit 2 with exactly one stderr line
+# "ddiloco: error: ..." containing the fragment.
+expect_error() {
+  local fragment=$1; shift
+  local out rc=0
+  out=$("$@" 2>&1 >/dev/null) || rc=$?
+  [[ $rc == 2 ]] || fail "'$*' exited $rc, expected 2 (output: $out)"
+  [[ $(printf '%s\n' "$out" | grep -c .) == 1 ]] || fail "'$*' printed more than one line: $out"
+  [[ $out == "ddiloco: error: "* ]] || fail "'$*': unexpected error format: $out"
+  [[ $out == *"$fragment"* ]] || fail "'$*': error '$out' lacks '$fragment'"
+  echo "ok: $out"
+}
+
+# json_field FILE EVENT FIELD: the FIELD of the last object with "event": EVENT.
+json_field() {
+  /usr/bin/python3 - "$@" <<'PY'
+import json, sys
+path, event, field = sys.argv[1:4]
+value = None
+for line in open(path, encoding="utf-8"):
+    obj = json.loads(line)
+    if obj.get("event") == event and field in obj:
+        value = obj[field]
+if value is None:
+    sys.exit(f"{path}: no '{event}' event with field '{field}'")
+print(value)
+PY
+}
