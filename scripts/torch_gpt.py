@@ -167,11 +167,13 @@ def make_adamw(
     betas: tuple[float, float] = (0.9, 0.95),
     eps: float = 1e-8,
     weight_decay: float = 0.1,
+    foreach: bool | None = False,
 ) -> torch.optim.AdamW:
     """torch.optim.AdamW equal to ddiloco::AdamW<float> (src/optim/adamw.cpp); the defaults
-    are ddiloco's AdamWConfig / train.* defaults. Single-tensor (foreach=False) loops."""
+    are ddiloco's AdamWConfig / train.* defaults. foreach=False: the per-tensor loop (the same
+    arithmetic as foreach=True, which batches the tensors; None = torch's default)."""
     return torch.optim.AdamW(
-        adamw_param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps, foreach=False
+        adamw_param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps, foreach=foreach
     )
 
 

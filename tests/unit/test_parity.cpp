@@ -5,32 +5,42 @@
 //
 // Tolerances. Both sides compute in float32 but sum in different orders (OpenBLAS vs torch's
 // kernels, blocked attention, column-striped reductions, loss and norm accumulated in double
-// here), so they agree to a few float32 ulps of each quantity's scale, not bit for bit. As a
-// yardstick, torch's own float32 run is as far from a float64 run as ours is. Measured
-// maxima (OMP_NUM_THREADS 1 and 2 give the same numbers) and the limits, ~5-10x above them:
-//   probabilities          max abs 7e-9 (p ≤ 0.1)                   limit abs 5e-8
-//   loss, per position     rel 1.2e-7                                limit rel 1e-6
-//   gradients              max |Δ| = 4.5e-7 · max|g| of the tensor  limit 3e-6 · max|g|
-//                          (max|g| spans 5e-4 for LayerNorm gains to 0.16 for biases, so
-//                          the limit scales per tensor)
-//   step loss / grad norm  rel 1e-7                                  limit rel 1e-6
-//   lr                     double rounding                           limit rel 1e-12
-//   params after 3 steps   every element |Δ| ≤ 5e-6, and 8 of 28k    limit 2e-5 and at most
-//                          elements above 1e-6 (p99.9 = 4e-7)        0.1% of elements > 1e-6
-// The parameter check has a tail because Adam's first updates are ≈ lr·g/|g| (lr = 1e-2):
-// an element whose gradient is ~1e-8..1e-7 in some step moves by lr·(noise/|g|), ~1e-6 in
-// float32 on either side (torch fp32 vs fp64 shows the same tail, 5e-6). The key third of each
+// here), so they agree to a few float32 ulps of each quantity's scale, not bit for bit. The
+// fixture's init puts attention, GELU and softmax in their non-linear range (logits up to 6.5,
+// losses up to 8), which makes these errors larger than with GPT-2's 0.02 init. Torch's own
+// float32 run is as far from a float64 run as ours is from it (e.g. gradients 2.0e-6 · max|g|).
+// Measured maxima (OMP_NUM_THREADS 1 and 2 give the same numbers; both the scalar and the
+// vectorised (vmath) GELU/softmax kernels measured) and the limits:
+//   probabilities        |Δp| ≤ 7.3e-7; Δp/(1e-8 + 3e-5·p) ≤ 0.17     limit 1e-8 + 3e-5·p
+//                        (Δp ≈ p·Δlogit, and logits differ by up to ~6e-6)
+//   loss                 rel 8.7e-8                                    limit rel 1e-6
+//   per-position loss    rel 6.9e-7                                    limit rel 5e-6
+//   gradients            |Δ| ≤ 2.1e-6 · max|g| of the tensor           limit 1e-5 · max|g|
+//                        (max|g| spans 0.04 to 0.4 across tensors, so the limit is per tensor)
+//   step loss            rel 9.2e-8                                    limit rel 1e-6
+//   step grad norm       rel 2.8e-7                                    limit rel 2e-6
+//   lr                   double rounding                               limit rel 1e-12
+//   params after 3 steps every |Δ| ≤ 2.8e-6, 2 of 28k above 1e-6       limit 2e-5, and at most
+//                        (torch fp32 vs fp64: 4.2e-6, 2 above 1e-6)    0.1% above 1e-6
+// The parameter check allows a tail because Adam's first updates are ≈ lr·g/|g| (lr = 1e-2):
+// an element whose gradient is tiny in some step moves by ~lr·(noise/|g|), which float32
+// rounding on either side sets (torch fp32 vs fp64 shows the same tail). The key third of each
 // attn.c_attn.bias is excluded from it outright: its gradient is zero in exact arithmetic (a
 // key bias adds the same q·b_k to every score of a row, which the softmax cancels), both sides
-// compute pure rounding noise (≤ 1e-7, checked), and Adam turns noise/(|noise|+eps) into
-// arbitrary updates of up to ~lr.
-// The negative controls at the bottom show the limits catch a wrong weight-decay mask and a
-// missing gradient clip; a wrong GELU constant (0.044715 → 0.0447) fails the gradient check.
+// compute pure rounding noise (≤ 1.3e-7 · max|g| of the tensor, checked), and Adam turns
+// noise/(|noise|+eps) into arbitrary updates of up to ~lr.
+// These limits do fail on real bugs (checked by editing the C++ and rerunning): GELU constant
+// 0.044715 → 0.0447 fails probabilities (1.4x the limit), gradients (1.4x) and parameters
+// (117 elements above 1e-6, 4x the allowance);
+// 0.04715, a wrong GELU derivative, attention scale 1/hs, LayerNorm eps 1e-6, weight decay on
+// every tensor, eps inside Adam's sqrt all fail by 10x to 10⁶x. The negative controls at the
+// bottom keep two of these checks in the suite: a wrong weight-decay mask and a missing clip.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -43,17 +53,19 @@ namespace {
 
 constexpr const char* kFixture = DDILOCO_FIXTURES_DIR "/gpt_parity.h5";
 
-constexpr double kProbAbs = 5e-8;
+constexpr double kProbAbs = 1e-8, kProbRel = 3e-5;
 constexpr double kLossRel = 1e-6;
-constexpr double kGradScaleRel = 3e-6;  // × the largest |gradient| of the same tensor
+constexpr double kPositionLossRel = 5e-6;
+constexpr double kGradScaleRel = 1e-5;  // × the largest |gradient| of the same tensor
 constexpr double kStepLossRel = 1e-6;
-constexpr double kNormRel = 1e-6;
+constexpr double kNormRel = 2e-6;
 constexpr double kLrRel = 1e-12;
 constexpr double kParamAbs = 2e-5;       // every element
 constexpr double kParamBulkAbs = 1e-6;   // all but kParamTailFraction of the elements
 constexpr double kParamTailFraction = 1e-3;
-// Bound on the gradient of the key biases (exactly zero in exact arithmetic).
-constexpr double kKeyBiasGradAbs = 1e-7;
+// Bound on the gradient of the key biases (zero in exact arithmetic), × the largest |gradient|
+// of the whole attn.c_attn.bias: rounding noise, measured ≤ 1.3e-7 of it on both sides.
+constexpr double kKeyBiasGradScaleRel = 1e-6;
 
 // The recorded run, read once.
 struct Reference {
@@ -93,7 +105,8 @@ std::vector<int32_t> read_ints(hid_t loc, const std::string& name, const Dims& d
 }
 
 // A group of named tensors into a flat buffer laid out by `layout`.
-std::vector<float> read_params(hid_t file, const std::string& group, const ParameterLayout& layout) {
+std::vector<float> read_params(hid_t file, const std::string& group,
+                               const ParameterLayout& layout) {
   h5::Handle g = h5::open_group(file, group, kFixture);
   std::vector<float> flat(layout.size());
   for (const auto& t : layout.tensors())
@@ -293,22 +306,24 @@ TEST(Parity, ForwardMatchesTorch) {
     double sum = 0;
     for (int v = 0; v < V; ++v) sum += std::exp(z[v] - zmax);
     for (int v = 0; v < V; ++v)
-      prob_diff.add(probs[n * V + v], std::exp(z[v] - zmax) / sum, kProbAbs, 0, n * V + v);
+      prob_diff.add(probs[n * V + v], std::exp(z[v] - zmax) / sum, kProbAbs, kProbRel, n * V + v);
     const double nll = std::log(sum) + zmax - z[r.targets[n]];
-    pos_loss_diff.add(losses[n], nll, 0, kLossRel, n);
+    pos_loss_diff.add(losses[n], nll, 0, kPositionLossRel, n);
     ref_loss += nll / N;
   }
   EXPECT_LE(prob_diff.worst, 1.0) << "probability [" << prob_diff.worst_at / V << ", "
-                                  << prob_diff.worst_at % V << "] differs from torch by "
-                                  << prob_diff.max_abs;
+                                  << prob_diff.worst_at % V << "]: ours "
+                                  << probs[prob_diff.worst_at] << ", softmax of torch's logits "
+                                  << "differs by " << prob_diff.worst << "x the limit";
   EXPECT_LE(pos_loss_diff.worst, 1.0) << "per-position loss " << pos_loss_diff.worst_at;
   EXPECT_NEAR(ref_loss, r.loss, 1e-6 * r.loss) << "fixture inconsistent: loss vs logits";
   const double loss_rel = std::abs(loss - r.loss) / r.loss;
   EXPECT_LE(loss_rel, kLossRel) << "loss: ours " << loss << ", torch " << r.loss;
-  std::printf("parity: probabilities            max abs err %.3g\n", prob_diff.max_abs);
+  std::printf("parity: probabilities            max abs err %.3g, worst err/limit %.3g\n",
+              prob_diff.max_abs, prob_diff.worst);
   std::printf("parity: loss                     rel err %.3g (ours %.7f, torch %.7f), per "
               "position %.3g\n",
-              loss_rel, loss, r.loss, pos_loss_diff.worst * kLossRel);
+              loss_rel, loss, r.loss, pos_loss_diff.worst * kPositionLossRel);
 }
 
 TEST(Parity, GradientsMatchTorch) {
@@ -321,12 +336,22 @@ TEST(Parity, GradientsMatchTorch) {
   expect_gradients_near(model.layout(), grads, r.grads);
   // The key biases get no gradient in exact arithmetic; both sides must leave only noise.
   const int C = r.config.n_embd;
-  for (const auto& t : model.layout().tensors())
-    for (size_t i = 0; i < t.numel; ++i)
-      if (is_key_bias(t, i, C)) {
-        ASSERT_LE(std::abs(grads[t.offset + i]), kKeyBiasGradAbs) << t.name << "[" << i << "]";
-        ASSERT_LE(std::abs(r.grads[t.offset + i]), kKeyBiasGradAbs) << t.name << "[" << i << "]";
-      }
+  double key_noise = 0;
+  for (const auto& t : model.layout().tensors()) {
+    if (!t.name.ends_with("attn.c_attn.bias")) continue;
+    double scale = 0, ours_max = 0, ref_max = 0;
+    for (size_t i = 0; i < t.numel; ++i) {
+      scale = std::max(scale, static_cast<double>(std::abs(r.grads[t.offset + i])));
+      if (!is_key_bias(t, i, C)) continue;
+      ours_max = std::max(ours_max, static_cast<double>(std::abs(grads[t.offset + i])));
+      ref_max = std::max(ref_max, static_cast<double>(std::abs(r.grads[t.offset + i])));
+    }
+    EXPECT_LE(ours_max, kKeyBiasGradScaleRel * scale) << "key-bias gradient of " << t.name;
+    EXPECT_LE(ref_max, kKeyBiasGradScaleRel * scale) << "torch's key-bias gradient of " << t.name;
+    key_noise = std::max({key_noise, ours_max / scale, ref_max / scale});
+  }
+  std::printf("parity: key-bias gradients       max |g| / max|g| of c_attn.bias %.3g\n",
+              key_noise);
 }
 
 TEST(Parity, AdamWStepsMatchTorch) {
