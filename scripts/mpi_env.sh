@@ -1,12 +1,11 @@
 # Sourced by the scripts that launch MPI jobs: settings for Debian's Open MPI 4.1 on one node.
 # - root may run mpirun (containers, CI) only with these two variables;
 # - UCX stays off (ob1 + shared memory/TCP), as measured in ../shared/design/platform_notes.md;
-# - OpenMP threads sleep instead of spinning when idle: ranks outnumber cores in the demos.
+# - threads per rank default to cores / ranks (run.threads: 0), so ranks do not oversubscribe.
 if [[ $(id -u) == 0 ]]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader,tcp}
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 # mpirun with the flags every local launch here needs.
 ddiloco_mpirun() { mpirun --oversubscribe --bind-to none "$@"; }

@@ -83,14 +83,16 @@ class Gpt {
   /// without (nullptr) returns 0 and only the probabilities are meaningful.
   /// Activation memory grows to the largest B·T seen. Throws Error on a bad B or T.
   S forward(const int32_t* tokens, const int32_t* targets, int B, int T);
-  /// Next-token probabilities (B,T,V) of the last forward pass.
+  /// Next-token probabilities (B,T,V) of the last forward pass. Throws Error after backward(),
+  /// which reuses their memory for the logits' gradient.
   std::span<const S> probabilities() const;
   /// Per-position losses (B,T) of the last forward pass with targets, nats.
   std::span<const S> losses() const;
 
   void zero_grad();
-  /// Accumulates d(mean loss)/d(parameters) of the last forward pass (which must have had
-  /// targets) into gradients().
+  /// Accumulates d(mean loss)/d(parameters) of the last forward pass into gradients(). That
+  /// pass must have had targets, and backward() runs once per forward pass (throws Error
+  /// otherwise).
   void backward();
 
  private:
@@ -105,7 +107,8 @@ class Gpt {
   std::vector<S> grad_acts_;
   std::vector<int32_t> tokens_, targets_;
   int last_B_ = 0, last_T_ = 0;
-  bool have_targets_ = false;
+  // What the activation buffers hold now.
+  enum class Pass { none, inference, training, backward_done } pass_ = Pass::none;
 };
 
 extern template class Gpt<float>;

@@ -199,7 +199,7 @@ S Gpt<S>::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
   if (targets) targets_.assign(targets, targets + N);
   last_B_ = B;
   last_T_ = T;
-  have_targets_ = targets != nullptr;
+  pass_ = targets != nullptr ? Pass::training : Pass::inference;
 
   Weights<S> w(layout_, params_.data(), config_.n_layer);
   Activations a(config_, B, T, acts_.data());
@@ -248,14 +248,17 @@ S Gpt<S>::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
 
 template <typename S>
 std::span<const S> Gpt<S>::probabilities() const {
-  if (last_B_ == 0) fail("probabilities: no forward pass has run");
+  if (pass_ == Pass::none) fail("probabilities: no forward pass has run");
+  if (pass_ == Pass::backward_done)
+    fail("probabilities: backward() replaced them with the loss gradient; run forward() again");
   Activations a(config_, last_B_, last_T_, const_cast<S*>(acts_.data()));
   return {a.probs, static_cast<size_t>(last_B_) * last_T_ * config_.vocab_size};
 }
 
 template <typename S>
 std::span<const S> Gpt<S>::losses() const {
-  if (!have_targets_) fail("losses: the last forward pass had no targets");
+  if (pass_ != Pass::training && pass_ != Pass::backward_done)
+    fail("losses: the last forward pass had no targets");
   Activations a(config_, last_B_, last_T_, const_cast<S*>(acts_.data()));
   return {a.losses, static_cast<size_t>(last_B_) * last_T_};
 }
@@ -267,7 +270,9 @@ void Gpt<S>::zero_grad() {
 
 template <typename S>
 void Gpt<S>::backward() {
-  if (!have_targets_) fail("backward: the last forward pass had no targets");
+  if (pass_ == Pass::backward_done)
+    fail("backward: already run for this forward pass; run forward() again");
+  if (pass_ != Pass::training) fail("backward: the last forward pass had no targets");
   const int B = last_B_, T = last_T_;
   const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
   const long N = static_cast<long>(B) * T;
@@ -282,9 +287,8 @@ void Gpt<S>::backward() {
   S* dln = dresidual + NC;
   S* datty = dln + NC;
   S* dwide = datty + NC;  // (N,4C): dfch, also used as dqkv (N,3C)
-  // The loss gradient replaces the probabilities in place (they are not needed afterwards,
-  // and forward() recomputes them).
-  have_targets_ = false;
+  // The loss gradient replaces the probabilities in place: no second (N,V) buffer.
+  pass_ = Pass::backward_done;
 
   layers::softmax_crossentropy_backward(a.probs, targets_.data(), N, V, S(1) / S(N));
   layers::matmul_backward(dln, g.wte, static_cast<S*>(nullptr), a.probs, a.lnf, w.wte, N, C, V);

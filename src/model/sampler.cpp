@@ -59,7 +59,10 @@ std::vector<int32_t> generate(Gpt<float>& model, std::vector<int32_t> context, i
 std::string detokenize(const std::vector<int32_t>& tokens, int vocab_size) {
   if (vocab_size == 256) return decode_bytes(tokens);
   std::string out;
-  for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + std::to_string(tokens[i]);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (i > 0) out += ' ';
+    out += std::to_string(tokens[i]);
+  }
   return out;
 }
 

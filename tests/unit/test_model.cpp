@@ -42,6 +42,9 @@ TEST(Model, GradientsAccumulateUntilZeroed) {
   model.zero_grad();
   model.backward();
   const std::vector<double> once(model.gradients().begin(), model.gradients().end());
+  EXPECT_THROW(model.backward(), Error);           // once per forward pass
+  EXPECT_THROW(model.probabilities(), Error);      // consumed by backward()
+  EXPECT_EQ(model.losses().size(), 6u);            // still there
   model.forward(tokens.data(), targets.data(), 1, 6);
   model.backward();
   for (size_t i = 0; i < once.size(); ++i) ASSERT_NEAR(model.gradients()[i], 2 * once[i], 1e-12);
