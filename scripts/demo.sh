@@ -23,6 +23,9 @@ if [[ ! -f data/kjv/train_000000.bin || ! -f data/kjv/val_000000.bin ]]; then
 fi
 
 source scripts/mpi_env.sh
+# mpirun hands ranks a pseudo-terminal even when its own output goes to a file or pipe: draw
+# the progress bar only when this script's output is a terminal.
+[[ -t 1 ]] || args=(--set run.progress=false "${args[@]}")
 ddiloco_mpirun -np "$ranks" build/ddiloco train --config "$config" "${args[@]}"
 
 run_dir=$(build/ddiloco config --config "$config" "${args[@]}" | awk '/^run:/{r=1} r && /^  dir:/{gsub(/"/,"",$2); print $2; exit}')
