@@ -10,8 +10,10 @@ ranks=1
 args=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --config) config=$2; shift 2 ;;
-    --ranks) ranks=$2; shift 2 ;;
+    --config|--ranks)
+      [[ $# -ge 2 ]] || { echo "demo.sh: $1 needs a value" >&2; exit 2; }
+      if [[ $1 == --config ]]; then config=$2; else ranks=$2; fi
+      shift 2 ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -26,9 +28,10 @@ source scripts/mpi_env.sh
 # mpirun hands ranks a pseudo-terminal even when its own output goes to a file or pipe: draw
 # the progress bar only when this script's output is a terminal.
 [[ -t 1 ]] || args=(--set run.progress=false "${args[@]}")
-ddiloco_mpirun -np "$ranks" build/ddiloco train --config "$config" "${args[@]}"
+# The demo's run directory is the demo's own: a second demo replaces the first.
+ddiloco_mpirun -np "$ranks" build/ddiloco train --config "$config" --overwrite "${args[@]}"
 
-run_dir=$(build/ddiloco config --config "$config" "${args[@]}" | awk '/^run:/{r=1} r && /^  dir:/{gsub(/"/,"",$2); print $2; exit}')
+run_dir=$(build/ddiloco config --config "$config" "${args[@]}" --get run.dir)
 if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
   /usr/bin/python3 scripts/plot_metrics.py "$run_dir/metrics.jsonl" --out "$run_dir/loss.png"
 fi

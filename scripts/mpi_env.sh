@@ -7,5 +7,8 @@ if [[ $(id -u) == 0 ]]; then
 fi
 export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader,tcp}
-# mpirun with the flags every local launch here needs.
-ddiloco_mpirun() { mpirun --oversubscribe --bind-to none "$@"; }
+# mpirun with the flags every local launch here needs: more ranks than cores, no pinning (a
+# rank's OpenMP threads share its cores), and -q so that an error the job reports itself is not
+# buried under mpirun's banners.
+DDILOCO_MPIRUN=(mpirun -q --oversubscribe --bind-to none)
+ddiloco_mpirun() { "${DDILOCO_MPIRUN[@]}" "$@"; }

@@ -51,12 +51,62 @@ struct EvalConfig {
   double temperature = 0.8;
 };
 
+/// How the ranks train together (see README "Modes").
+enum class Mode { single, ddp, diloco, streaming, decoupled };
+const char* mode_name(Mode mode);
+
+/// Learner units: world rank 0 is the syncer, the others form units in order.
+struct UnitsConfig {
+  int count = 1;                 ///< M
+  int ranks_per_unit = 1;        ///< used when `ranks` is empty
+  std::vector<int> ranks;        ///< ranks of each unit (may differ); empty = ranks_per_unit
+  std::vector<double> slowdown;  ///< per-unit compute slow-down factor ≥ 1 (straggler emulation)
+};
+
+/// The outer loop: fragments, schedule, merge and outer optimizer.
+struct OuterConfig {
+  int fragments = 1;          ///< P
+  int h = 50;                 ///< inner steps between two synchronisations of a fragment
+  int overlap = 0;            ///< τ: a merged fragment is applied τ steps after it was sent
+  double lr = 0.7;            ///< η of outer Nesterov SGD
+  double momentum = 0.9;      ///< μ
+  std::string merge = "rda";  ///< rda | mean
+  std::string apply = "overwrite";  ///< overwrite | blend
+  double blend_alpha = 0.5;   ///< blend: θ ← α·θ + (1−α)·Θ
+};
+
+struct SyncerConfig {
+  int quorum = 1;               ///< K: minimum fresh units before a merge (decoupled)
+  double grace_gamma = 0.5;     ///< γ of the adaptive grace window
+  double grace_cap_steps = 1.0; ///< grace window cap, in (median) inner-step times
+  int eval_every = 2;           ///< outer rounds (H inner steps) between global evaluations
+  int poll_max_us = 1000;       ///< longest sleep between polls when nothing happens
+};
+
+/// Hooks that only tests use: they make a unit stall or the syncer slow, deterministically.
+struct DebugConfig {
+  int stall_unit = -1;             ///< unit that stalls (−1: none)
+  int64_t stall_at_step = 0;       ///< ... after this inner step
+  int64_t stall_until_merges = 0;  ///< ... until the syncer has merged fragment 0 this often
+  int syncer_read_delay_ms = 0;    ///< syncer pauses between reading a snapshot and checking it
+};
+
 struct Config {
+  Mode mode = Mode::single;
   RunConfig run;
   GptConfig model;
   DataConfig data;
   TrainConfig train;
   EvalConfig eval;
+  UnitsConfig units;
+  OuterConfig outer;
+  SyncerConfig syncer;
+  DebugConfig debug;
+
+  /// Ranks of unit u (units.ranks[u], or units.ranks_per_unit).
+  int unit_ranks(int u) const;
+  /// World ranks the configuration needs: 1 (single) or 1 syncer + Σ unit ranks.
+  int world_size() const;
 };
 
 /// Reads `path` (may be empty: defaults only), applies "key=value" overrides in order, and
@@ -77,6 +127,7 @@ std::string to_yaml(const Config& config);
 struct ConfigKeyDoc {
   std::string key, default_value, doc;
 };
-std::vector<ConfigKeyDoc> config_keys();
+/// Every key with its value in `config` (defaults when not given), and its meaning.
+std::vector<ConfigKeyDoc> config_keys(const Config& config = Config{});
 
 }  // namespace ddiloco

@@ -31,9 +31,10 @@ std::vector<Document> parse_kjv(std::string_view bible_output);
 /// punctuation attached to the previous word, one paragraph per line.
 std::string strip_brown_tags(std::string_view tagged);
 
-/// Throws Error("<what>: invalid UTF-8 at byte N" / "NUL byte at byte N") if `text` is not
-/// valid NUL-free UTF-8.
-void check_text(std::string_view text, const std::string& what);
+/// Throws Error("<what>: invalid UTF-8 at byte N (<hint>)" / "NUL byte at byte N") if `text`
+/// is not valid NUL-free UTF-8.
+void check_text(std::string_view text, const std::string& what,
+                const std::string& hint = "convert the file to UTF-8");
 
 /// Splits a single long text into `parts` documents of about equal size, cut at line ends.
 std::vector<Document> split_into_sections(const Document& doc, int parts);

@@ -29,8 +29,8 @@ struct DataCursor {
 /// (fewer than B·T+1) are not used.
 class TrainStream {
  public:
-  /// Validates every shard header now and each shard's tokens when it is first read. Throws
-  /// Error when the shards hold fewer chunks than there are streams.
+  /// Validates every shard now (header, size, every token < vocab_size). Throws Error naming
+  /// the file, or when the shards hold fewer chunks than there are streams.
   TrainStream(std::vector<std::filesystem::path> shards, int vocab_size, int B, int T,
               int stream_index, int stream_count, uint64_t seed, bool shuffle);
 
@@ -67,6 +67,10 @@ class TrainStream {
 /// The fixed held-out set: the first max_tokens/T sequences of T+1 tokens (stride T) of the
 /// validation shards in file order. Identical on every rank and every run, so losses measured
 /// at different times, on different ranks or by different modes are comparable.
+/// Throws Error when a file matches both the training and the validation glob.
+void check_disjoint_splits(const std::vector<std::filesystem::path>& train,
+                           const std::vector<std::filesystem::path>& val);
+
 class ValidationSet {
  public:
   /// Throws Error when the shards hold not even one sequence of T+1 tokens.

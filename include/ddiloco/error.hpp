@@ -3,7 +3,8 @@
 // Every failure a user can cause (a bad config key, a corrupt shard, a missing file, a command
 // line that makes no sense) is thrown as ddiloco::Error with a one-line message that names the
 // file, the field and the value that was expected. `main` prints it as
-// "ddiloco: error: <message>" and exits with status 2; nothing is half-written.
+// "ddiloco: error: <message>" and exits with status 2. Inputs are validated before outputs
+// are touched, and outputs are replaced atomically, so a failure leaves the previous files.
 #pragma once
 
 #include <stdexcept>

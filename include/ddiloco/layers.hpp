@@ -60,7 +60,7 @@ void attention_forward(S* out, S* att, const S* qkv, int B, int T, int C, int NH
 /// dqkv(B,T,3C) overwritten from dout(B,T,C), using the saved qkv and att.
 ///   dP = dout·Vᵀ, dV = Pᵀ·dout, dS = P ⊙ (dP − rowsum(P ⊙ dP)),
 ///   dQ = dS·K/√hs, dK = dSᵀ·Q/√hs.
-/// Each OpenMP thread keeps a T×T scratch matrix (thread-local, grown on demand).
+/// Each OpenMP thread keeps a 64×T scratch matrix (thread-local) for one block of queries.
 template <typename S>
 void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* att, int B, int T, int C,
                         int NH);

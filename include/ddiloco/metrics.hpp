@@ -33,11 +33,13 @@ class JsonlWriter {
   /// Throws Error when it cannot be opened.
   JsonlWriter(const std::filesystem::path& path, bool truncate);
 
+  /// Throws Error naming the file when the line cannot be written (disk full, ...).
   void write(const nlohmann::json& event);
   bool enabled() const { return out_.is_open(); }
 
  private:
   std::ofstream out_;
+  std::filesystem::path path_;
 };
 
 /// A one-line progress bar redrawn in place ("\r") when stdout is a terminal; silent

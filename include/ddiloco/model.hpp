@@ -25,8 +25,16 @@ struct GptConfig {
   int n_head = 4;
   int n_embd = 128;  ///< channels C; must be divisible by n_head
 
+  // Bounds that keep every size computation (4·C, B·T, ...) far from int overflow.
+  static constexpr int kMaxSeqLen = 1 << 20;
+  static constexpr int kMaxLayers = 4096;
+  static constexpr int kMaxEmbd = 1 << 18;
+
   /// Throws Error("model.<key>: ...") naming the first invalid field.
   void validate() const;
+  /// Bytes of parameters, gradients and AdamW moments (4 fp32 copies), plus activations for a
+  /// training batch of B sequences of seq_len tokens.
+  double training_bytes(int batch) const;
   /// Training FLOPs per token for forward + backward: 6·N_params + 12·n_layer·n_embd·seq_len
   /// (the PaLM estimate, Chowdhery et al. 2022, appendix B), used for MFU.
   double flops_per_token() const;

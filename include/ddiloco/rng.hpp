@@ -1,7 +1,7 @@
 // Deterministic random numbers for weight initialisation, data shuffling and sampling.
 //
 // The generator is std::mt19937_64, whose output sequence is fixed by the C++ standard; the
-// normal and uniform transforms are written here (Box-Muller, 24-bit mantissa floats) rather
+// normal and uniform transforms are written here (Box-Muller, 53-bit uniforms) rather
 // than taken from <random>, whose distributions may differ between standard libraries. So the
 // same seed gives the same model and the same data order on every platform and rank.
 #pragma once

@@ -7,8 +7,10 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 
 #include "ddiloco/config.hpp"
 #include "ddiloco/data_loader.hpp"
@@ -36,6 +38,12 @@ class UnitTrainer {
   /// Gives this rank its training stream (see TrainStream).
   void attach_data(std::unique_ptr<TrainStream> stream);
 
+  /// Replaces the unit's gradient averaging (MPI_Allreduce over the unit) with another, e.g.
+  /// ddp's hierarchical reduction across units. The reducer turns this rank's gradient and
+  /// mean loss into the averaged ones, in place, and returns the averaged loss.
+  using GradientReducer = std::function<double(std::span<float> grads, double loss)>;
+  void set_gradient_reducer(GradientReducer reducer) { reducer_ = std::move(reducer); }
+
   /// One inner step on the next batch of the attached stream.
   StepStats step();
   /// One inner step on an explicit batch: inputs and targets (train.batch_size, model.seq_len).
@@ -46,6 +54,10 @@ class UnitTrainer {
   /// unit's ranks and the sums all-reduced, so every rank returns the same value, which does
   /// not depend on the number of ranks. Collective over the unit.
   double validation_loss(const ValidationSet& val);
+
+  /// Throws Error when the unit's ranks no longer hold bit-identical parameters (their
+  /// checksums differ). Collective over the unit.
+  void check_replicas() const;
 
   Gpt<float>& model() { return model_; }
   AdamW<float>& optimizer() { return optimizer_; }
@@ -64,15 +76,31 @@ class UnitTrainer {
   AdamW<float> optimizer_;
   LrSchedule schedule_;
   std::unique_ptr<TrainStream> stream_;
+  GradientReducer reducer_;
   std::vector<int32_t> inputs_, targets_;
   int64_t step_ = 0;
 };
 
+/// Mean loss (nats/token) of `model` on `val`, evaluated in batches of `batch` sequences.
+/// With a communicator the sequences are split over its ranks (i ≡ rank mod size) and the
+/// sums all-reduced, so every rank returns the same value whatever the number of ranks;
+/// MPI_COMM_NULL evaluates everything here.
+double validation_loss(Gpt<float>& model, const ValidationSet& val, int batch, MPI_Comm comm);
+
+/// How a training job ended.
+struct TrainResult {
+  double val_loss = 0;  ///< final validation loss (NaN when interrupted before one)
+  int signal = 0;       ///< the stop signal that ended it early, or 0
+};
+
 /// The `ddiloco train` job for one learner unit made of all ranks of `world`: inner steps
 /// with periodic validation and samples, metrics.jsonl + config.yaml in run.dir, console
-/// progress on rank 0, and the final model saved to run.dir/model.h5. Returns the final
-/// validation loss.
-double train_single_unit(const Config& config, MPI_Comm world);
+/// progress on rank 0, and the final model saved to run.dir/model.h5.
+/// Every input (shards, run.dir, memory) is validated on every rank before anything is
+/// written; a failure there throws mpi::SetupFailed on all ranks. run.dir must not hold a
+/// previous run unless `overwrite`. SIGINT/SIGTERM end the run at the next step boundary with
+/// an "interrupted" event and the model saved.
+TrainResult train_single_unit(const Config& config, MPI_Comm world, bool overwrite);
 
 /// Sets the OpenMP (and thus OpenBLAS) thread count of this rank: run.threads, or the node's
 /// cores divided by the ranks of `comm` on this node. Returns the count.

@@ -2,6 +2,8 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <memory>
 #include <optional>
 
 #include <omp.h>
@@ -12,7 +14,9 @@
 #include "ddiloco/error.hpp"
 #include "ddiloco/model_io.hpp"
 #include "ddiloco/mpi.hpp"
+#include "ddiloco/runtime.hpp"
 #include "ddiloco/sampler.hpp"
+#include "ddiloco/signals.hpp"
 #include "ddiloco/trainer.hpp"
 
 namespace {
@@ -22,6 +26,7 @@ using namespace ddiloco;
 struct ConfigArgs {
   std::string path;
   std::vector<std::string> overrides;
+  bool overwrite = false;
   void add_to(CLI::App* app, bool required) {
     app->add_option("--config,-c", path, "YAML run configuration (configs/*.yaml)")
         ->required(required)
@@ -31,8 +36,13 @@ struct ConfigArgs {
 };
 
 int cmd_train(const ConfigArgs& args) {
-  const Config config = load_config(args.path, args.overrides);
-  train_single_unit(config, MPI_COMM_WORLD);
+  const Config config =
+      mpi::agree(MPI_COMM_WORLD, [&] { return load_config(args.path, args.overrides); });
+  if (config.mode == Mode::single) {
+    const TrainResult r = train_single_unit(config, MPI_COMM_WORLD, args.overwrite);
+    return r.signal != 0 ? signal_exit_status(r.signal) : 0;
+  }
+  run_job(config, MPI_COMM_WORLD);
   return 0;
 }
 
@@ -42,20 +52,51 @@ struct EvalArgs {
 };
 
 int cmd_eval(const EvalArgs& args) {
-  Config config = load_config(args.config.path, args.config.overrides);
-  LoadedModel loaded = load_model(args.model);
-  config.model = loaded.config;
-  configure_threads(config.run.threads, MPI_COMM_WORLD);
-  UnitTrainer trainer(config, MPI_COMM_WORLD);
-  std::copy(loaded.params.begin(), loaded.params.end(), trainer.model().parameters().begin());
-  const ValidationSet val(expand_shard_pattern(config.data.val, "data.val"),
-                          config.model.vocab_size, config.model.seq_len, config.eval.val_tokens);
-  const double loss = trainer.validation_loss(val);
-  if (mpi::rank(MPI_COMM_WORLD) == 0)
-    std::printf("model %s on %s: %lld sequences of %d tokens\nval_loss=%.6f\n",
-                args.model.c_str(), config.data.val.c_str(),
-                static_cast<long long>(val.sequences()), config.model.seq_len, loss);
+  // Evaluate as the run did: its config.yaml (beside the model) unless --config is given.
+  std::string config_path = args.config.path;
+  const auto beside = std::filesystem::path(args.model).parent_path() / "config.yaml";
+  if (config_path.empty() && std::filesystem::exists(beside)) config_path = beside.string();
+  struct Setup {
+    Config config;
+    LoadedModel loaded;
+    std::unique_ptr<ValidationSet> val;
+  };
+  Setup s = mpi::agree(MPI_COMM_WORLD, [&] {
+    Setup r;
+    r.config = load_config(config_path, args.config.overrides);
+    r.loaded = load_model(args.model);
+    r.val = std::make_unique<ValidationSet>(expand_shard_pattern(r.config.data.val, "data.val"),
+                                            r.loaded.config.vocab_size, r.loaded.config.seq_len,
+                                            r.config.eval.val_tokens);
+    return r;
+  });
+  const bool leader = mpi::rank(MPI_COMM_WORLD) == 0;
+  if (leader && !(s.config.model == s.loaded.config))
+    std::fprintf(stderr, "ddiloco: note: the model's shape comes from %s; the config's model.* "
+                 "keys are ignored\n", args.model.c_str());
+  configure_threads(s.config.run.threads, MPI_COMM_WORLD);
+  Gpt<float> model(s.loaded.config);
+  std::copy(s.loaded.params.begin(), s.loaded.params.end(), model.parameters().begin());
+  const double loss = validation_loss(model, *s.val, s.config.train.batch_size, MPI_COMM_WORLD);
+  if (leader)
+    std::printf("model %s on %s (config %s): %lld sequences of %d tokens\nval_loss=%.6f\n",
+                args.model.c_str(), s.config.data.val.c_str(),
+                config_path.empty() ? "defaults" : config_path.c_str(),
+                static_cast<long long>(s.val->sequences()), s.loaded.config.seq_len, loss);
   return 0;
+}
+
+// Control characters other than newline and tab are shown as \xNN, so that sampled bytes
+// cannot drive the terminal.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f)
+      out += fmt::format("\\x{:02x}", c);
+    else
+      out += static_cast<char>(c);
+  }
+  return out;
 }
 
 struct SampleArgs {
@@ -69,7 +110,9 @@ struct SampleArgs {
 
 int cmd_sample(const SampleArgs& args) {
   if (args.tokens < 0) fail("--tokens: must be ≥ 0, got {}", args.tokens);
-  if (!(args.temperature >= 0)) fail("--temperature: must be ≥ 0, got {}", args.temperature);
+  if (!(args.temperature >= 0 && args.temperature <= 100))
+    fail("--temperature: must be in [0, 100], got {}", args.temperature);
+  if (args.threads < 0) fail("--threads: must be ≥ 0, got {}", args.threads);
   LoadedModel loaded = load_model(args.model);
   Gpt<float> model(loaded.config);
   std::copy(loaded.params.begin(), loaded.params.end(), model.parameters().begin());
@@ -79,11 +122,20 @@ int cmd_sample(const SampleArgs& args) {
   const auto out = generate(model, prompt, args.tokens, args.temperature, rng);
   std::vector<int32_t> all(prompt.begin() + 1, prompt.end());
   all.insert(all.end(), out.begin(), out.end());
-  std::printf("%s\n", detokenize(all, loaded.config.vocab_size).c_str());
+  std::printf("%s\n", printable(detokenize(all, loaded.config.vocab_size)).c_str());
   return 0;
 }
 
-int cmd_config(const ConfigArgs& args, bool list) {
+int cmd_config(const ConfigArgs& args, bool list, const std::string& get) {
+  if (!get.empty()) {
+    const Config c = load_config(args.path, args.overrides);
+    for (const auto& k : config_keys(c))
+      if (k.key == get) {
+        std::printf("%s\n", k.default_value.c_str());
+        return 0;
+      }
+    fail("--get: unknown key '{}'", get);
+  }
   if (list) {
     for (const auto& k : config_keys())
       std::printf("%-26s %-22s %s\n", k.key.c_str(), k.default_value.c_str(), k.doc.c_str());
@@ -93,10 +145,16 @@ int cmd_config(const ConfigArgs& args, bool list) {
   return 0;
 }
 
-// Prints a user error once (from rank 0 when every rank sees the same one, from each rank
-// otherwise) and returns the exit status. With several ranks the job is aborted, because the
-// other ranks may be waiting in a collective for this one.
+// Prints a user error and returns the exit status. A set-up failure (mpi::SetupFailed) was
+// agreed on by every rank and is printed by one of them; any other error is printed by the
+// rank that hit it, and with several ranks the job is aborted, because the others may be
+// waiting in a collective for this one.
 int report(const std::exception& e, bool with_mpi) {
+  if (dynamic_cast<const mpi::SetupFailed*>(&e) != nullptr) {
+    // Every rank saw the failure and left its collectives; one of them reports it.
+    if (*e.what() != '\0') std::fprintf(stderr, "ddiloco: error: %s\n", e.what());
+    return 2;
+  }
   int rank = 0, size = 1;
   if (with_mpi) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -121,6 +179,8 @@ int main(int argc, char** argv) {
   ConfigArgs train_args;
   auto* train = app.add_subcommand("train", "train a model (run under mpirun for data parallel)");
   train_args.add_to(train, true);
+  train->add_flag("--overwrite", train_args.overwrite,
+                  "replace the outputs of a previous run in run.dir");
 
   EvalArgs eval_args;
   auto* eval = app.add_subcommand("eval", "validation loss of a saved model");
@@ -162,12 +222,23 @@ int main(int argc, char** argv) {
   bool list_keys = false;
   auto* config = app.add_subcommand("config", "print the effective configuration");
   config_args.add_to(config, false);
-  config->add_flag("--list", list_keys, "list every key with its default and meaning");
+  std::string get_key;
+  config->add_flag("--list", list_keys, "list every key with its default and meaning")
+      ->excludes(config->get_option("--config"))
+      ->excludes(config->get_option("--set"));
+  config->add_option("--get", get_key, "print one key's effective value");
 
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "ddiloco: error: %s (see ddiloco --help)\n", e.what());
+    return 2;
   }
 
   const bool needs_mpi = train->parsed() || eval->parsed() || bench->parsed();
@@ -183,7 +254,7 @@ int main(int argc, char** argv) {
       bench_opts.overrides = bench_args.overrides;
       return cli::bench_model(bench_opts);
     }
-    if (config->parsed()) return cmd_config(config_args, list_keys);
+    if (config->parsed()) return cmd_config(config_args, list_keys, get_key);
   } catch (const std::exception& e) {
     return report(e, session.has_value());
   }

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "cli/commands.hpp"
@@ -36,6 +37,9 @@ std::string shell_quote(const std::string& s) {
 }
 
 std::string read_file(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) fail("{}: no such file", path.string());
+  if (!fs::is_regular_file(path, ec)) fail("{}: not a regular file", path.string());
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("{}: cannot open", path.string());
   std::ostringstream ss;
@@ -78,9 +82,15 @@ std::vector<Document> brown_documents(const fs::path& raw_dir) {
 std::vector<Document> file_documents(const std::vector<std::string>& files) {
   if (files.empty()) fail("--source files: give one or more UTF-8 text files");
   std::vector<Document> docs;
+  std::map<std::string, std::string> seen;  // text → file, to catch the same text twice
   for (const auto& f : files) {
     Document d{fs::path(f).filename().string(), read_file(f)};
+    if (d.text.empty()) fail("{}: empty file", f);
     check_text(d.text, f);
+    if (auto [it, fresh] = seen.emplace(d.text, f); !fresh)
+      fail("{} and {} hold the same text: one could land in training and the other in "
+           "validation",
+           it->second, f);
     docs.push_back(std::move(d));
   }
   // One file cannot be held out by document: cut it into 20 contiguous sections instead.
@@ -91,6 +101,8 @@ std::vector<Document> file_documents(const std::vector<std::string>& files) {
 }  // namespace
 
 int prepare_data(const PrepareDataOptions& o) {
+  if (o.source != "files" && !o.files.empty())
+    fail("files given on the command line need --source files");
   std::vector<Document> docs;
   if (o.source == "kjv")
     docs = kjv_documents();
@@ -100,8 +112,6 @@ int prepare_data(const PrepareDataOptions& o) {
     docs = file_documents(o.files);
   else
     fail("--source: expected kjv, brown or files, got '{}'", o.source);
-  if (o.source != "files" && !o.files.empty())
-    fail("files given on the command line need --source files");
 
   const fs::path out = o.out.empty() ? fs::path("data") / o.source : fs::path(o.out);
   const PreparedCorpus c = write_corpus(docs, out, o.val_fraction, o.shard_tokens, o.source);

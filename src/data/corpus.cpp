@@ -8,6 +8,7 @@
 #include <set>
 
 #include "ddiloco/error.hpp"
+#include "ddiloco/run_dir.hpp"
 #include "ddiloco/shard.hpp"
 
 namespace ddiloco {
@@ -128,12 +129,12 @@ int utf8_length(const unsigned char* s, size_t n) {
 
 }  // namespace
 
-void check_text(std::string_view text, const std::string& what) {
+void check_text(std::string_view text, const std::string& what, const std::string& hint) {
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
   for (size_t i = 0; i < text.size();) {
     if (s[i] == 0) fail("{}: NUL byte at byte {} (not a text file?)", what, i);
     const int len = utf8_length(s + i, text.size() - i);
-    if (len == 0) fail("{}: invalid UTF-8 at byte {} (convert the file to UTF-8)", what, i);
+    if (len == 0) fail("{}: invalid UTF-8 at byte {} ({})", what, i, hint);
     i += len;
   }
 }
@@ -206,41 +207,60 @@ PreparedCorpus write_corpus(const std::vector<Document>& docs, const fs::path& o
   for (size_t i = 0; i < docs.size(); ++i)
     (std::binary_search(val_idx.begin(), val_idx.end(), i) ? val : train).push_back(&docs[i]);
 
-  fs::create_directories(out);
-  for (const auto& entry : fs::directory_iterator(out)) {
-    const std::string name = entry.path().filename().string();
-    if ((name.starts_with("train_") || name.starts_with("val_")) && name.ends_with(".bin"))
-      fs::remove(entry.path());
-  }
+  // All-or-nothing: write into a staging directory beside `out`, then swap it in, so that a
+  // failure leaves the previous preparation (or nothing) and never a mix.
+  std::error_code ec;
+  if (fs::exists(out, ec) && !fs::is_directory(out, ec))
+    fail("--out: '{}' exists and is not a directory", out.string());
+  const fs::path staging = out.string() + ".partial";
+  fs::remove_all(staging, ec);
+  fs::create_directories(staging, ec);
+  if (ec) fail("--out: cannot create '{}': {}", staging.string(), ec.message());
   PreparedCorpus result;
   const auto train_tokens = byte_tokens(train);
   const auto val_tokens = byte_tokens(val);
-  result.train_shards = write_split(train_tokens, out, "train", shard_tokens);
-  result.val_shards = write_split(val_tokens, out, "val", shard_tokens);
   result.train_tokens = static_cast<int64_t>(train_tokens.size());
   result.val_tokens = static_cast<int64_t>(val_tokens.size());
   for (const auto* d : val) result.val_documents.push_back(d->name);
-
-  nlohmann::json manifest = {
-      {"source", source},
-      {"tokenizer", "bytes"},
-      {"vocab_size", 256},
-      {"end_of_text_token", kByteEndOfText},
-      {"documents", docs.size()},
-      {"train_tokens", result.train_tokens},
-      {"val_tokens", result.val_tokens},
-      {"val_fraction", val_fraction},
-      {"val_documents", result.val_documents},
-  };
-  for (const auto& f : result.train_shards) manifest["train_shards"].push_back(f.filename());
-  for (const auto& f : result.val_shards) manifest["val_shards"].push_back(f.filename());
-  const fs::path tmp = out / "manifest.json.tmp";
-  {
-    std::ofstream os(tmp);
-    os << manifest.dump(2) << '\n';
-    if (!os) fail("{}: cannot write", tmp.string());
+  std::vector<fs::path> train_files, val_files;
+  try {
+    train_files = write_split(train_tokens, staging, "train", shard_tokens);
+    val_files = write_split(val_tokens, staging, "val", shard_tokens);
+    nlohmann::json manifest = {
+        {"source", source},
+        {"tokenizer", "bytes"},
+        {"vocab_size", 256},
+        {"end_of_text_token", kByteEndOfText},
+        {"documents", docs.size()},
+        {"train_tokens", result.train_tokens},
+        {"val_tokens", result.val_tokens},
+        {"val_fraction", val_fraction},
+        {"val_documents", result.val_documents},
+    };
+    for (const auto& f : train_files) manifest["train_shards"].push_back(f.filename());
+    for (const auto& f : val_files) manifest["val_shards"].push_back(f.filename());
+    write_text_atomically(staging / "manifest.json", manifest.dump(2) + "\n");
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    throw;
   }
-  fs::rename(tmp, out / "manifest.json");
+  // Keep whatever else the user put in `out` (raw downloads, notes): replace only our files.
+  fs::create_directories(out, ec);
+  for (const auto& entry : fs::directory_iterator(out)) {
+    const std::string name = entry.path().filename().string();
+    if (((name.starts_with("train_") || name.starts_with("val_")) && name.ends_with(".bin")) ||
+        name == "manifest.json")
+      fs::remove(entry.path());
+  }
+  // manifest.json last: it names the shards, so readers never see it before them.
+  for (const auto& entry : fs::directory_iterator(staging))
+    if (entry.path().filename() != "manifest.json")
+      fs::rename(entry.path(), out / entry.path().filename());
+  fs::rename(staging / "manifest.json", out / "manifest.json");
+  fs::remove_all(staging, ec);
+  sync_directory(out);
+  for (const auto& f : train_files) result.train_shards.push_back(out / f.filename());
+  for (const auto& f : val_files) result.val_shards.push_back(out / f.filename());
   return result;
 }
 

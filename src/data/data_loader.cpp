@@ -32,7 +32,9 @@ TrainStream::TrainStream(std::vector<fs::path> shards, int vocab_size, int B, in
     fail("data: stream {} of {} does not exist", stream_index, stream_count);
   const int64_t chunk = static_cast<int64_t>(B) * T;
   for (const auto& f : files_) {
-    const int64_t n = read_shard_header(f);
+    // Full validation (every token < vocab) now, so that bad data stops the job before it
+    // writes anything, not hours in when the shard is first read.
+    const int64_t n = static_cast<int64_t>(Shard::open(f, vocab_size).tokens().size());
     chunks_.push_back(n > chunk ? (n - 1) / chunk : 0);
     total_chunks_ += chunks_.back();
   }
@@ -97,6 +99,16 @@ void TrainStream::next(int32_t* inputs, int32_t* targets) {
     targets[i] = src[i + 1];
   }
   ++cursor_.batch;
+}
+
+void check_disjoint_splits(const std::vector<fs::path>& train, const std::vector<fs::path>& val) {
+  std::error_code ec;
+  for (const auto& v : val)
+    for (const auto& t : train)
+      if (fs::equivalent(v, t, ec))
+        fail("data.val: '{}' is also a training shard (data.train): the validation loss would "
+             "measure memorisation",
+             v.string());
 }
 
 ValidationSet::ValidationSet(const std::vector<fs::path>& shards, int vocab_size, int T,

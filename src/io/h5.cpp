@@ -3,11 +3,13 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fmt/format.h>
 
 #include "ddiloco/error.hpp"
+#include "ddiloco/run_dir.hpp"
 
 namespace ddiloco::h5 {
 
@@ -45,13 +47,32 @@ Handle open_attr(hid_t obj, const std::string& name, const std::string& label) {
   return attr;
 }
 
+// Chunked storage with HDF5's Fletcher-32 checksum filter: a flipped byte on disk makes the
+// read fail instead of returning wrong numbers. Chunks of at most 2^24 elements along the
+// first dimension (HDF5 caps a chunk at 4 GiB).
+Handle checksummed_layout(const std::vector<hsize_t>& dims) {
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  if (dims.empty()) return dcpl;
+  std::vector<hsize_t> chunk = dims;
+  hsize_t row = 1;
+  for (size_t i = 1; i < dims.size(); ++i) row *= std::max<hsize_t>(dims[i], 1);
+  chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], (hsize_t{1} << 24) / row));
+  for (auto& c : chunk) c = std::max<hsize_t>(c, 1);
+  bool empty = false;
+  for (auto d : dims) empty |= d == 0;
+  if (empty) return dcpl;
+  H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data());
+  H5Pset_fletcher32(dcpl);
+  return dcpl;
+}
+
 template <typename T>
 void write_data(hid_t loc, const std::string& name, const T* data,
                 const std::vector<hsize_t>& dims, hid_t file_type, hid_t mem_type) {
   silence();
   Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
-  Handle set(H5Dcreate2(loc, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT,
-                        H5P_DEFAULT),
+  Handle dcpl = checksummed_layout(dims);
+  Handle set(H5Dcreate2(loc, name.c_str(), file_type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT),
              H5Dclose);
   if (set.get() < 0 || H5Dwrite(set, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
     fail("HDF5: cannot write dataset '{}'", name);
@@ -66,7 +87,9 @@ void read_data(hid_t loc, const std::string& name, T* data, const std::vector<hs
          dims_text(dims));
   Handle set(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose);
   if (set.get() < 0 || H5Dread(set, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
-    fail("{}: cannot read dataset '{}' (corrupt file?)", label, name);
+    fail("{}: cannot read dataset '{}' (corrupt: its checksum does not match, or the file is "
+         "truncated)",
+         label, name);
 }
 
 }  // namespace
@@ -86,18 +109,36 @@ void Handle::reset() {
   id_ = H5I_INVALID_HID;
 }
 
+namespace {
+// Closing a file also closes every object still open in it, so that an error in the middle of
+// writing leaves nothing for the library's exit handler to trip over.
+Handle strong_close_access() {
+  Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG);
+  return fapl;
+}
+}  // namespace
+
 Handle create_file(const std::filesystem::path& path) {
   silence();
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-  Handle f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  Handle fapl = strong_close_access();
+  Handle f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
   if (f.get() < 0) fail("{}: cannot create HDF5 file", path.string());
   return f;
+}
+
+void close_file(Handle& file, const std::filesystem::path& path) {
+  const hid_t id = file.get();
+  file.release();
+  if (H5Fclose(id) < 0) fail("{}: writing the file failed (disk full?)", path.string());
 }
 
 Handle open_file(const std::filesystem::path& path) {
   silence();
   if (!std::filesystem::exists(path)) fail("{}: file not found", path.string());
-  Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  Handle fapl = strong_close_access();
+  Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), H5Fclose);
   if (f.get() < 0) fail("{}: not an HDF5 file, or truncated/corrupt", path.string());
   return f;
 }
@@ -115,6 +156,12 @@ Handle open_group(hid_t parent, const std::string& name, const std::string& labe
   Handle g(H5Gopen2(parent, name.c_str(), H5P_DEFAULT), H5Gclose);
   if (g.get() < 0) fail("{}: cannot open group '{}'", label, name);
   return g;
+}
+
+size_t link_count(hid_t group) {
+  H5G_info_t info{};
+  if (H5Gget_info(group, &info) < 0) return 0;
+  return static_cast<size_t>(info.nlinks);
 }
 
 bool exists(hid_t parent, const std::string& name) {
@@ -139,6 +186,9 @@ void write_attr(hid_t obj, const std::string& name, const std::string& value) {
 
 int64_t read_attr_int(hid_t obj, const std::string& name, const std::string& label) {
   Handle attr = open_attr(obj, name, label);
+  Handle type(H5Aget_type(attr), H5Tclose);
+  if (H5Tget_class(type) != H5T_INTEGER)
+    fail("{}: attribute '{}' must be an integer", label, name);
   int64_t v = 0;
   if (H5Aread(attr, H5T_NATIVE_INT64, &v) < 0)
     fail("{}: attribute '{}' is not an integer", label, name);
@@ -224,6 +274,7 @@ void fsync_and_rename(const std::filesystem::path& tmp, const std::filesystem::p
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) fail("{}: cannot rename from {}: {}", path.string(), tmp.string(), ec.message());
+  sync_directory(path.parent_path());
 }
 
 }  // namespace ddiloco::h5

@@ -22,6 +22,8 @@ class Handle {
   Handle& operator=(const Handle&) = delete;
   ~Handle() { reset(); }
   void reset();
+  /// Gives up ownership without closing.
+  void release() { id_ = H5I_INVALID_HID; }
   hid_t get() const { return id_; }
   operator hid_t() const { return id_; }
 
@@ -37,6 +39,8 @@ Handle open_file(const std::filesystem::path& path);
 Handle create_group(hid_t parent, const std::string& name, const std::string& label);
 Handle open_group(hid_t parent, const std::string& name, const std::string& label);
 bool exists(hid_t parent, const std::string& name);
+/// Number of members of a group.
+size_t link_count(hid_t group);
 
 void write_attr(hid_t obj, const std::string& name, int64_t value);
 void write_attr(hid_t obj, const std::string& name, double value);
@@ -45,7 +49,8 @@ int64_t read_attr_int(hid_t obj, const std::string& name, const std::string& lab
 double read_attr_double(hid_t obj, const std::string& name, const std::string& label);
 std::string read_attr_string(hid_t obj, const std::string& name, const std::string& label);
 
-/// Writes an N-d dataset (row-major dims) of float32 / float64 / int64.
+/// Writes an N-d dataset (row-major dims) of float32 / float64 / int64, chunked with a
+/// Fletcher-32 checksum so that corruption on disk fails the read.
 void write_dataset(hid_t loc, const std::string& name, const float* data,
                    const std::vector<hsize_t>& dims);
 void write_dataset(hid_t loc, const std::string& name, const double* data,
@@ -69,14 +74,22 @@ template <typename Fn>
 void write_atomically(const std::filesystem::path& path, Fn&& write);
 void fsync_and_rename(const std::filesystem::path& tmp, const std::filesystem::path& path);
 
+/// Closes a file, reporting a failed final flush (which the destructor cannot).
+void close_file(Handle& file, const std::filesystem::path& path);
+
 template <typename Fn>
 void write_atomically(const std::filesystem::path& path, Fn&& write) {
   const std::filesystem::path tmp = path.string() + ".tmp";
-  {
+  try {
     Handle file = create_file(tmp);
     write(file.get());
+    close_file(file, tmp);
+    fsync_and_rename(tmp, path);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);  // never leave a partial file behind
+    throw;
   }
-  fsync_and_rename(tmp, path);
 }
 
 }  // namespace ddiloco::h5

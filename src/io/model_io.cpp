@@ -1,5 +1,9 @@
 #include "ddiloco/model_io.hpp"
 
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
 #include "ddiloco/error.hpp"
 #include "io/h5.hpp"
 
@@ -43,7 +47,9 @@ LoadedModel load_model(const fs::path& path) {
   LoadedModel loaded;
   h5::Handle model = h5::open_group(file, "model", label);
   auto dim = [&](const char* name) {
-    return static_cast<int>(h5::read_attr_int(model, name, label + ":/model"));
+    const int64_t v = h5::read_attr_int(model, name, label + ":/model");
+    if (v < 1 || v > INT32_MAX) fail("{}: /model attribute {} = {} is out of range", label, name, v);
+    return static_cast<int>(v);
   };
   loaded.config = {dim("vocab_size"), dim("seq_len"), dim("n_layer"), dim("n_head"),
                    dim("n_embd")};
@@ -55,9 +61,16 @@ LoadedModel load_model(const fs::path& path) {
   const ParameterLayout layout = ParameterLayout::gpt2(loaded.config);
   loaded.params.resize(layout.size());
   h5::Handle group = h5::open_group(file, "params", label);
-  for (const auto& t : layout.tensors())
+  if (h5::link_count(group) != layout.tensors().size())
+    fail("{}: /params holds {} tensors, the shape in /model (n_layer = {}) has {}", label,
+         h5::link_count(group), loaded.config.n_layer, layout.tensors().size());
+  for (const auto& t : layout.tensors()) {
     h5::read_dataset(group, t.name, loaded.params.data() + t.offset,
                      std::vector<hsize_t>(t.shape.begin(), t.shape.end()), label + ":/params");
+    const float* p = loaded.params.data() + t.offset;
+    if (!std::all_of(p, p + t.numel, [](float x) { return std::isfinite(x); }))
+      fail("{}: tensor '{}' holds NaN or infinite values", label, t.name);
+  }
   try {
     loaded.metadata = nlohmann::json::parse(h5::read_attr_string(file, "metadata", label));
   } catch (const nlohmann::json::exception&) {

@@ -13,12 +13,25 @@ namespace ddiloco {
 void GptConfig::validate() const {
   if (vocab_size < 2 || vocab_size > 65536)
     fail("model.vocab_size: must be in [2, 65536] (uint16 tokens), got {}", vocab_size);
-  if (seq_len < 1) fail("model.seq_len: must be ≥ 1, got {}", seq_len);
-  if (n_layer < 1) fail("model.n_layer: must be ≥ 1, got {}", n_layer);
+  if (seq_len < 1 || seq_len > kMaxSeqLen)
+    fail("model.seq_len: must be in [1, {}], got {}", kMaxSeqLen, seq_len);
+  if (n_layer < 1 || n_layer > kMaxLayers)
+    fail("model.n_layer: must be in [1, {}], got {}", kMaxLayers, n_layer);
+  if (n_embd < 1 || n_embd > kMaxEmbd)
+    fail("model.n_embd: must be in [1, {}], got {}", kMaxEmbd, n_embd);
   if (n_head < 1) fail("model.n_head: must be ≥ 1, got {}", n_head);
-  if (n_embd < 1) fail("model.n_embd: must be ≥ 1, got {}", n_embd);
   if (n_embd % n_head != 0)
     fail("model.n_head: must divide model.n_embd = {}, got {}", n_embd, n_head);
+}
+
+double GptConfig::training_bytes(int batch) const {
+  const double params = static_cast<double>(ParameterLayout::gpt2(*this).size());
+  const double N = static_cast<double>(batch) * seq_len, C = n_embd, L = n_layer;
+  // Per layer: 13 (N,C)-sized activations counting the 3C/4C ones, 4 per-row statistics and
+  // the attention probabilities; then embeddings, final LayerNorm, probabilities.
+  const double acts = L * (N * C * 15 + 4 * N + static_cast<double>(batch) * n_head * seq_len * seq_len) +
+                      N * C * 2 + N * vocab_size + 10 * N * C;
+  return 4.0 * (4 * params + acts);
 }
 
 double GptConfig::flops_per_token() const {

@@ -15,7 +15,7 @@ int32_t end_of_text_token(int vocab_size) {
 std::vector<int32_t> encode_prompt(const std::string& text, int vocab_size) {
   std::vector<int32_t> tokens{end_of_text_token(vocab_size)};
   if (vocab_size == 256) {
-    check_text(text, "prompt");
+    check_text(text, "--prompt", "byte-level models take UTF-8 text");
     for (unsigned char c : text) tokens.push_back(c);
   }
   return tokens;
@@ -37,9 +37,14 @@ std::vector<int32_t> generate(Gpt<float>& model, std::vector<int32_t> context, i
     if (temperature <= 0) {
       next = static_cast<int32_t>(std::max_element(probs, probs + V) - probs);
     } else {
-      // softmax(logits/τ) ∝ softmax(logits)^(1/τ); normalise in double.
+      // softmax(logits/τ) ∝ p^(1/τ) = exp((log p − log p_max)/τ): relative to the most likely
+      // token so that small τ does not underflow every weight to 0.
+      const double log_max = std::log(static_cast<double>(*std::max_element(probs, probs + V)));
       double total = 0;
-      for (int v = 0; v < V; ++v) total += weights[v] = std::pow(double(probs[v]), 1.0 / temperature);
+      for (int v = 0; v < V; ++v) {
+        const double lp = probs[v] > 0 ? std::log(static_cast<double>(probs[v])) : -INFINITY;
+        total += weights[v] = std::exp((lp - log_max) / temperature);
+      }
       double u = rng.uniform() * total;
       next = V - 1;
       for (int v = 0; v < V; ++v) {

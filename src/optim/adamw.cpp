@@ -65,10 +65,20 @@ double LrSchedule::at(int64_t step) const {
 
 template <typename S>
 double global_norm(std::span<const S> grads) {
+  // Partial sums over fixed blocks, added in order: the result does not depend on the number
+  // of threads, so ranks with different thread counts clip identically.
+  constexpr size_t kBlock = 1 << 14;
+  const size_t blocks = (grads.size() + kBlock - 1) / kBlock;
+  std::vector<double> partial(blocks, 0.0);
+#pragma omp parallel for schedule(static)
+  for (size_t b = 0; b < blocks; ++b) {
+    double s = 0;
+    const size_t end = std::min(grads.size(), (b + 1) * kBlock);
+    for (size_t i = b * kBlock; i < end; ++i) s += static_cast<double>(grads[i]) * grads[i];
+    partial[b] = s;
+  }
   double sum = 0;
-  const long n = static_cast<long>(grads.size());
-#pragma omp parallel for schedule(static) reduction(+ : sum)
-  for (long i = 0; i < n; ++i) sum += static_cast<double>(grads[i]) * grads[i];
+  for (double s : partial) sum += s;
   return std::sqrt(sum);
 }
 

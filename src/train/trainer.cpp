@@ -1,17 +1,21 @@
 #include "ddiloco/trainer.hpp"
 
 #include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <thread>
 
+#include "ddiloco/checksum.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/metrics.hpp"
 #include "ddiloco/model_io.hpp"
 #include "ddiloco/mpi.hpp"
+#include "ddiloco/run_dir.hpp"
 #include "ddiloco/sampler.hpp"
+#include "ddiloco/signals.hpp"
 
 namespace ddiloco {
 
@@ -20,7 +24,11 @@ namespace fs = std::filesystem;
 int configure_threads(int requested, MPI_Comm comm) {
   int threads = requested;
   if (threads <= 0) {
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    // The CPUs this process may run on (taskset, cgroups, Slurm's binding), not the machine's.
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    int cores = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (cores <= 0) cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     threads = std::max(1, cores / std::max(1, mpi::ranks_on_node(comm)));
   }
   omp_set_num_threads(threads);
@@ -50,8 +58,12 @@ int64_t UnitTrainer::tokens_per_step() const {
 
 StepStats UnitTrainer::step() {
   if (!stream_) fail("UnitTrainer::step: no training data attached");
+  Stopwatch clock;
   stream_->next(inputs_.data(), targets_.data());
-  return step_on(inputs_.data(), targets_.data());
+  const double load_s = clock.seconds();
+  StepStats s = step_on(inputs_.data(), targets_.data());
+  s.compute_s += load_s;  // reading the batch is part of the step
+  return s;
 }
 
 StepStats UnitTrainer::step_on(const int32_t* inputs, const int32_t* targets) {
@@ -63,7 +75,11 @@ StepStats UnitTrainer::step_on(const int32_t* inputs, const int32_t* targets) {
   model_.backward();
   s.compute_s = clock.seconds();
 
-  if (ranks_ > 1) {
+  if (reducer_) {
+    Stopwatch reduce_clock;
+    s.loss = reducer_(model_.gradients(), s.loss);
+    s.allreduce_s = reduce_clock.seconds();
+  } else if (ranks_ > 1) {
     Stopwatch reduce_clock;
     // Mean gradient over the unit: every rank's loss is a mean over its own B·T tokens and
     // all ranks have the same B·T, so the mean of the means is the mean over the unit batch.
@@ -86,28 +102,45 @@ StepStats UnitTrainer::step_on(const int32_t* inputs, const int32_t* targets) {
   return s;
 }
 
+void UnitTrainer::check_replicas() const {
+  if (ranks_ <= 1) return;
+  const uint64_t mine = checksum(model_.parameters());
+  uint64_t lo = mine, hi = mine;
+  mpi::check(MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, comm_), "Allreduce");
+  mpi::check(MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, comm_), "Allreduce");
+  if (lo != hi)
+    fail("the unit's ranks hold different parameters after step {} (replicas diverged: "
+         "non-deterministic kernels or a corrupted message)",
+         step_);
+}
+
 double UnitTrainer::validation_loss(const ValidationSet& val) {
+  return ddiloco::validation_loss(model_, val, config_.train.batch_size, comm_);
+}
+
+double validation_loss(Gpt<float>& model, const ValidationSet& val, int batch, MPI_Comm comm) {
   const int T = val.seq_len();
-  if (T != config_.model.seq_len)
-    fail("validation set has sequence length {}, model.seq_len is {}", T, config_.model.seq_len);
-  const int rank = mpi::rank(comm_);
-  const int B = config_.train.batch_size;
-  std::vector<int32_t> in(static_cast<size_t>(B) * T), tgt(static_cast<size_t>(B) * T);
+  if (T > model.config().seq_len)
+    fail("validation sequences have {} tokens, more than model.seq_len = {}", T,
+         model.config().seq_len);
+  const int rank = comm == MPI_COMM_NULL ? 0 : mpi::rank(comm);
+  const int ranks = comm == MPI_COMM_NULL ? 1 : mpi::size(comm);
+  std::vector<int32_t> in(static_cast<size_t>(batch) * T), tgt(static_cast<size_t>(batch) * T);
   double sums[2] = {0, 0};  // loss sum, token count
   std::vector<int64_t> mine;
-  for (int64_t i = rank; i < val.sequences(); i += ranks_) mine.push_back(i);
-  for (size_t start = 0; start < mine.size(); start += B) {
-    const int b = static_cast<int>(std::min<size_t>(B, mine.size() - start));
+  for (int64_t i = rank; i < val.sequences(); i += ranks) mine.push_back(i);
+  for (size_t start = 0; start < mine.size(); start += batch) {
+    const int b = static_cast<int>(std::min<size_t>(batch, mine.size() - start));
     for (int j = 0; j < b; ++j) {
       const int32_t* seq = val.sequence(mine[start + j]);
       std::copy(seq, seq + T, in.begin() + static_cast<long>(j) * T);
       std::copy(seq + 1, seq + T + 1, tgt.begin() + static_cast<long>(j) * T);
     }
-    const double mean = model_.forward(in.data(), tgt.data(), b, T);
+    const double mean = model.forward(in.data(), tgt.data(), b, T);
     sums[0] += mean * b * T;
     sums[1] += static_cast<double>(b) * T;
   }
-  if (ranks_ > 1) mpi::allreduce_sum(std::span<double>(sums, 2), comm_);
+  if (ranks > 1) mpi::allreduce_sum(std::span<double>(sums, 2), comm);
   return sums[0] / sums[1];
 }
 
@@ -122,27 +155,42 @@ std::string format_tokens(double n) {
 
 }  // namespace
 
-double train_single_unit(const Config& config, MPI_Comm world) {
+TrainResult train_single_unit(const Config& config, MPI_Comm world, bool overwrite) {
   const int rank = mpi::rank(world);
   const int ranks = mpi::size(world);
   const bool leader = rank == 0;
   const int threads = configure_threads(config.run.threads, world);
+  const std::filesystem::path dir = config.run.dir;
 
-  const auto train_files = expand_shard_pattern(config.data.train, "data.train");
-  const auto val_files = expand_shard_pattern(config.data.val, "data.val");
-  UnitTrainer trainer(config, world);
-  trainer.attach_data(std::make_unique<TrainStream>(
-      train_files, config.model.vocab_size, config.train.batch_size, config.model.seq_len, rank,
-      ranks, static_cast<uint64_t>(config.run.seed), config.data.shuffle));
-  const ValidationSet val(val_files, config.model.vocab_size, config.model.seq_len,
-                          config.eval.val_tokens);
+  // Set-up: everything that can be wrong with the inputs is found here, on every rank, before
+  // a byte is written.
+  struct Setup {
+    std::unique_ptr<UnitTrainer> trainer;
+    std::unique_ptr<ValidationSet> val;
+  };
+  Setup setup = mpi::agree(world, [&] {
+    Setup s;
+    if (leader) check_run_dir(dir, overwrite);
+    const auto train_files = expand_shard_pattern(config.data.train, "data.train");
+    const auto val_files = expand_shard_pattern(config.data.val, "data.val");
+    check_disjoint_splits(train_files, val_files);
+    s.val = std::make_unique<ValidationSet>(val_files, config.model.vocab_size,
+                                            config.model.seq_len, config.eval.val_tokens);
+    s.trainer = std::make_unique<UnitTrainer>(config, world);
+    s.trainer->attach_data(std::make_unique<TrainStream>(
+        train_files, config.model.vocab_size, config.train.batch_size, config.model.seq_len,
+        rank, ranks, static_cast<uint64_t>(config.run.seed), config.data.shuffle));
+    return s;
+  });
+  UnitTrainer& trainer = *setup.trainer;
+  const ValidationSet& val = *setup.val;
+  install_stop_signals();
 
-  const fs::path dir = config.run.dir;
   JsonlWriter log;
   if (leader) {
-    fs::create_directories(dir);
+    if (overwrite) clear_run_outputs(dir);
     const std::string yaml = to_yaml(config);
-    std::ofstream(dir / "config.yaml") << yaml;
+    write_text_atomically(dir / "config.yaml", yaml);
     std::printf("ddiloco %s: effective configuration (saved to %s)\n%s", DDILOCO_VERSION,
                 (dir / "config.yaml").c_str(), yaml.c_str());
     log = JsonlWriter(dir / "metrics.jsonl", /*truncate=*/true);
@@ -160,7 +208,7 @@ double train_single_unit(const Config& config, MPI_Comm world) {
                {"step", 0},
                {"tokens", 0},
                {"elapsed_s", 0.0},
-               {"mode", "single_unit"},
+               {"mode", "single"},
                {"ranks", ranks},
                {"threads_per_rank", threads},
                {"parameters", model.layout().size()},
@@ -169,10 +217,10 @@ double train_single_unit(const Config& config, MPI_Comm world) {
 
   ProgressBar bar(leader && config.run.progress);
   Stopwatch wall;
-  double train_seconds = 0, window_seconds = 0, window_loss = 0;
+  double train_seconds = 0, window_seconds = 0, window_loss = 0, window_reduce = 0;
   int64_t window_steps = 0, tokens = 0;
   const int64_t steps = config.train.steps;
-  double val_loss = NAN;
+  TrainResult result{NAN, 0};
   Rng sample_rng(mix_seed(static_cast<uint64_t>(config.run.seed), 0x5a3d1e));
 
   auto console = [&](const std::string& line) {
@@ -182,16 +230,17 @@ double train_single_unit(const Config& config, MPI_Comm world) {
     std::fflush(stdout);
   };
   auto run_eval = [&](int64_t step) {
+    trainer.check_replicas();
     Stopwatch clock;
-    val_loss = trainer.validation_loss(val);
+    result.val_loss = trainer.validation_loss(val);
     log.write({{"event", "val"},
                {"step", step},
                {"tokens", tokens},
                {"elapsed_s", wall.seconds()},
-               {"val_loss", val_loss},
+               {"val_loss", result.val_loss},
                {"eval_s", clock.seconds()}});
-    console(fmt::format("step {:>6} | val_loss {:.4f} | {} tokens | {:.1f}s", step, val_loss,
-                        format_tokens(tokens), wall.seconds()));
+    console(fmt::format("step {:>6} | val_loss {:.4f} | {} tokens | {:.1f}s", step,
+                        result.val_loss, format_tokens(tokens), wall.seconds()));
   };
   auto run_sample = [&](int64_t step) {
     if (config.eval.sample_tokens <= 0) return;
@@ -208,15 +257,25 @@ double train_single_unit(const Config& config, MPI_Comm world) {
     console(fmt::format("--- sample at step {} ---\n{}\n---", step, text));
   };
 
-  for (int64_t step = 0; step < steps; ++step) {
+  int64_t done = 0;
+  while (done < steps) {
+    // A stop signal counts once every rank of the unit knows of it.
+    int signal = stop_signal();
+    if (ranks > 1)
+      mpi::check(MPI_Allreduce(MPI_IN_PLACE, &signal, 1, MPI_INT, MPI_MAX, world), "Allreduce");
+    if (signal != 0) {
+      result.signal = signal;
+      break;
+    }
     const StepStats s = trainer.step();
+    ++done;
     tokens += s.tokens;
     train_seconds += s.compute_s + s.allreduce_s;
     window_seconds += s.compute_s + s.allreduce_s;
+    window_reduce += s.allreduce_s;
     window_loss += s.loss;
     ++window_steps;
-    if (!std::isfinite(s.loss)) fail("training diverged: loss is {} at step {}", s.loss, step);
-    const int64_t done = step + 1;
+    if (!std::isfinite(s.loss)) fail("training diverged: loss is {} at step {}", s.loss, done);
     if (done % config.run.log_every == 0 || done == steps) {
       const double tps = window_steps * trainer.tokens_per_step() / window_seconds;
       const double mean_loss = window_loss / window_steps;
@@ -228,7 +287,7 @@ double train_single_unit(const Config& config, MPI_Comm world) {
                  {"lr", s.lr},
                  {"grad_norm", s.grad_norm},
                  {"tokens_per_s", tps},
-                 {"allreduce_s", s.allreduce_s}});
+                 {"allreduce_s", window_reduce}});
       const std::string status =
           fmt::format("loss {:.4f} | lr {:.2e} | {:.0f} tok/s | {:.0f}s", mean_loss, s.lr, tps,
                       wall.seconds());
@@ -236,7 +295,7 @@ double train_single_unit(const Config& config, MPI_Comm world) {
         bar.update(done, steps, status);
       else
         console(fmt::format("step {:>6}/{} | {}", done, steps, status));
-      window_seconds = window_loss = 0;
+      window_seconds = window_loss = window_reduce = 0;
       window_steps = 0;
     }
     if (config.eval.every_steps > 0 && done % config.eval.every_steps == 0 && done != steps)
@@ -246,28 +305,38 @@ double train_single_unit(const Config& config, MPI_Comm world) {
       run_sample(done);
   }
   bar.finish();
-  run_eval(steps);
-  run_sample(steps);
+  if (result.signal == 0) {
+    run_eval(steps);
+    run_sample(steps);
+  }
 
   if (leader) {
-    const fs::path model_path = dir / "model.h5";
-    save_model(model_path, config.model, trainer.model().parameters(),
-               {{"step", steps}, {"tokens", tokens}, {"val_loss", val_loss},
-                {"run_dir", dir.string()}});
-    const double tps = tokens / train_seconds;
-    log.write({{"event", "done"},
-               {"step", steps},
-               {"tokens", tokens},
-               {"elapsed_s", wall.seconds()},
-               {"val_loss", val_loss},
-               {"tokens_per_s", tps},
-               {"model", model_path.string()}});
-    console(fmt::format("done: {} steps, {} tokens in {:.1f}s ({:.0f} tokens/s training), "
-                        "val_loss {:.4f}; model saved to {}",
-                        steps, format_tokens(tokens), wall.seconds(), tps, val_loss,
-                        model_path.string()));
+    const std::filesystem::path model_path = dir / "model.h5";
+    nlohmann::json meta = {{"step", done}, {"tokens", tokens}, {"run_dir", dir.string()}};
+    if (result.signal == 0) meta["val_loss"] = result.val_loss;
+    if (result.signal != 0) meta["interrupted"] = true;
+    save_model(model_path, config.model, trainer.model().parameters(), meta);
+    const double tps = train_seconds > 0 ? tokens / train_seconds : 0.0;
+    if (result.signal != 0) {
+      log.write({{"event", "interrupted"}, {"signal", result.signal}, {"step", done},
+                 {"tokens", tokens}, {"elapsed_s", wall.seconds()}, {"model", model_path.string()}});
+      console(fmt::format("interrupted by signal {} after {} steps; model saved to {}",
+                          result.signal, done, model_path.string()));
+    } else {
+      log.write({{"event", "done"},
+                 {"step", steps},
+                 {"tokens", tokens},
+                 {"elapsed_s", wall.seconds()},
+                 {"val_loss", result.val_loss},
+                 {"tokens_per_s", tps},
+                 {"model", model_path.string()}});
+      console(fmt::format("done: {} steps, {} tokens in {:.1f}s ({:.0f} tokens/s training), "
+                          "val_loss {:.4f}; model saved to {}",
+                          steps, format_tokens(tokens), wall.seconds(), tps, result.val_loss,
+                          model_path.string()));
+    }
   }
-  return val_loss;
+  return result;
 }
 
 }  // namespace ddiloco

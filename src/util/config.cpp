@@ -1,6 +1,7 @@
 // The one table of configuration keys, and YAML reading/writing driven by it.
 #include "ddiloco/config.hpp"
 
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -8,7 +9,9 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "ddiloco/error.hpp"
@@ -29,10 +32,11 @@ struct Entry {
   std::function<void(Config&, const YAML::Node&)> parse;
   std::function<std::string(const Config&)> show;
   bool is_string = false;
+  bool is_list = false;
 };
 
 std::string scalar_text(const YAML::Node& node) {
-  if (node.IsScalar()) return node.Scalar();
+  if (node.IsScalar()) return node.Scalar().empty() ? "''" : node.Scalar();
   if (node.IsNull()) return "(empty)";
   std::ostringstream os;
   os << YAML::Dump(node);
@@ -40,7 +44,44 @@ std::string scalar_text(const YAML::Node& node) {
 }
 
 template <typename T>
+T parse_value(const YAML::Node& node);
+
+// Plain decimal notation only: digits, sign, point, exponent (no hex, inf, nan).
+bool looks_decimal(const std::string& text) {
+  if (text.empty()) return false;
+  for (char c : text)
+    if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '-' || c == '+' || c == '.' ||
+          c == 'e' || c == 'E'))
+      return false;
+  return true;
+}
+
+template <typename T>
+struct is_vector : std::false_type {};
+template <typename T>
+struct is_vector<std::vector<T>> : std::true_type {};
+
+template <typename V>
+V parse_list(const YAML::Node& node) {
+  using T = typename V::value_type;
+  V out;
+  if (node.IsNull()) return out;
+  if (!node.IsSequence()) fail("expected a list like [1, 2], got '{}'", scalar_text(node));
+  for (size_t i = 0; i < node.size(); ++i) {
+    try {
+      out.push_back(parse_value<T>(node[i]));
+    } catch (const Error& e) {
+      fail("element {}: {}", i, e.what());
+    }
+  }
+  return out;
+}
+
+template <typename T>
 T parse_value(const YAML::Node& node) {
+  if constexpr (is_vector<T>::value) {
+    return parse_list<T>(node);
+  } else {
   if (!node.IsScalar()) fail("expected a single value, got '{}'", scalar_text(node));
   const std::string& text = node.Scalar();
   if constexpr (std::is_same_v<T, std::string>) {
@@ -52,29 +93,39 @@ T parse_value(const YAML::Node& node) {
     if (lower == "false" || lower == "no" || lower == "off" || lower == "0") return false;
     fail("expected true or false, got '{}'", text);
   } else if constexpr (std::is_integral_v<T>) {
+    if (!looks_decimal(text)) fail("expected an integer, got '{}'", text);
     T value{};
     const char* end = text.data() + text.size();
     auto [ptr, ec] = std::from_chars(text.data(), end, value);
     if (ec == std::errc() && ptr == end) return value;
-    // Accept integral values written in floating-point notation ("1e6").
+    // Integral values written in floating-point notation ("1e6") are accepted.
     char* dend = nullptr;
     const double d = std::strtod(text.c_str(), &dend);
-    if (!text.empty() && *dend == '\0' && std::isfinite(d) && d == std::floor(d) &&
-        std::abs(d) < 9e15)
-      return static_cast<T>(d);
+    const bool integral = *dend == '\0' && std::isfinite(d) && d == std::floor(d);
+    if (ec == std::errc::result_out_of_range ||
+        (integral && (d < static_cast<double>(std::numeric_limits<T>::min()) ||
+                      d > static_cast<double>(std::numeric_limits<T>::max()))))
+      fail("out of range [{}, {}], got '{}'", std::numeric_limits<T>::min(),
+           std::numeric_limits<T>::max(), text);
+    if (integral) return static_cast<T>(d);
     fail("expected an integer, got '{}'", text);
   } else {
+    if (!looks_decimal(text)) fail("expected a finite number, got '{}'", text);
     char* dend = nullptr;
     const double d = std::strtod(text.c_str(), &dend);
-    if (text.empty() || *dend != '\0' || !std::isfinite(d))
-      fail("expected a finite number, got '{}'", text);
+    if (*dend != '\0' || !std::isfinite(d)) fail("expected a finite number, got '{}'", text);
     return static_cast<T>(d);
+  }
   }
 }
 
 template <typename T>
 std::string show_value(const T& v) {
-  if constexpr (std::is_same_v<T, std::string>) {
+  if constexpr (is_vector<T>::value) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + show_value(v[i]);
+    return out + "]";
+  } else if constexpr (std::is_same_v<T, std::string>) {
     return v;
   } else if constexpr (std::is_same_v<T, bool>) {
     return v ? "true" : "false";
@@ -91,6 +142,7 @@ Entry field(std::string key, Access access, std::string doc, Check<T> check = {}
   e.key = std::move(key);
   e.doc = std::move(doc);
   e.is_string = std::is_same_v<T, std::string>;
+  e.is_list = is_vector<T>::value;
   e.parse = [access, check](Config& c, const YAML::Node& node) {
     T value = parse_value<T>(node);
     if (check) {
@@ -107,6 +159,11 @@ template <typename T>
 Check<T> at_least(T lo) {
   return [lo](const T& v) { return v >= lo ? "" : fmt::format("must be ≥ {}", lo); };
 }
+inline Check<int> in_int_range(int lo, int hi) {
+  return [lo, hi](const int& v) {
+    return v >= lo && v <= hi ? "" : fmt::format("must be in [{}, {}]", lo, hi);
+  };
+}
 template <typename T>
 Check<T> positive() {
   return [](const T& v) { return v > 0 ? "" : std::string("must be > 0"); };
@@ -118,8 +175,44 @@ inline Check<double> in_range(double lo, double hi, bool lo_open, bool hi_open) 
                                  hi_open ? ")" : "]");
   };
 }
+inline Check<std::string> one_of(std::vector<std::string> options) {
+  return [options](const std::string& v) {
+    std::string list;
+    for (const auto& o : options) {
+      if (o == v) return std::string();
+      list += (list.empty() ? "" : ", ") + o;
+    }
+    return "must be one of " + list;
+  };
+}
+template <typename T>
+Check<std::vector<T>> each_at_least(T lo) {
+  return [lo](const std::vector<T>& v) {
+    for (const T& x : v)
+      if (x < lo) return fmt::format("every element must be ≥ {}", lo);
+    return std::string();
+  };
+}
 inline Check<std::string> non_empty() {
   return [](const std::string& v) { return v.empty() ? "must not be empty" : ""; };
+}
+
+Entry mode_field() {
+  Entry e;
+  e.key = "mode";
+  e.doc = "single (one unit, no syncer) | ddp | diloco | streaming | decoupled";
+  e.is_string = true;
+  e.parse = [](Config& c, const YAML::Node& node) {
+    const std::string v = parse_value<std::string>(node);
+    for (Mode m : {Mode::single, Mode::ddp, Mode::diloco, Mode::streaming, Mode::decoupled})
+      if (v == mode_name(m)) {
+        c.mode = m;
+        return;
+      }
+    fail("must be one of single, ddp, diloco, streaming, decoupled, got {}", v);
+  };
+  e.show = [](const Config& c) { return std::string(mode_name(c.mode)); };
+  return e;
 }
 
 #define DDILOCO_FIELD(T, KEY, MEMBER, DOC, ...) \
@@ -127,6 +220,7 @@ inline Check<std::string> non_empty() {
 
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> table = {
+      mode_field(),
       // run
       DDILOCO_FIELD(std::string, "run.dir", run.dir,
                     "output directory: metrics.jsonl, config.yaml, model.h5", non_empty()),
@@ -146,11 +240,13 @@ const std::vector<Entry>& entries() {
                       return v >= 2 && v <= 65536 ? "" : std::string("must be in [2, 65536]");
                     }),
       DDILOCO_FIELD(int, "model.seq_len", model.seq_len, "context length T, tokens",
-                    positive<int>()),
-      DDILOCO_FIELD(int, "model.n_layer", model.n_layer, "transformer blocks", positive<int>()),
+                    in_int_range(1, GptConfig::kMaxSeqLen)),
+      DDILOCO_FIELD(int, "model.n_layer", model.n_layer, "transformer blocks",
+                    in_int_range(1, GptConfig::kMaxLayers)),
       DDILOCO_FIELD(int, "model.n_head", model.n_head,
-                    "attention heads; must divide model.n_embd", positive<int>()),
-      DDILOCO_FIELD(int, "model.n_embd", model.n_embd, "channels C", positive<int>()),
+                    "attention heads; must divide model.n_embd", in_int_range(1, GptConfig::kMaxEmbd)),
+      DDILOCO_FIELD(int, "model.n_embd", model.n_embd, "channels C",
+                    in_int_range(1, GptConfig::kMaxEmbd)),
       // data
       DDILOCO_FIELD(std::string, "data.train", data.train, "glob of training token shards",
                     non_empty()),
@@ -194,6 +290,61 @@ const std::vector<Entry>& entries() {
                     "prompt of the samples (byte-level models)"),
       DDILOCO_FIELD(double, "eval.temperature", eval.temperature,
                     "sampling temperature; 0 = greedy", at_least(0.0)),
+      // units
+      DDILOCO_FIELD(int, "units.count", units.count, "learner units M (modes other than single)",
+                    positive<int>()),
+      DDILOCO_FIELD(int, "units.ranks_per_unit", units.ranks_per_unit,
+                    "MPI ranks of each unit when units.ranks is empty", positive<int>()),
+      DDILOCO_FIELD(std::vector<int>, "units.ranks", units.ranks,
+                    "ranks of each unit, e.g. [1, 1, 2]; empty = units.ranks_per_unit each",
+                    each_at_least(1)),
+      DDILOCO_FIELD(std::vector<double>, "units.slowdown", units.slowdown,
+                    "per-unit compute slow-down factor (straggler emulation); empty = all 1",
+                    each_at_least(1.0)),
+      // outer
+      DDILOCO_FIELD(int, "outer.fragments", outer.fragments,
+                    "P: fragments (groups of whole tensors) synchronised separately",
+                    positive<int>()),
+      DDILOCO_FIELD(int, "outer.h", outer.h, "H: inner steps between syncs of a fragment",
+                    positive<int>()),
+      DDILOCO_FIELD(int, "outer.overlap", outer.overlap,
+                    "τ: steps between sending a fragment and applying its merge", at_least(0)),
+      DDILOCO_FIELD(double, "outer.lr", outer.lr, "η: outer Nesterov learning rate",
+                    positive<double>()),
+      DDILOCO_FIELD(double, "outer.momentum", outer.momentum, "μ: outer Nesterov momentum",
+                    in_range(0, 1, false, true)),
+      DDILOCO_FIELD(std::string, "outer.merge", outer.merge,
+                    "rda (mean for embeddings) | mean", one_of({"rda", "mean"})),
+      DDILOCO_FIELD(std::string, "outer.apply", outer.apply,
+                    "how a learner takes a merged fragment: overwrite | blend",
+                    one_of({"overwrite", "blend"})),
+      DDILOCO_FIELD(double, "outer.blend_alpha", outer.blend_alpha,
+                    "blend: θ ← α·θ + (1−α)·Θ", in_range(0, 1, false, true)),
+      // syncer
+      DDILOCO_FIELD(int, "syncer.quorum", syncer.quorum,
+                    "K: minimum units with a fresh snapshot before a merge (decoupled)",
+                    positive<int>()),
+      DDILOCO_FIELD(double, "syncer.grace_gamma", syncer.grace_gamma,
+                    "γ: share of the slack τ·ξ_step − ξ_quorum − ξ_sync waited for stragglers",
+                    in_range(0, 1, false, false)),
+      DDILOCO_FIELD(double, "syncer.grace_cap_steps", syncer.grace_cap_steps,
+                    "grace window cap, in median inner-step times", at_least(0.0)),
+      DDILOCO_FIELD(int, "syncer.eval_every", syncer.eval_every,
+                    "outer rounds (H inner steps) between global evaluations of Θ",
+                    positive<int>()),
+      DDILOCO_FIELD(int, "syncer.poll_max_us", syncer.poll_max_us,
+                    "longest sleep between polls when idle, microseconds", positive<int>()),
+      // debug (test hooks)
+      DDILOCO_FIELD(int, "debug.stall_unit", debug.stall_unit,
+                    "test hook: this unit stalls (−1 = none)", at_least(-1)),
+      DDILOCO_FIELD(int64_t, "debug.stall_at_step", debug.stall_at_step,
+                    "test hook: ... after this inner step", at_least<int64_t>(0)),
+      DDILOCO_FIELD(int64_t, "debug.stall_until_merges", debug.stall_until_merges,
+                    "test hook: ... until fragment 0 has been merged this often",
+                    at_least<int64_t>(0)),
+      DDILOCO_FIELD(int, "debug.syncer_read_delay_ms", debug.syncer_read_delay_ms,
+                    "test hook: syncer pause between reading a snapshot and checking it",
+                    at_least(0)),
   };
   return table;
 }
@@ -255,9 +406,12 @@ void load_node(Config& config, const YAML::Node& node, const std::string& prefix
     set_entry(config, prefix, node, source);
     return;
   }
+  std::set<std::string> seen;
   for (const auto& kv : node) {
     const std::string name = kv.first.as<std::string>();
     const std::string key = prefix.empty() ? name : prefix + "." + name;
+    if (!seen.insert(name).second)
+      fail("{}: line {}: duplicate key '{}'", source, kv.first.Mark().line + 1, key);
     if (kv.second.IsMap()) {
       // A section; but a mapping given to a leaf key is a type error, not a section.
       if (!is_section(key)) {
@@ -272,6 +426,28 @@ void load_node(Config& config, const YAML::Node& node, const std::string& prefix
 }
 
 }  // namespace
+
+const char* mode_name(Mode mode) {
+  switch (mode) {
+    case Mode::single: return "single";
+    case Mode::ddp: return "ddp";
+    case Mode::diloco: return "diloco";
+    case Mode::streaming: return "streaming";
+    case Mode::decoupled: return "decoupled";
+  }
+  return "?";
+}
+
+int Config::unit_ranks(int u) const {
+  return units.ranks.empty() ? units.ranks_per_unit : units.ranks.at(u);
+}
+
+int Config::world_size() const {
+  if (mode == Mode::single) return -1;  // any: the world is the unit
+  int n = 1;
+  for (int u = 0; u < units.count; ++u) n += unit_ranks(u);
+  return n;
+}
 
 void apply_override(Config& config, const std::string& assignment, const std::string& source) {
   const size_t eq = assignment.find('=');
@@ -296,9 +472,27 @@ void apply_override(Config& config, const std::string& assignment, const std::st
 void validate(const Config& c, const std::string& source) {
   try {
     c.model.validate();
-    if (c.train.warmup_steps > c.train.steps)
-      fail("train.warmup_steps: must be ≤ train.steps = {}, got {}", c.train.steps,
-           c.train.warmup_steps);
+    const double need = c.model.training_bytes(c.train.batch_size);
+    const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
+    if (need > have)
+      fail("train.batch_size: model and batch need about {:.0f} GiB per rank (parameters, "
+           "optimizer state, activations), this machine has {:.0f} GiB; lower "
+           "train.batch_size, model.seq_len or the model size",
+           need / (1 << 30), have / (1 << 30));
+    const int M = c.units.count;
+    if (!c.units.ranks.empty() && static_cast<int>(c.units.ranks.size()) != M)
+      fail("units.ranks: must list units.count = {} entries, got {}", M, c.units.ranks.size());
+    if (!c.units.slowdown.empty() && static_cast<int>(c.units.slowdown.size()) != M)
+      fail("units.slowdown: must list units.count = {} entries, got {}", M,
+           c.units.slowdown.size());
+    if (c.syncer.quorum > M)
+      fail("syncer.quorum: must be ≤ units.count = {}, got {}", M, c.syncer.quorum);
+    if (c.mode == Mode::single && M != 1)
+      fail("units.count: mode single trains one unit, got {} (choose mode ddp, diloco, "
+           "streaming or decoupled)",
+           M);
+    if (c.debug.stall_unit >= M)
+      fail("debug.stall_unit: must be < units.count = {}, got {}", M, c.debug.stall_unit);
   } catch (const Error& err) {
     fail("{}: {}", source, err.what());
   }
@@ -325,34 +519,44 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 }
 
 std::string to_yaml(const Config& config) {
-  // Group keys by section, in table order.
+  // Top-level keys first, then sections, each in table order.
   YAML::Emitter out;
   out << YAML::BeginMap;
+  auto emit_value = [&](const Entry& e) {
+    const std::string value = e.show(config);
+    if (e.is_string)
+      out << YAML::DoubleQuoted << value;
+    else if (e.is_list)
+      out << YAML::Flow << YAML::Load(value);
+    else
+      out << value;
+  };
+  for (const auto& e : entries()) {
+    if (e.key.find('.') != std::string::npos) continue;
+    out << YAML::Key << e.key << YAML::Value;
+    emit_value(e);
+  }
   std::string section;
   for (const auto& e : entries()) {
     const size_t dot = e.key.find('.');
+    if (dot == std::string::npos) continue;
     const std::string s = e.key.substr(0, dot);
     if (s != section) {
       if (!section.empty()) out << YAML::EndMap;
       out << YAML::Key << s << YAML::Value << YAML::BeginMap;
       section = s;
     }
-    const std::string value = e.show(config);
     out << YAML::Key << e.key.substr(dot + 1) << YAML::Value;
-    if (e.is_string)
-      out << YAML::DoubleQuoted << value;
-    else
-      out << value;
+    emit_value(e);
   }
   if (!section.empty()) out << YAML::EndMap;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }
 
-std::vector<ConfigKeyDoc> config_keys() {
-  const Config defaults;
+std::vector<ConfigKeyDoc> config_keys(const Config& config) {
   std::vector<ConfigKeyDoc> docs;
-  for (const auto& e : entries()) docs.push_back({e.key, e.show(defaults), e.doc});
+  for (const auto& e : entries()) docs.push_back({e.key, e.show(config), e.doc});
   return docs;
 }
 

@@ -6,7 +6,7 @@
 
 namespace ddiloco {
 
-JsonlWriter::JsonlWriter(const std::filesystem::path& path, bool truncate) {
+JsonlWriter::JsonlWriter(const std::filesystem::path& path, bool truncate) : path_(path) {
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
   out_.open(path, truncate ? std::ios::trunc : std::ios::app);
   if (!out_) fail("{}: cannot open for writing", path.string());
@@ -16,6 +16,7 @@ void JsonlWriter::write(const nlohmann::json& event) {
   if (!out_.is_open()) return;
   out_ << event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
   out_.flush();
+  if (!out_) fail("{}: write failed (disk full?)", path_.string());
 }
 
 ProgressBar::ProgressBar(bool enabled) : enabled_(enabled && ::isatty(STDOUT_FILENO)) {}

@@ -42,11 +42,24 @@ assert len(vals) == 3, vals
 assert vals[-1] < vals[0] < 5.6, f"validation loss did not fall: {vals}"
 print("metrics ok:", vals)
 PY
+# A second run into the same directory is refused unless --overwrite, and the refusal leaves
+# the first run's files as they were.
+before=$(md5sum run/metrics.jsonl run/model.h5 run/config.yaml)
+out=$("$DDILOCO" train --config tiny.yaml 2>&1) && fail "training over a finished run was accepted"
+[[ $out == *"already holds a run"*"--overwrite"* ]] || fail "unexpected refusal: $out"
+[[ $(md5sum run/metrics.jsonl run/model.h5 run/config.yaml) == "$before" ]] || fail "the refused run changed the old one"
+# Bad data is found before anything is written, even with --overwrite.
+cp text/train_000000.bin bad.bin
+printf '\x2c\x01' | dd of=bad.bin bs=1 seek=2000 conv=notrunc status=none   # token 300
+out=$("$DDILOCO" train --config tiny.yaml --overwrite --set data.train=bad.bin 2>&1) && fail "bad shard accepted"
+[[ $out == *"bad.bin: token 300"* ]] || fail "unexpected error: $out"
+[[ $(md5sum run/metrics.jsonl run/model.h5 run/config.yaml) == "$before" ]] || fail "bad data damaged the old run"
+
 # The effective config reads back and trains the same model shape.
 "$DDILOCO" config --config run/config.yaml | grep -q "n_embd: 32" || fail "config.yaml does not read back"
 
 final=$(json_field run/metrics.jsonl done val_loss)
-eval_out=$("$DDILOCO" eval --model run/model.h5 --config tiny.yaml)
+eval_out=$("$DDILOCO" eval --model run/model.h5)  # reads run/config.yaml
 echo "$eval_out"
 evaluated=$(echo "$eval_out" | sed -n 's/^val_loss=//p')
 /usr/bin/python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); assert abs(a-b) < 1e-4, (a,b)" "$final" "$evaluated" \

@@ -1,6 +1,9 @@
 // Model files: round trip, and refusal of files that are not what they claim.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <fstream>
+
 #include "ddiloco/error.hpp"
 #include "ddiloco/model_io.hpp"
 #include "ddiloco/sampler.hpp"
@@ -60,6 +63,54 @@ TEST(ModelIo, RefusesNonHdf5WrongFormatAndWrongShapes) {
   }
 }
 
+TEST(ModelIo, DetectsCorruptionNonFiniteValuesAndExtraTensors) {
+  test::TempDir dir;
+  const GptConfig c{256, 16, 1, 2, 16};
+  Gpt<float> model(c);
+  model.init_weights(1);
+  const auto& wpe = model.layout().at("wpe");
+  std::fill_n(model.parameters().begin() + wpe.offset, wpe.numel, 0.123456f);
+  save_model(dir / "m.h5", c, model.parameters(), {});
+  // Flip one byte inside wpe's data on disk: the Fletcher-32 checksum must catch it.
+  std::string bytes;
+  {
+    std::ifstream in(dir / "m.h5", std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  float marker = 0.123456f;
+  const std::string pattern(reinterpret_cast<const char*>(&marker), 4);
+  const size_t at = bytes.find(pattern + pattern);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 1] ^= 0x40;
+  test::write_bytes(dir / "flipped.h5", bytes);
+  try {
+    load_model(dir / "flipped.h5");
+    ADD_FAILURE() << "a flipped byte went unnoticed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'wpe'"), std::string::npos) << e.what();
+  }
+
+  model.parameters()[wpe.offset] = NAN;
+  save_model(dir / "nan.h5", c, model.parameters(), {});
+  EXPECT_THROW(load_model(dir / "nan.h5"), Error);
+
+  // A file with two layers whose /model claims one.
+  const GptConfig two{256, 16, 2, 2, 16};
+  Gpt<float> bigger(two);
+  save_model(dir / "two.h5", two, bigger.parameters(), {});
+  {
+    h5::Handle f(H5Fopen((dir / "two.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    h5::Handle m(H5Gopen2(f, "model", H5P_DEFAULT), H5Gclose);
+    h5::write_attr(m, "n_layer", int64_t{1});
+  }
+  try {
+    load_model(dir / "two.h5");
+    ADD_FAILURE() << "extra tensors went unnoticed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/params holds 28 tensors"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Sampler, GreedyIsDeterministicAndRespectsTheWindow) {
   Gpt<float> model(GptConfig{256, 8, 1, 2, 16});
   model.init_weights(3);
@@ -72,6 +123,15 @@ TEST(Sampler, GreedyIsDeterministicAndRespectsTheWindow) {
   EXPECT_EQ(generate(model, prompt, 20, 1.0, c), generate(model, prompt, 20, 1.0, d));
   EXPECT_THROW(encode_prompt("bad \xFF", 256), Error);
   EXPECT_EQ(encode_prompt("ignored", 50257), (std::vector<int32_t>{50256}));
+}
+
+TEST(Sampler, TinyTemperatureApproachesGreedyInsteadOfUnderflowing) {
+  Gpt<float> model(GptConfig{256, 8, 1, 2, 16});
+  model.init_weights(4);
+  const auto prompt = encode_prompt("And", 256);
+  Rng a(1), b(1);
+  // p^(1/τ) underflows for every token at τ = 0.001; the log-space weights pick the argmax.
+  EXPECT_EQ(generate(model, prompt, 12, 0.001, a), generate(model, prompt, 12, 0.0, b));
 }
 
 }  // namespace

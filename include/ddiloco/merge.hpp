@@ -1,0 +1,70 @@
+// The syncer's merge of learners' fragments and its outer optimizer (paper_notes.md,
+// "Syncer, for each fragment round", steps 3-6).
+//
+// For a fragment with global parameters Θ and contributions θ_m from units m with token
+// counts (c_tok, c_steps) since each last received the fragment:
+//   outer gradient   Δ_m = Θ − θ_m
+//   token weight     w_m = c_tok · (c_tok / c_steps)
+//   merge, per tensor: embedding tensors → weighted mean  Σ w_m Δ_m / Σ w_m
+//                      other tensors     → RDA (radial-directional averaging)
+//        RDA = (Σ w_m ‖Δ_m‖ / Σ w_m) · unit(Σ w_m · unit(Δ_m) / Σ w_m),  unit(x) = x/‖x‖, unit(0) = 0
+//        (outer gradients of different units are nearly orthogonal, so a plain mean shrinks
+//        like 1/√M; RDA keeps the average length and the average direction)
+//   outer Nesterov SGD  v ← μ·v + Δ;  Θ ← Θ − η·(Δ + μ·v)
+// All arithmetic is in double; Θ and v are stored in fp32. With one contribution, η = 1 and
+// μ = 0 the result is θ_1 exactly (x − (x − y) = y in double for fp32 x, y).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ddiloco/fragments.hpp"
+
+namespace ddiloco {
+
+/// w = c_tok² / c_steps (tokens² per step); 0 when c_steps or c_tok is 0.
+double token_weight(int64_t c_tok, int64_t c_steps);
+
+enum class MergeRule { rda, mean };
+/// "rda" or "mean"; throws Error otherwise.
+MergeRule parse_merge_rule(const std::string& name);
+
+/// One unit's contribution to a fragment merge.
+struct Contribution {
+  std::span<const float> theta;  ///< the unit's packed fragment (numel elements)
+  double weight = 0;             ///< token weight (need not be normalised)
+};
+
+/// Merged outer gradient of one tensor (segment) into `out` (double, n elements):
+/// weighted mean, or RDA when `rda`. Contributions with weight 0 are ignored.
+/// Returns false (out untouched) when the total weight is 0.
+bool merge_segment(std::span<const float> global, const std::vector<Contribution>& contributions,
+                   size_t offset, size_t n, bool rda, std::span<double> out);
+
+/// Outer Nesterov SGD over one fragment's packed Θ, with its own fp32 momentum buffer.
+class OuterOptimizer {
+ public:
+  /// lr η > 0, momentum μ in [0, 1).
+  OuterOptimizer(const FragmentPlan& plan, double lr, double momentum, MergeRule rule);
+
+  /// Merges the contributions into fragment p's Θ (packed, in place) and updates its momentum.
+  /// Each segment (tensor) uses the mean (embeddings, or every tensor with MergeRule::mean)
+  /// or RDA. Returns false and changes nothing when every weight is 0. Throws Error when a
+  /// contribution's size is not the fragment's.
+  bool step(int p, std::span<float> theta, const std::vector<Contribution>& contributions);
+
+  std::span<float> momentum(int p) { return momentum_[p]; }
+  double lr() const { return lr_; }
+  double momentum_coefficient() const { return mu_; }
+
+ private:
+  const FragmentPlan* plan_;
+  double lr_, mu_;
+  MergeRule rule_;
+  std::vector<std::vector<float>> momentum_;
+  std::vector<double> scratch_;
+};
+
+}  // namespace ddiloco

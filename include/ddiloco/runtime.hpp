@@ -1,0 +1,39 @@
+// The multi-unit training job: a syncer rank and M learner units (modes ddp, diloco,
+// streaming, decoupled). `ddiloco train` runs run_job on every rank of MPI_COMM_WORLD.
+#pragma once
+
+#include <mpi.h>
+
+#include "ddiloco/config.hpp"
+#include "ddiloco/topology.hpp"
+
+namespace ddiloco {
+
+/// The effective outer-loop settings of a mode, everything else being equal:
+///   ddp        gradients all-reduced across all units every step; no outer loop (P = 1 is
+///              used only to ship θ to the syncer for global evaluation)
+///   diloco     P = 1, τ = 0, K = M: every unit waits for every merge
+///   streaming  P, τ from the config, K = M: a unit waits at send + τ for the merge
+///   decoupled  P, τ, K from the config plus the grace window; a unit never waits (except
+///              τ = 0, where the merge is by definition needed before the next step)
+struct OuterPlan {
+  Mode mode = Mode::decoupled;
+  int fragments = 1;
+  int h = 1;
+  int overlap = 0;
+  int quorum = 1;
+  bool learners_wait = false;  ///< a unit blocks at send + τ until its merge has arrived
+  bool outer_steps = true;     ///< false for ddp: the syncer only evaluates
+  /// Throws Error for settings the mode cannot run (τ ≥ H with fragments, ...).
+  static OuterPlan from(const Config& config);
+};
+
+/// Runs this rank's part of a multi-unit job (config.mode ≠ single). Collective over `world`.
+/// Returns the final global validation loss on the syncer (NaN elsewhere).
+double run_job(const Config& config, MPI_Comm world);
+
+/// The two roles; called by run_job.
+void run_learner(const Config& config, const OuterPlan& plan, const Topology& topology);
+double run_syncer(const Config& config, const OuterPlan& plan, const Topology& topology);
+
+}  // namespace ddiloco

@@ -1,0 +1,167 @@
+// The learner ↔ syncer protocol over MPI one-sided windows (architecture.md, "Learner ↔
+// syncer over MPI one-sided windows").
+//
+// Every unit leader exposes one window (MPI_Win_allocate over the sync communicator: syncer +
+// leaders) holding a control block, one header per fragment, and per fragment an OUTBOX (the
+// learner's latest snapshot of θ_p) and an INBOX (the syncer's merged Θ_p). The syncer is the
+// only RMA origin: it reads outboxes with MPI_Rget and writes inboxes with MPI_Rput, so a
+// learner never blocks on the network: publishing and applying are local loads and stores
+// (std::atomic_ref for the header words, MPI_Win_sync as the memory barrier) inside one
+// MPI_Win_lock_all epoch held for the whole run.
+//
+// Flow control, so that nothing is ever read while it is being written:
+//   outbox p: the learner writes a snapshot (data, then the header, then seq = previous + 1)
+//             only when out_ack == out_seq, i.e. the syncer has consumed the previous one;
+//             the syncer reads data only for seq > out_ack, re-reads seq afterwards (it must be
+//             unchanged), verifies the checksum, then sets out_ack = seq.
+//   inbox p:  the syncer writes (data, then in_checksum, then in_version) only when
+//             in_ack == the version it delivered last, i.e. the learner has taken it; the
+//             learner copies the data for in_version > in_ack, then sets in_ack = in_version.
+// Words are int64, 8-byte aligned, each written by exactly one side with a single store (the
+// learner) or MPI_Accumulate(MPI_REPLACE) (the syncer); the windows are in MPI's unified
+// memory model on every transport we use (osc/sm, osc/rdma).
+//
+// Wire format: fp32 elements (4 bytes).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "ddiloco/checksum.hpp"
+#include "ddiloco/fragments.hpp"
+
+namespace ddiloco::sync {
+
+/// int64 words of a unit's control block.
+enum Control : int {
+  kHeartbeat = 0,   ///< learner: +1 every inner step
+  kStepsDone,       ///< learner: inner steps completed
+  kTokensDone,      ///< learner: tokens processed by the whole unit
+  kState,           ///< learner: UnitState
+  kStop,            ///< syncer: 1 = stop at the next step boundary
+  kStepTimeNs,      ///< learner: moving average of its inner-step time, nanoseconds
+  kPublishSkipped,  ///< learner: snapshots not published because the outbox was still unread
+  kControlWords = 8
+};
+
+enum UnitState : int64_t { kStarting = 0, kRunning = 1, kDone = 2 };
+
+/// int64 words of one fragment's header.
+enum Header : int {
+  kOutSeq = 0,       ///< learner: sequence number of the snapshot in the outbox (0 = none)
+  kOutSteps,         ///< learner: c_steps of that snapshot
+  kOutTokens,        ///< learner: c_tok of that snapshot
+  kOutStep,          ///< learner: the unit's inner step when it was taken
+  kOutBaseVersion,   ///< learner: version of Θ_p it last applied
+  kOutChecksum,      ///< learner: checksum(data)
+  kOutAck,           ///< syncer: last seq consumed
+  kInVersion,        ///< syncer: version of the merged Θ_p in the inbox (0 = none yet)
+  kInChecksum,       ///< syncer: checksum(data)
+  kInAck,            ///< learner: last version taken
+  kHeaderWords = 16
+};
+
+using ddiloco::checksum;
+
+/// Byte offsets of everything in a leader's window, the same on both sides.
+class WindowLayout {
+ public:
+  explicit WindowLayout(const FragmentPlan& plan);
+  size_t bytes() const { return bytes_; }
+  size_t header_block_bytes() const { return header_block_; }  ///< control + all headers
+  static constexpr size_t control_offset() { return 0; }
+  size_t header_offset(int p) const;
+  size_t outbox_offset(int p) const { return outbox_[p]; }
+  size_t inbox_offset(int p) const { return inbox_[p]; }
+  size_t numel(int p) const { return numel_[p]; }
+  int fragments() const { return static_cast<int>(numel_.size()); }
+
+ private:
+  std::vector<size_t> outbox_, inbox_, numel_;
+  size_t header_block_ = 0, bytes_ = 0;
+};
+
+/// Snapshot metadata a learner publishes with its fragment.
+struct SnapshotMeta {
+  int64_t c_steps = 0, c_tok = 0, step = 0, base_version = 0;
+};
+
+/// A unit leader's side. Constructing and close() are collective over the sync communicator.
+class LearnerWindow {
+ public:
+  LearnerWindow(MPI_Comm sync_comm, const WindowLayout& layout);
+  ~LearnerWindow();
+  LearnerWindow(const LearnerWindow&) = delete;
+  LearnerWindow& operator=(const LearnerWindow&) = delete;
+  /// Ends the access epoch and frees the window (collective, after every exchange is over).
+  void close();
+
+  int64_t control(Control word) const;
+  void set_control(Control word, int64_t value);
+
+  /// May fragment p's outbox be written (the syncer consumed the previous snapshot)?
+  bool outbox_free(int p) const;
+  /// Writes a snapshot of fragment p (packed, numel(p) floats) and publishes it. Requires
+  /// outbox_free(p). Returns the snapshot's sequence number.
+  int64_t publish(int p, std::span<const float> packed, const SnapshotMeta& meta);
+
+  /// Version of the merged Θ_p in the inbox (0: none yet).
+  int64_t inbox_version(int p) const;
+  /// Copies the inbox of fragment p into `out` and marks it taken. Returns false when the
+  /// data does not match its checksum (the inbox is then left unacknowledged).
+  bool take_inbox(int p, std::span<float> out);
+
+ private:
+  int64_t& word(size_t byte_offset) const;
+  MPI_Win win_ = MPI_WIN_NULL;
+  char* base_ = nullptr;
+  const WindowLayout* layout_;
+};
+
+/// What the syncer sees of one unit after a poll: its control block and fragment headers.
+struct UnitHeaders {
+  std::vector<int64_t> words;  ///< header_block_bytes / 8 words
+  int64_t control(Control w) const { return words[w]; }
+  int64_t header(int p, Header h) const {
+    return words[kControlWords + static_cast<size_t>(p) * kHeaderWords + h];
+  }
+};
+
+/// The syncer's side: origin of every RMA operation. Collective construction/close() over
+/// the sync communicator (the syncer exposes no memory).
+class SyncerWindow {
+ public:
+  SyncerWindow(MPI_Comm sync_comm, const WindowLayout& layout, int units);
+  ~SyncerWindow();
+  SyncerWindow(const SyncerWindow&) = delete;
+  SyncerWindow& operator=(const SyncerWindow&) = delete;
+  void close();
+
+  /// Reads every unit's control block and headers (one MPI_Rget per unit, completed together).
+  void poll(std::vector<UnitHeaders>& out);
+  /// Reads unit u's snapshot of fragment p into `dst` and re-reads its sequence number.
+  /// Returns the sequence number found after the read (equal to `seq` unless the learner broke
+  /// flow control).
+  int64_t fetch(int u, int p, std::span<float> dst);
+  /// Marks snapshot `seq` of (u, p) consumed, freeing the outbox.
+  void ack(int u, int p, int64_t seq);
+  /// Writes merged Θ_p with `version` into unit u's inbox (the caller checked in_ack).
+  void deliver(int u, int p, int64_t version, std::span<const float> data);
+  /// Tells unit u to stop at its next step boundary.
+  void request_stop(int u);
+
+  uint64_t bytes_read() const { return bytes_read_; }
+  uint64_t bytes_written() const { return bytes_written_; }
+
+ private:
+  void put_word(int u, size_t byte_offset, int64_t value);
+  MPI_Win win_ = MPI_WIN_NULL;
+  const WindowLayout* layout_;
+  int units_;
+  uint64_t bytes_read_ = 0, bytes_written_ = 0;
+};
+
+}  // namespace ddiloco::sync

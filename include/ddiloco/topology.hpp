@@ -1,0 +1,38 @@
+// Process layout of a multi-unit job (architecture.md, "One job, three kinds of rank"):
+// world rank 0 is the syncer; ranks 1.. form the learner units in order, unit u taking
+// units.ranks[u] consecutive ranks. Each unit's local rank 0 is its leader, the only rank that
+// talks to the syncer.
+#pragma once
+
+#include <mpi.h>
+
+#include "ddiloco/config.hpp"
+
+namespace ddiloco {
+
+class Topology {
+ public:
+  enum class Role { syncer, learner };
+
+  /// Collective over `world`. Throws Error when the world size is not what the configuration
+  /// needs (1 syncer + Σ units.ranks).
+  Topology(const Config& config, MPI_Comm world);
+  ~Topology();
+  Topology(const Topology&) = delete;
+  Topology& operator=(const Topology&) = delete;
+
+  Role role = Role::learner;
+  int world_rank = 0;
+  int units = 0;                        ///< M
+  int unit = -1;                        ///< learner: its unit
+  int unit_rank = -1;                   ///< learner: rank within the unit
+  int unit_size = 0;                    ///< learner: ranks of its unit
+  bool leader = false;                  ///< learner: unit_rank == 0
+  MPI_Comm unit_comm = MPI_COMM_NULL;   ///< learner: the ranks of its unit
+  MPI_Comm sync_comm = MPI_COMM_NULL;   ///< syncer and leaders: rank 0 syncer, rank u+1 leader u
+  MPI_Comm leaders_comm = MPI_COMM_NULL;  ///< leaders only, rank u = leader of unit u (ddp)
+  int stream_index = 0;                 ///< learner: its data stream (world rank − 1)
+  int stream_count = 0;                 ///< all learner ranks
+};
+
+}  // namespace ddiloco

@@ -1,0 +1,54 @@
+#include "ddiloco/topology.hpp"
+
+#include "ddiloco/error.hpp"
+#include "ddiloco/mpi.hpp"
+
+namespace ddiloco {
+
+Topology::Topology(const Config& config, MPI_Comm world) {
+  world_rank = mpi::rank(world);
+  const int world_size = mpi::size(world);
+  units = config.units.count;
+  if (world_size != config.world_size())
+    fail("mode {} with units.count = {} needs {} MPI ranks (1 syncer + {} learners), got {}: "
+         "run mpirun -np {}",
+         mode_name(config.mode), units, config.world_size(), config.world_size() - 1, world_size,
+         config.world_size());
+  role = world_rank == 0 ? Role::syncer : Role::learner;
+  if (role == Role::learner) {
+    int first = 1;
+    for (int u = 0; u < units; ++u) {
+      const int n = config.unit_ranks(u);
+      if (world_rank < first + n) {
+        unit = u;
+        unit_rank = world_rank - first;
+        unit_size = n;
+        break;
+      }
+      first += n;
+    }
+    leader = unit_rank == 0;
+    stream_index = world_rank - 1;
+    stream_count = world_size - 1;
+  }
+  // Learners of one unit; the syncer is alone (MPI_UNDEFINED gives it MPI_COMM_NULL).
+  mpi::check(MPI_Comm_split(world, role == Role::learner ? unit : MPI_UNDEFINED, unit_rank,
+                            &unit_comm),
+             "Comm_split(unit)");
+  const bool in_sync = role == Role::syncer || leader;
+  mpi::check(MPI_Comm_split(world, in_sync ? 0 : MPI_UNDEFINED, in_sync ? unit + 1 : 0,
+                            &sync_comm),
+             "Comm_split(sync)");
+  mpi::check(MPI_Comm_split(world, leader ? 0 : MPI_UNDEFINED, unit, &leaders_comm),
+             "Comm_split(leaders)");
+}
+
+Topology::~Topology() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  for (MPI_Comm* c : {&unit_comm, &sync_comm, &leaders_comm})
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+}
+
+}  // namespace ddiloco

@@ -1,0 +1,77 @@
+#include "ddiloco/run_dir.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "ddiloco/error.hpp"
+
+namespace ddiloco {
+
+namespace fs = std::filesystem;
+
+void check_run_dir(const fs::path& dir, bool overwrite) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    fail("run.dir: '{}' exists and is not a directory", dir.string());
+  fs::create_directories(dir, ec);
+  if (ec) fail("run.dir: cannot create '{}': {}", dir.string(), ec.message());
+  if (::access(dir.c_str(), W_OK) != 0)
+    fail("run.dir: '{}' is not writable: {}", dir.string(), std::strerror(errno));
+  if (!overwrite && fs::exists(dir / "metrics.jsonl"))
+    fail("run.dir: '{}' already holds a run (metrics.jsonl); pass --overwrite to replace it or "
+         "choose another run.dir",
+         dir.string());
+}
+
+void clear_run_outputs(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool ours = name == "metrics.jsonl" || name == "config.yaml" || name == "model.h5" ||
+                      name == "loss.png" || (name.starts_with("unit_") && name.ends_with(".jsonl"));
+    if (ours) fs::remove(entry.path(), ec);
+  }
+}
+
+void sync_directory(const fs::path& dir) {
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;  // best effort: some file systems do not allow it
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void write_text_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) fail("{}: cannot create: {}", tmp.string(), std::strerror(errno));
+  const char* p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      fail("{}: write failed: {}", path.string(), std::strerror(err));
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    fail("{}: write failed: {}", path.string(), std::strerror(errno));
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    fail("{}: cannot rename into place: {}", path.string(), ec.message());
+  }
+  sync_directory(path.parent_path());
+}
+
+}  // namespace ddiloco

@@ -1,0 +1,467 @@
+// The syncer rank: holds Θ and the outer optimizer, collects snapshots from the units'
+// windows, merges each fragment once a quorum has reported (plus the grace window), delivers
+// the result, and evaluates Θ (paper_notes.md, "Syncer, for each fragment round").
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <cmath>
+#include <numeric>
+#include <thread>
+
+#include <omp.h>
+
+#include "ddiloco/error.hpp"
+#include "ddiloco/fragments.hpp"
+#include "ddiloco/grace.hpp"
+#include "ddiloco/merge.hpp"
+#include "ddiloco/metrics.hpp"
+#include "ddiloco/model_io.hpp"
+#include "ddiloco/mpi.hpp"
+#include "ddiloco/runtime.hpp"
+#include "ddiloco/sync_window.hpp"
+#include "ddiloco/trainer.hpp"
+#include "sync/global_eval.hpp"
+
+namespace ddiloco {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// What the syncer holds for one unit and fragment.
+struct Slot {
+  int64_t acked = 0;                  // last sequence number consumed
+  bool fresh = false;                 // a snapshot waits to be merged
+  sync::SnapshotMeta meta;            // ... its counters
+  std::vector<float> data;            // ... its values
+  int64_t delivered = 0;              // last version written to the unit's inbox
+};
+
+struct Round {
+  double first_at = -1;   // when the round's first fresh snapshot arrived (s since start)
+  double quorum_at = -1;  // when the quorum was reached
+};
+
+class Syncer {
+ public:
+  Syncer(const Config& config, const OuterPlan& plan, const Topology& topo)
+      : config_(config),
+        plan_(plan),
+        M_(topo.units),
+        model_(config.model),
+        fragments_(model_.layout(), plan.fragments, plan.h),
+        layout_(fragments_),
+        outer_(fragments_, config.outer.lr, config.outer.momentum,
+               parse_merge_rule(config.outer.merge)),
+        grace_(config.syncer.grace_gamma, config.syncer.grace_cap_steps, plan.overlap),
+        val_(expand_shard_pattern(config.data.val, "data.val"), config.model.vocab_size,
+             config.model.seq_len, config.eval.val_tokens),
+        window_(topo.sync_comm, layout_, topo.units),
+        topo_(topo) {
+    // Θ₀ is the units' common initialisation (same seed).
+    model_.init_weights(static_cast<uint64_t>(config.run.seed));
+    const int P = fragments_.size();
+    theta_.resize(P);
+    for (int p = 0; p < P; ++p) {
+      theta_[p].resize(layout_.numel(p));
+      fragments_.pack(p, model_.parameters(), theta_[p]);
+    }
+    slots_.assign(M_, std::vector<Slot>(P));
+    for (auto& unit : slots_)
+      for (int p = 0; p < P; ++p) unit[p].data.resize(layout_.numel(p));
+    version_.assign(P, 0);
+    rounds_.assign(P, Round{});
+    for (int u = 0; u < M_; ++u) budget_ += config.train.steps * tokens_per_step(u);
+  }
+
+  double run();
+
+ private:
+  int64_t tokens_per_step(int u) const {
+    return static_cast<int64_t>(config_.train.batch_size) * config_.model.seq_len *
+           config_.unit_ranks(u);
+  }
+  double now() const { return wall_.seconds(); }
+  int64_t tokens_total() const {
+    int64_t t = 0;
+    for (const auto& h : headers_) t += h.control(sync::kTokensDone);
+    return t;
+  }
+  int64_t total_merges() const { return std::accumulate(version_.begin(), version_.end(), int64_t{0}); }
+  bool unit_done(int u) const { return headers_[u].control(sync::kState) == sync::kDone; }
+
+  bool collect();                  // reads new snapshots; true if any
+  bool merge_ready_fragments();    // true if any merge happened
+  bool deliver_pending();          // true if any delivery happened
+  void merge(int p, const std::vector<int>& units);
+  void maybe_evaluate();
+  void log_eval_results();
+  std::vector<float> flat_theta();
+  void observe_step_times();
+
+  const Config& config_;
+  const OuterPlan plan_;
+  const int M_;
+  Gpt<float> model_;
+  FragmentPlan fragments_;
+  sync::WindowLayout layout_;
+  OuterOptimizer outer_;
+  GraceWindow grace_;
+  ValidationSet val_;
+  sync::SyncerWindow window_;
+  const Topology& topo_;
+
+  std::vector<std::vector<float>> theta_;      // Θ, packed per fragment
+  std::vector<std::vector<Slot>> slots_;       // [unit][fragment]
+  std::vector<int64_t> version_;               // merges per fragment
+  std::vector<Round> rounds_;
+  std::vector<sync::UnitHeaders> headers_;     // last poll
+  int64_t budget_ = 0;
+  int64_t next_eval_ = 0;
+  bool stopping_ = false;
+  int64_t rejected_ = 0, superseded_ = 0;
+  Stopwatch wall_;
+  JsonlWriter log_;
+  std::unique_ptr<GlobalEvaluator> evaluator_;
+  ProgressBar bar_{config_.run.progress};
+};
+
+bool Syncer::collect() {
+  bool any = false;
+  for (int u = 0; u < M_; ++u) {
+    for (int p = 0; p < fragments_.size(); ++p) {
+      Slot& s = slots_[u][p];
+      const int64_t seq = headers_[u].header(p, sync::kOutSeq);
+      if (seq <= s.acked) continue;
+      if (stopping_ && plan_.mode == Mode::decoupled) continue;  // no merges after the stop
+      sync::SnapshotMeta meta{headers_[u].header(p, sync::kOutSteps),
+                              headers_[u].header(p, sync::kOutTokens),
+                              headers_[u].header(p, sync::kOutStep),
+                              headers_[u].header(p, sync::kOutBaseVersion)};
+      const auto sum = static_cast<uint64_t>(headers_[u].header(p, sync::kOutChecksum));
+      const int64_t after = window_.fetch(u, p, s.data);
+      if (config_.debug.syncer_read_delay_ms > 0)  // test hook: a syncer slower than learners
+        std::this_thread::sleep_for(std::chrono::milliseconds(config_.debug.syncer_read_delay_ms));
+      any = true;
+      std::string problem;
+      if (after != seq)
+        problem = fmt::format("torn: sequence {} became {} during the read", seq, after);
+      else if (sync::checksum(s.data) != sum)
+        problem = "checksum mismatch";
+      else if (!std::all_of(s.data.begin(), s.data.end(), [](float x) { return std::isfinite(x); }))
+        problem = "non-finite values";
+      if (!problem.empty()) {
+        ++rejected_;
+        log_.write({{"event", "snapshot_rejected"}, {"unit", u}, {"fragment", p}, {"seq", seq},
+                    {"reason", problem}, {"elapsed_s", now()}, {"tokens", tokens_total()}});
+        s.fresh = false;
+        if (after != seq) continue;  // re-read the newer snapshot next poll
+        window_.ack(u, p, seq);
+        s.acked = seq;
+        continue;
+      }
+      if (s.fresh) ++superseded_;  // a newer snapshot replaces one not merged yet
+      s.fresh = true;
+      s.meta = meta;
+      window_.ack(u, p, seq);
+      s.acked = seq;
+      if (rounds_[p].first_at < 0) rounds_[p].first_at = now();
+    }
+  }
+  return any;
+}
+
+void Syncer::observe_step_times() {
+  std::vector<double> steps;
+  for (int u = 0; u < M_; ++u)
+    if (!unit_done(u) && headers_[u].control(sync::kStepTimeNs) > 0)
+      steps.push_back(headers_[u].control(sync::kStepTimeNs) * 1e-9);
+  if (steps.empty()) return;
+  std::sort(steps.begin(), steps.end());
+  grace_.observe_steps(steps.back(), steps[steps.size() / 2]);
+}
+
+bool Syncer::merge_ready_fragments() {
+  if (!plan_.outer_steps) {
+    // ddp: unit 0 ships θ for evaluation; Θ simply becomes it.
+    Slot& s = slots_[0][0];
+    if (!s.fresh) return false;
+    theta_[0] = s.data;
+    s.fresh = false;
+    ++version_[0];
+    return true;
+  }
+  bool any = false;
+  int live = 0;
+  for (int u = 0; u < M_; ++u) live += !unit_done(u);
+  for (int p = 0; p < fragments_.size(); ++p) {
+    std::vector<int> fresh;
+    for (int u = 0; u < M_; ++u)
+      if (slots_[u][p].fresh) fresh.push_back(u);
+    // Synchronous modes need every unit; decoupled needs K (fewer if fewer are still alive).
+    const int needed = plan_.mode == Mode::decoupled ? std::min(plan_.quorum, std::max(live, 1)) : M_;
+    if (static_cast<int>(fresh.size()) < needed) continue;
+    Round& r = rounds_[p];
+    if (r.quorum_at < 0) {
+      r.quorum_at = now();
+      grace_.observe_quorum(r.quorum_at - r.first_at);
+    }
+    const bool everyone = static_cast<int>(fresh.size()) >= live;
+    const double grace = plan_.mode == Mode::decoupled ? grace_.seconds() : 0.0;
+    if (!everyone && now() < r.quorum_at + grace) continue;
+    merge(p, fresh);
+    any = true;
+  }
+  return any;
+}
+
+void Syncer::merge(int p, const std::vector<int>& units) {
+  const double start = now();
+  const Round round = rounds_[p];
+  std::vector<Contribution> contributions;
+  nlohmann::json weights = nlohmann::json::array(), staleness = nlohmann::json::array();
+  std::vector<double> w(M_, 0.0);
+  uint64_t bytes_in = 0;
+  for (int u : units) {
+    const Slot& s = slots_[u][p];
+    w[u] = token_weight(s.meta.c_tok, s.meta.c_steps);
+    contributions.push_back({s.data, w[u]});
+    bytes_in += s.data.size() * sizeof(float);
+  }
+  for (int u = 0; u < M_; ++u) weights.push_back(w[u]);
+  for (int u : units) staleness.push_back(version_[p] - slots_[u][p].meta.base_version);
+  const bool merged = outer_.step(p, theta_[p], contributions);
+  for (int u : units) slots_[u][p].fresh = false;
+  rounds_[p] = Round{};
+  if (!merged) return;  // every weight zero: nothing learned, nothing to send
+  ++version_[p];
+  const uint64_t bytes_out_before = window_.bytes_written();
+  deliver_pending();
+  const double sync_s = now() - start;
+  grace_.observe_sync(sync_s);
+  log_.write({{"event", "merge"},
+              {"fragment", p},
+              {"version", version_[p]},
+              {"global_version", total_merges()},
+              {"units", units},
+              {"weights", weights},
+              {"staleness", staleness},
+              {"quorum_wait_s", round.quorum_at - round.first_at},
+              {"grace_wait_s", start - round.quorum_at},
+              {"grace_window_s", plan_.mode == Mode::decoupled ? grace_.seconds() : 0.0},
+              {"merge_s", sync_s},
+              {"bytes_in", bytes_in},
+              {"bytes_out", window_.bytes_written() - bytes_out_before},
+              {"tokens", tokens_total()},
+              {"elapsed_s", now()}});
+}
+
+bool Syncer::deliver_pending() {
+  bool any = false;
+  for (int u = 0; u < M_; ++u) {
+    if (unit_done(u) || !plan_.outer_steps) continue;
+    for (int p = 0; p < fragments_.size(); ++p) {
+      Slot& s = slots_[u][p];
+      if (s.delivered >= version_[p]) continue;
+      // Flow control: the unit must have taken what we delivered before.
+      if (headers_[u].header(p, sync::kInAck) != s.delivered) continue;
+      window_.deliver(u, p, version_[p], theta_[p]);
+      s.delivered = version_[p];
+      any = true;
+    }
+  }
+  return any;
+}
+
+std::vector<float> Syncer::flat_theta() {
+  std::vector<float> flat(model_.layout().size());
+  for (int p = 0; p < fragments_.size(); ++p) fragments_.unpack(p, theta_[p], flat);
+  return flat;
+}
+
+void Syncer::maybe_evaluate() {
+  const int64_t merges = total_merges();
+  if (merges < next_eval_ || merges == 0) return;
+  int64_t steps = 0;
+  for (const auto& h : headers_) steps += h.control(sync::kStepsDone);
+  nlohmann::json tags = {{"event", "global_eval"},
+                         {"version", merges},
+                         {"round", merges / fragments_.size()},
+                         {"step", steps / M_},
+                         {"tokens", tokens_total()},
+                         {"elapsed_s", now()}};
+  if (evaluator_->submit(flat_theta(), std::move(tags)))
+    next_eval_ = merges + static_cast<int64_t>(config_.syncer.eval_every) *
+                              (plan_.outer_steps ? fragments_.size() : 1);
+}
+
+void Syncer::log_eval_results() {
+  while (auto r = evaluator_->result()) {
+    log_.write(*r);
+    if (bar_.enabled()) bar_.clear();
+    std::printf("global_eval | version %lld | tokens %.2fM | %.1fs | val_loss %.4f\n",
+                static_cast<long long>((*r)["version"].get<int64_t>()),
+                (*r)["tokens"].get<int64_t>() / 1e6, (*r)["elapsed_s"].get<double>(),
+                (*r)["val_loss"].get<double>());
+    std::fflush(stdout);
+  }
+}
+
+double Syncer::run() {
+  const std::filesystem::path dir = config_.run.dir;
+  std::filesystem::create_directories(dir);
+  const std::string yaml = to_yaml(config_);
+  std::ofstream(dir / "config.yaml") << yaml;
+  std::printf("ddiloco %s: effective configuration (saved to %s)\n%s", DDILOCO_VERSION,
+              (dir / "config.yaml").c_str(), yaml.c_str());
+  log_ = JsonlWriter(dir / "metrics.jsonl", true);
+  evaluator_ = std::make_unique<GlobalEvaluator>(config_.model, val_, config_.train.batch_size,
+                                                 omp_get_max_threads());
+  next_eval_ = static_cast<int64_t>(config_.syncer.eval_every) *
+               (plan_.outer_steps ? fragments_.size() : 1);
+  nlohmann::json unit_ranks = nlohmann::json::array();
+  for (int u = 0; u < M_; ++u) unit_ranks.push_back(config_.unit_ranks(u));
+  log_.write({{"event", "start"}, {"step", 0}, {"tokens", 0}, {"elapsed_s", 0.0},
+              {"mode", mode_name(plan_.mode)}, {"units", M_}, {"unit_ranks", unit_ranks},
+              {"fragments", fragments_.size()}, {"h", plan_.h}, {"overlap", plan_.overlap},
+              {"quorum", plan_.quorum}, {"parameters", model_.layout().size()},
+              {"token_budget", budget_}});
+  std::printf("syncer: mode %s, %d units, P=%d fragments, H=%d, tau=%d, K=%d, budget %.2fM tokens\n",
+              mode_name(plan_.mode), M_, fragments_.size(), plan_.h, plan_.overlap, plan_.quorum,
+              budget_ / 1e6);
+  std::fflush(stdout);
+
+  mpi::Backoff backoff(config_.syncer.poll_max_us);
+  for (;;) {
+    window_.poll(headers_);
+    observe_step_times();
+    bool work = collect();
+    work |= merge_ready_fragments();
+    work |= deliver_pending();
+    maybe_evaluate();
+    log_eval_results();
+    const int64_t tokens = tokens_total();
+    bar_.update(std::min(tokens, budget_), budget_, fmt::format("tokens | {} merges | {:.0f}s",
+                                                                total_merges(), now()));
+    if (plan_.mode == Mode::decoupled && !stopping_ && tokens >= budget_) {
+      stopping_ = true;  // token budget reached: every unit stops at its next step boundary
+      for (int u = 0; u < M_; ++u) window_.request_stop(u);
+      log_.write({{"event", "stop"}, {"tokens", tokens}, {"elapsed_s", now()}});
+    }
+    bool all_done = true;
+    for (int u = 0; u < M_; ++u) all_done &= unit_done(u);
+    if (all_done && !work) {
+      // Units are done, but their last snapshots may have been published after this poll.
+      window_.poll(headers_);
+      if (!collect() && !merge_ready_fragments()) break;
+    }
+    if (work)
+      backoff.reset();
+    else
+      backoff.idle();
+  }
+  bar_.finish();
+  const double train_end = now();
+  mpi::barrier_patient(topo_.sync_comm);  // the learners free their windows after this
+  const uint64_t bytes_read = window_.bytes_read(), bytes_written = window_.bytes_written();
+  window_.close();
+
+  // Final global evaluation of Θ, then the model file.
+  const std::vector<float> flat = flat_theta();
+  const double val_loss = evaluator_->evaluate_now(flat);
+  log_eval_results();
+  int64_t steps = 0;
+  for (const auto& h : headers_) steps += h.control(sync::kStepsDone);
+  const int64_t tokens = tokens_total();
+  // Bytes across units: snapshots and merged fragments through the windows; in ddp the
+  // leaders' gradient all-reduce, counted as a ring all-reduce moves it: 2·(M−1)/M of the
+  // gradient per leader per step, in each direction.
+  uint64_t bytes = bytes_read + bytes_written;
+  if (plan_.mode == Mode::ddp)
+    bytes += static_cast<uint64_t>(2.0 * (M_ - 1) * model_.layout().size() * sizeof(float) *
+                                   (static_cast<double>(steps) / M_));
+  log_.write({{"event", "global_eval"}, {"final", true}, {"version", total_merges()},
+              {"round", total_merges() / fragments_.size()}, {"step", steps / M_},
+              {"tokens", tokens}, {"elapsed_s", now()}, {"val_loss", val_loss}});
+  const std::filesystem::path model_path = dir / "model.h5";
+  save_model(model_path, config_.model, flat,
+             {{"mode", mode_name(plan_.mode)}, {"version", total_merges()}, {"tokens", tokens},
+              {"val_loss", val_loss}, {"run_dir", dir.string()}});
+  log_.write({{"event", "done"},
+              {"mode", mode_name(plan_.mode)},
+              {"step", steps / M_},
+              {"tokens", tokens},
+              {"elapsed_s", now()},
+              {"train_s", train_end},
+              {"val_loss", val_loss},
+              {"tokens_per_s", tokens / train_end},
+              {"merges", total_merges()},
+              {"bytes_across_units", bytes},
+              {"snapshots_rejected", rejected_},
+              {"snapshots_superseded", superseded_},
+              {"model", model_path.string()}});
+  std::printf("done: mode %s, %.2fM tokens in %.1fs (%.0f tokens/s), %lld merges, %.1f MB across "
+              "units, final global val_loss %.4f; model saved to %s\n",
+              mode_name(plan_.mode), tokens / 1e6, train_end, tokens / train_end,
+              static_cast<long long>(total_merges()), bytes / 1e6, val_loss, model_path.c_str());
+  std::fflush(stdout);
+  return val_loss;
+}
+
+}  // namespace
+
+double run_syncer(const Config& config, const OuterPlan& plan, const Topology& topology) {
+  Syncer syncer(config, plan, topology);
+  return syncer.run();
+}
+
+OuterPlan OuterPlan::from(const Config& c) {
+  OuterPlan plan;
+  plan.mode = c.mode;
+  plan.h = c.outer.h;
+  switch (c.mode) {
+    case Mode::single:
+      fail("mode single has no outer loop");
+    case Mode::ddp:
+      plan.outer_steps = false;
+      plan.fragments = 1;
+      plan.overlap = 0;
+      plan.quorum = c.units.count;
+      break;
+    case Mode::diloco:
+      plan.fragments = 1;
+      plan.overlap = 0;
+      plan.quorum = c.units.count;
+      plan.learners_wait = true;
+      break;
+    case Mode::streaming:
+      plan.fragments = c.outer.fragments;
+      plan.overlap = c.outer.overlap;
+      plan.quorum = c.units.count;
+      plan.learners_wait = true;
+      break;
+    case Mode::decoupled:
+      plan.fragments = c.outer.fragments;
+      plan.overlap = c.outer.overlap;
+      plan.quorum = c.syncer.quorum;
+      plan.learners_wait = c.outer.overlap == 0;
+      break;
+  }
+  if (plan.overlap >= plan.h)
+    fail("outer.overlap: must be < outer.h = {} (a merge must land before the fragment is due "
+         "again), got {}",
+         plan.h, plan.overlap);
+  return plan;
+}
+
+double run_job(const Config& config, MPI_Comm world) {
+  const OuterPlan plan = OuterPlan::from(config);
+  const Topology topology(config, world);
+  // Collective over the world: before the roles go their separate ways.
+  configure_threads(config.run.threads, world);
+  if (topology.role == Topology::Role::syncer) return run_syncer(config, plan, topology);
+  run_learner(config, plan, topology);
+  return NAN;
+}
+
+}  // namespace ddiloco
