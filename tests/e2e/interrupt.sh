@@ -25,7 +25,7 @@ PY
 }
 "$DDILOCO" train --config run.yaml --set run.dir=one > one.log 2>&1 &
 pid=$!
-until grep -q '"event":"train"' one/metrics.jsonl 2>/dev/null; do sleep 0.2; done
+wait_for one/metrics.jsonl '"event":"train"' $pid
 kill -TERM $pid
 rc=0; wait $pid || rc=$?
 check_interrupted one $rc
@@ -33,7 +33,7 @@ check_interrupted one $rc
 # itself in the background, not a shell function, so that $! is mpirun.)
 "${DDILOCO_MPIRUN[@]}" -np 2 "$DDILOCO" train --config run.yaml --set run.dir=two > two.log 2>&1 &
 pid=$!
-until grep -q '"event":"train"' two/metrics.jsonl 2>/dev/null; do sleep 0.2; done
+wait_for two/metrics.jsonl '"event":"train"' $pid
 kill -TERM $pid
 rc=0; wait $pid || rc=$?
 [[ $rc != 0 ]] || fail "mpirun exited 0 after SIGTERM"

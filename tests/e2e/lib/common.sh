@@ -3,10 +3,22 @@ set -euo pipefail
 DDILOCO=$1
 SRC=$2
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ddiloco-e2e-XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+# Background jobs a test started (training runs it signals) never outlive it.
+trap 'for p in $(jobs -p); do pkill -TERM -P "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done; rm -rf "$WORK"' EXIT
 source "$SRC/scripts/mpi_env.sh"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# wait_for FILE PATTERN PID [SECONDS]: until FILE has a line matching PATTERN; fails when PID
+# exits first or the time runs out (default 120 s).
+wait_for() {
+  local file=$1 pattern=$2 pid=$3 deadline=$((SECONDS + ${4:-120}))
+  until grep -q "$pattern" "$file" 2>/dev/null; do
+    kill -0 "$pid" 2>/dev/null || fail "process $pid ended before '$pattern' appeared in $file"
+    ((SECONDS < deadline)) || fail "timed out waiting for '$pattern' in $file"
+    sleep 0.2
+  done
+}
 
 # expect_error "<fragment>" cmd...: the command must exit 2 with exactly one stderr line
 # "ddiloco: error: ..." containing the fragment.
