@@ -7,7 +7,7 @@ for i in 1 2 3; do
 done
 "$DDILOCO" prepare-data --source files --out text t1.txt t2.txt t3.txt >/dev/null
 cat > run.yaml <<'YAML'
-run: {log_every: 1, progress: false}
+run: {log_every: 20, progress: false}  # mpirun stops draining stdout once it is told to stop: keep the console quiet
 model: {n_layer: 2, n_head: 2, n_embd: 32, seq_len: 32}
 data: {train: text/train_*.bin, val: text/val_*.bin}
 train: {batch_size: 4, steps: 100000, warmup_steps: 5}
