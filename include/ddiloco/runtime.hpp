@@ -5,7 +5,9 @@
 #include <mpi.h>
 
 #include "ddiloco/config.hpp"
+#include "ddiloco/data_loader.hpp"
 #include "ddiloco/topology.hpp"
+#include "ddiloco/trainer.hpp"
 
 namespace ddiloco {
 
@@ -29,11 +31,17 @@ struct OuterPlan {
 };
 
 /// Runs this rank's part of a multi-unit job (config.mode ≠ single). Collective over `world`.
-/// Returns the final global validation loss on the syncer (NaN elsewhere).
-double run_job(const Config& config, MPI_Comm world);
+/// Every input is validated on every rank first (mpi::SetupFailed on all ranks otherwise);
+/// run.dir must not hold a previous run unless `overwrite`. SIGINT/SIGTERM stop every unit
+/// at its next step boundary; Θ is then evaluated and saved as usual.
+/// Returns the stop signal that ended the job early, or 0.
+int run_job(const Config& config, MPI_Comm world, bool overwrite);
 
-/// The two roles; called by run_job.
-void run_learner(const Config& config, const OuterPlan& plan, const Topology& topology);
-double run_syncer(const Config& config, const OuterPlan& plan, const Topology& topology);
+/// The two roles; called by run_job once set-up succeeded everywhere.
+void run_learner(const Config& config, const OuterPlan& plan, const Topology& topology,
+                 UnitTrainer& trainer);
+/// Returns the stop signal that ended the job early, or 0.
+int run_syncer(const Config& config, const OuterPlan& plan, const Topology& topology,
+               const ValidationSet& val);
 
 }  // namespace ddiloco

@@ -42,8 +42,8 @@ int cmd_train(const ConfigArgs& args) {
     const TrainResult r = train_single_unit(config, MPI_COMM_WORLD, args.overwrite);
     return r.signal != 0 ? signal_exit_status(r.signal) : 0;
   }
-  run_job(config, MPI_COMM_WORLD);
-  return 0;
+  const int signal = run_job(config, MPI_COMM_WORLD, args.overwrite);
+  return signal != 0 ? signal_exit_status(signal) : 0;
 }
 
 struct EvalArgs {

@@ -14,6 +14,7 @@
 #include "ddiloco/metrics.hpp"
 #include "ddiloco/mpi.hpp"
 #include "ddiloco/runtime.hpp"
+#include "ddiloco/signals.hpp"
 #include "ddiloco/sync_window.hpp"
 #include "ddiloco/trainer.hpp"
 
@@ -71,13 +72,9 @@ struct Actions {
 
 }  // namespace
 
-void run_learner(const Config& config, const OuterPlan& plan, const Topology& topo) {
+void run_learner(const Config& config, const OuterPlan& plan, const Topology& topo,
+                 UnitTrainer& trainer) {
   const int threads = omp_get_max_threads();  // set by run_job
-  UnitTrainer trainer(config, topo.unit_comm);
-  trainer.attach_data(std::make_unique<TrainStream>(
-      expand_shard_pattern(config.data.train, "data.train"), config.model.vocab_size,
-      config.train.batch_size, config.model.seq_len, topo.stream_index, topo.stream_count,
-      static_cast<uint64_t>(config.run.seed), config.data.shuffle));
   if (plan.mode == Mode::ddp) trainer.set_gradient_reducer(hierarchical_reducer(topo, topo.stream_count));
 
   const FragmentPlan fragments(trainer.model().layout(), plan.fragments, plan.h);
@@ -156,9 +153,12 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
       } else if (u == 0 && (t % eval_period == 0 || t == max_steps)) {
         publish(0);  // ddp: ship θ to the syncer for global evaluation
       }
+      // Told to stop: by the syncer (token budget, or it was interrupted) or by a signal.
+      auto stop_requested = [&] { return window->control(sync::kStop) != 0 || stop_signal() != 0; };
       if (config.debug.stall_unit == u && t == config.debug.stall_at_step) {
         // Test hook: hold this unit until the others have moved the syncer on.
-        while (window->inbox_version(0) < config.debug.stall_until_merges) backoff.idle();
+        while (window->inbox_version(0) < config.debug.stall_until_merges && !stop_requested())
+          backoff.idle();
         backoff.reset();
       }
       for (int p = 0; p < P && plan.outer_steps; ++p) {
@@ -167,14 +167,13 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
           // Synchronous modes: every merge includes every unit, so the merge of our k-th
           // snapshot is version k. Decoupled with τ = 0: any merge newer than ours.
           const int64_t want = plan.mode == Mode::decoupled ? applied[p] + 1 : sends[p];
-          while (window->inbox_version(p) < want) backoff.idle();
+          while (window->inbox_version(p) < want && !stop_requested()) backoff.idle();
           backoff.reset();
         }
         const int64_t v = window->inbox_version(p);
         if (v > applied[p] && (sent_step[p] < 0 || owed)) actions.apply.emplace_back(p, v);
       }
-      actions.stop = plan.mode == Mode::decoupled ? window->control(sync::kStop) != 0
-                                                  : t >= max_steps;
+      actions.stop = stop_requested() || t >= max_steps;
     }
     if (topo.unit_size > 1) {
       auto words = actions.encode(P);

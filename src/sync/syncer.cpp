@@ -17,6 +17,8 @@
 #include "ddiloco/metrics.hpp"
 #include "ddiloco/model_io.hpp"
 #include "ddiloco/mpi.hpp"
+#include "ddiloco/run_dir.hpp"
+#include "ddiloco/signals.hpp"
 #include "ddiloco/runtime.hpp"
 #include "ddiloco/sync_window.hpp"
 #include "ddiloco/trainer.hpp"
@@ -44,7 +46,8 @@ struct Round {
 
 class Syncer {
  public:
-  Syncer(const Config& config, const OuterPlan& plan, const Topology& topo)
+  Syncer(const Config& config, const OuterPlan& plan, const Topology& topo,
+         const ValidationSet& val)
       : config_(config),
         plan_(plan),
         M_(topo.units),
@@ -54,8 +57,7 @@ class Syncer {
         outer_(fragments_, config.outer.lr, config.outer.momentum,
                parse_merge_rule(config.outer.merge)),
         grace_(config.syncer.grace_gamma, config.syncer.grace_cap_steps, plan.overlap),
-        val_(expand_shard_pattern(config.data.val, "data.val"), config.model.vocab_size,
-             config.model.seq_len, config.eval.val_tokens),
+        val_(val),
         window_(topo.sync_comm, layout_, topo.units),
         topo_(topo) {
     // Θ₀ is the units' common initialisation (same seed).
@@ -74,7 +76,7 @@ class Syncer {
     for (int u = 0; u < M_; ++u) budget_ += config.train.steps * tokens_per_step(u);
   }
 
-  double run();
+  int run();  // the stop signal that ended the job early, or 0
 
  private:
   int64_t tokens_per_step(int u) const {
@@ -107,7 +109,7 @@ class Syncer {
   sync::WindowLayout layout_;
   OuterOptimizer outer_;
   GraceWindow grace_;
-  ValidationSet val_;
+  const ValidationSet& val_;
   sync::SyncerWindow window_;
   const Topology& topo_;
 
@@ -119,6 +121,7 @@ class Syncer {
   int64_t budget_ = 0;
   int64_t next_eval_ = 0;
   bool stopping_ = false;
+  int interrupted_by_ = 0;
   int64_t rejected_ = 0, superseded_ = 0;
   Stopwatch wall_;
   JsonlWriter log_;
@@ -133,7 +136,8 @@ bool Syncer::collect() {
       Slot& s = slots_[u][p];
       const int64_t seq = headers_[u].header(p, sync::kOutSeq);
       if (seq <= s.acked) continue;
-      if (stopping_ && plan_.mode == Mode::decoupled) continue;  // no merges after the stop
+      if (stopping_ && (plan_.mode == Mode::decoupled || interrupted_by_ != 0))
+        continue;  // no merges after a stop
       sync::SnapshotMeta meta{headers_[u].header(p, sync::kOutSteps),
                               headers_[u].header(p, sync::kOutTokens),
                               headers_[u].header(p, sync::kOutStep),
@@ -307,11 +311,10 @@ void Syncer::log_eval_results() {
   }
 }
 
-double Syncer::run() {
+int Syncer::run() {
   const std::filesystem::path dir = config_.run.dir;
-  std::filesystem::create_directories(dir);
   const std::string yaml = to_yaml(config_);
-  std::ofstream(dir / "config.yaml") << yaml;
+  write_text_atomically(dir / "config.yaml", yaml);
   std::printf("ddiloco %s: effective configuration (saved to %s)\n%s", DDILOCO_VERSION,
               (dir / "config.yaml").c_str(), yaml.c_str());
   log_ = JsonlWriter(dir / "metrics.jsonl", true);
@@ -343,10 +346,15 @@ double Syncer::run() {
     const int64_t tokens = tokens_total();
     bar_.update(std::min(tokens, budget_), budget_, fmt::format("tokens | {} merges | {:.0f}s",
                                                                 total_merges(), now()));
-    if (plan_.mode == Mode::decoupled && !stopping_ && tokens >= budget_) {
-      stopping_ = true;  // token budget reached: every unit stops at its next step boundary
+    const int signal = stop_signal();
+    if (!stopping_ && (signal != 0 || (plan_.mode == Mode::decoupled && tokens >= budget_))) {
+      // Token budget reached (decoupled) or told to stop: every unit stops at its next step
+      // boundary; units waiting for a merge stop waiting.
+      stopping_ = true;
+      interrupted_by_ = signal;
       for (int u = 0; u < M_; ++u) window_.request_stop(u);
-      log_.write({{"event", "stop"}, {"tokens", tokens}, {"elapsed_s", now()}});
+      log_.write({{"event", signal != 0 ? "interrupted" : "stop"}, {"signal", signal},
+                  {"tokens", tokens}, {"elapsed_s", now()}});
     }
     bool all_done = true;
     for (int u = 0; u < M_; ++u) all_done &= unit_done(u);
@@ -399,69 +407,23 @@ double Syncer::run() {
               {"bytes_across_units", bytes},
               {"snapshots_rejected", rejected_},
               {"snapshots_superseded", superseded_},
+              {"interrupted", interrupted_by_ != 0},
               {"model", model_path.string()}});
-  std::printf("done: mode %s, %.2fM tokens in %.1fs (%.0f tokens/s), %lld merges, %.1f MB across "
+  std::printf("%s: mode %s, %.2fM tokens in %.1fs (%.0f tokens/s), %lld merges, %.1f MB across "
               "units, final global val_loss %.4f; model saved to %s\n",
-              mode_name(plan_.mode), tokens / 1e6, train_end, tokens / train_end,
-              static_cast<long long>(total_merges()), bytes / 1e6, val_loss, model_path.c_str());
+              interrupted_by_ != 0 ? "interrupted" : "done", mode_name(plan_.mode), tokens / 1e6,
+              train_end, tokens / train_end, static_cast<long long>(total_merges()), bytes / 1e6,
+              val_loss, model_path.c_str());
   std::fflush(stdout);
-  return val_loss;
+  return interrupted_by_;
 }
 
 }  // namespace
 
-double run_syncer(const Config& config, const OuterPlan& plan, const Topology& topology) {
-  Syncer syncer(config, plan, topology);
+int run_syncer(const Config& config, const OuterPlan& plan, const Topology& topology,
+               const ValidationSet& val) {
+  Syncer syncer(config, plan, topology, val);
   return syncer.run();
-}
-
-OuterPlan OuterPlan::from(const Config& c) {
-  OuterPlan plan;
-  plan.mode = c.mode;
-  plan.h = c.outer.h;
-  switch (c.mode) {
-    case Mode::single:
-      fail("mode single has no outer loop");
-    case Mode::ddp:
-      plan.outer_steps = false;
-      plan.fragments = 1;
-      plan.overlap = 0;
-      plan.quorum = c.units.count;
-      break;
-    case Mode::diloco:
-      plan.fragments = 1;
-      plan.overlap = 0;
-      plan.quorum = c.units.count;
-      plan.learners_wait = true;
-      break;
-    case Mode::streaming:
-      plan.fragments = c.outer.fragments;
-      plan.overlap = c.outer.overlap;
-      plan.quorum = c.units.count;
-      plan.learners_wait = true;
-      break;
-    case Mode::decoupled:
-      plan.fragments = c.outer.fragments;
-      plan.overlap = c.outer.overlap;
-      plan.quorum = c.syncer.quorum;
-      plan.learners_wait = c.outer.overlap == 0;
-      break;
-  }
-  if (plan.overlap >= plan.h)
-    fail("outer.overlap: must be < outer.h = {} (a merge must land before the fragment is due "
-         "again), got {}",
-         plan.h, plan.overlap);
-  return plan;
-}
-
-double run_job(const Config& config, MPI_Comm world) {
-  const OuterPlan plan = OuterPlan::from(config);
-  const Topology topology(config, world);
-  // Collective over the world: before the roles go their separate ways.
-  configure_threads(config.run.threads, world);
-  if (topology.role == Topology::Role::syncer) return run_syncer(config, plan, topology);
-  run_learner(config, plan, topology);
-  return NAN;
 }
 
 }  // namespace ddiloco

@@ -526,8 +526,13 @@ std::string to_yaml(const Config& config) {
     const std::string value = e.show(config);
     if (e.is_string)
       out << YAML::DoubleQuoted << value;
-    else if (e.is_list)
-      out << YAML::Flow << YAML::Load(value);
+    else if (e.is_list) {
+      // Flow style for this list only ([1, 1, 2]); block style everywhere else.
+      const YAML::Node list = YAML::Load(value);
+      out << YAML::Flow << YAML::BeginSeq;
+      for (const auto& item : list) out << item.Scalar();
+      out << YAML::EndSeq;
+    }
     else
       out << value;
   };
