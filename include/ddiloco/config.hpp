@@ -87,7 +87,7 @@ struct SyncerConfig {
 struct DebugConfig {
   int stall_unit = -1;             ///< unit that stalls (−1: none)
   int64_t stall_at_step = 0;       ///< ... after this inner step
-  int64_t stall_until_merges = 0;  ///< ... until the syncer has merged fragment 0 this often
+  int64_t stall_until_merges = 0;  ///< ... until the syncer has made this many merges
   int syncer_read_delay_ms = 0;    ///< syncer pauses between reading a snapshot and checking it
 };
 

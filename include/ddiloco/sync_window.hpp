@@ -44,6 +44,7 @@ enum Control : int {
   kStop,            ///< syncer: 1 = stop at the next step boundary
   kStepTimeNs,      ///< learner: moving average of its inner-step time, nanoseconds
   kPublishSkipped,  ///< learner: snapshots not published because the outbox was still unread
+  kGlobalVersion,   ///< syncer: merges made so far, over all fragments
   kControlWords = 8
 };
 
@@ -152,6 +153,8 @@ class SyncerWindow {
   void deliver(int u, int p, int64_t version, std::span<const float> data);
   /// Tells unit u to stop at its next step boundary.
   void request_stop(int u);
+  /// Tells unit u how many merges the syncer has made.
+  void set_global_version(int u, int64_t version);
 
   uint64_t bytes_read() const { return bytes_read_; }
   uint64_t bytes_written() const { return bytes_written_; }

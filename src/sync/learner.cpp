@@ -137,6 +137,15 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
       window->set_control(sync::kStepsDone, t);
       window->set_control(sync::kTokensDone, tokens);
       window->set_control(sync::kStepTimeNs, static_cast<int64_t>(step_ema * 1e9));
+      // Told to stop: by the syncer (token budget, or it was interrupted) or by a signal.
+      auto stop_requested = [&] { return window->control(sync::kStop) != 0 || stop_signal() != 0; };
+      if (config.debug.stall_unit == u && t == config.debug.stall_at_step) {
+        // Test hook: hold this unit until the others have moved the syncer on.
+        while (window->control(sync::kGlobalVersion) < config.debug.stall_until_merges &&
+               !stop_requested())
+          backoff.idle();
+        backoff.reset();
+      }
       auto publish = [&](int p) {
         if (!window->outbox_free(p)) {  // the syncer has not read the previous one yet
           window->set_control(sync::kPublishSkipped, ++skipped);
@@ -152,14 +161,6 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
         for (int p : fragments.due_after(t)) publish(p);
       } else if (u == 0 && (t % eval_period == 0 || t == max_steps)) {
         publish(0);  // ddp: ship θ to the syncer for global evaluation
-      }
-      // Told to stop: by the syncer (token budget, or it was interrupted) or by a signal.
-      auto stop_requested = [&] { return window->control(sync::kStop) != 0 || stop_signal() != 0; };
-      if (config.debug.stall_unit == u && t == config.debug.stall_at_step) {
-        // Test hook: hold this unit until the others have moved the syncer on.
-        while (window->inbox_version(0) < config.debug.stall_until_merges && !stop_requested())
-          backoff.idle();
-        backoff.reset();
       }
       for (int p = 0; p < P && plan.outer_steps; ++p) {
         const bool owed = sent_step[p] >= 0 && t >= sent_step[p] + plan.overlap;

@@ -219,4 +219,8 @@ void SyncerWindow::deliver(int u, int p, int64_t version, std::span<const float>
 
 void SyncerWindow::request_stop(int u) { put_word(u, kStop * sizeof(int64_t), 1); }
 
+void SyncerWindow::set_global_version(int u, int64_t version) {
+  put_word(u, kGlobalVersion * sizeof(int64_t), version);
+}
+
 }  // namespace ddiloco::sync

@@ -136,8 +136,6 @@ bool Syncer::collect() {
       Slot& s = slots_[u][p];
       const int64_t seq = headers_[u].header(p, sync::kOutSeq);
       if (seq <= s.acked) continue;
-      if (stopping_ && (plan_.mode == Mode::decoupled || interrupted_by_ != 0))
-        continue;  // no merges after a stop
       sync::SnapshotMeta meta{headers_[u].header(p, sync::kOutSteps),
                               headers_[u].header(p, sync::kOutTokens),
                               headers_[u].header(p, sync::kOutStep),
@@ -203,14 +201,16 @@ bool Syncer::merge_ready_fragments() {
     for (int u = 0; u < M_; ++u)
       if (slots_[u][p].fresh) fresh.push_back(u);
     // Synchronous modes need every unit; decoupled needs K (fewer if fewer are still alive).
-    const int needed = plan_.mode == Mode::decoupled ? std::min(plan_.quorum, std::max(live, 1)) : M_;
+    // Once the job is ending, whatever was published is merged: that is the final flush.
+    int needed = plan_.mode == Mode::decoupled ? std::min(plan_.quorum, std::max(live, 1)) : M_;
+    if (stopping_ || live == 0) needed = 1;
     if (static_cast<int>(fresh.size()) < needed) continue;
     Round& r = rounds_[p];
     if (r.quorum_at < 0) {
       r.quorum_at = now();
       grace_.observe_quorum(r.quorum_at - r.first_at);
     }
-    const bool everyone = static_cast<int>(fresh.size()) >= live;
+    const bool everyone = static_cast<int>(fresh.size()) >= live || stopping_;
     const double grace = plan_.mode == Mode::decoupled ? grace_.seconds() : 0.0;
     if (!everyone && now() < r.quorum_at + grace) continue;
     merge(p, fresh);
@@ -241,6 +241,8 @@ void Syncer::merge(int p, const std::vector<int>& units) {
   ++version_[p];
   const uint64_t bytes_out_before = window_.bytes_written();
   deliver_pending();
+  for (int u = 0; u < M_; ++u)
+    if (!unit_done(u)) window_.set_global_version(u, total_merges());
   const double sync_s = now() - start;
   grace_.observe_sync(sync_s);
   log_.write({{"event", "merge"},
@@ -338,24 +340,25 @@ int Syncer::run() {
   for (;;) {
     window_.poll(headers_);
     observe_step_times();
-    bool work = collect();
-    work |= merge_ready_fragments();
-    work |= deliver_pending();
-    maybe_evaluate();
-    log_eval_results();
     const int64_t tokens = tokens_total();
-    bar_.update(std::min(tokens, budget_), budget_, fmt::format("tokens | {} merges | {:.0f}s",
-                                                                total_merges(), now()));
     const int signal = stop_signal();
     if (!stopping_ && (signal != 0 || (plan_.mode == Mode::decoupled && tokens >= budget_))) {
       // Token budget reached (decoupled) or told to stop: every unit stops at its next step
-      // boundary; units waiting for a merge stop waiting.
+      // boundary (units waiting for a merge stop waiting). Set before this round's deliveries,
+      // so that a unit taking its last merge also sees the stop.
       stopping_ = true;
       interrupted_by_ = signal;
       for (int u = 0; u < M_; ++u) window_.request_stop(u);
       log_.write({{"event", signal != 0 ? "interrupted" : "stop"}, {"signal", signal},
                   {"tokens", tokens}, {"elapsed_s", now()}});
     }
+    bool work = collect();
+    work |= merge_ready_fragments();
+    work |= deliver_pending();
+    maybe_evaluate();
+    log_eval_results();
+    bar_.update(std::min(tokens, budget_), budget_, fmt::format("tokens | {} merges | {:.0f}s",
+                                                                total_merges(), now()));
     bool all_done = true;
     for (int u = 0; u < M_; ++u) all_done &= unit_done(u);
     if (all_done && !work) {

@@ -340,7 +340,7 @@ const std::vector<Entry>& entries() {
       DDILOCO_FIELD(int64_t, "debug.stall_at_step", debug.stall_at_step,
                     "test hook: ... after this inner step", at_least<int64_t>(0)),
       DDILOCO_FIELD(int64_t, "debug.stall_until_merges", debug.stall_until_merges,
-                    "test hook: ... until fragment 0 has been merged this often",
+                    "test hook: ... until the syncer has made this many merges",
                     at_least<int64_t>(0)),
       DDILOCO_FIELD(int, "debug.syncer_read_delay_ms", debug.syncer_read_delay_ms,
                     "test hook: syncer pause between reading a snapshot and checking it",

@@ -1,0 +1,40 @@
+# Quorum K = 2 of 3 with unit 2 stalled (test hook, no sleep): the syncer keeps merging units 0
+# and 1, unit 2's weight is 0 meanwhile; once it resumes, its snapshot is merged and its
+# staleness (global versions behind) is logged.
+source "$(dirname "$0")/lib/common.sh"
+source "$(dirname "$0")/lib/text_data.sh"
+cd "$WORK"
+make_text_shards text
+cat > q.yaml <<'YAML'
+mode: decoupled
+run: {dir: q, log_every: 5, progress: false}
+model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16}
+data: {train: text/train_*.bin, val: text/val_*.bin}
+train: {batch_size: 2, steps: 40, warmup_steps: 2}
+eval: {val_tokens: 512, sample_tokens: 0}
+units: {count: 3}
+outer: {fragments: 1, h: 2, overlap: 1}
+syncer: {quorum: 2, eval_every: 100}
+debug: {stall_unit: 2, stall_at_step: 4, stall_until_merges: 6}
+YAML
+ddiloco_mpirun -np 4 "$DDILOCO" train --config q.yaml > q.log 2>&1 || { cat q.log; fail "run failed"; }
+/usr/bin/python3 - <<'PY' || fail "quorum behaviour not as expected"
+import json
+merges = [e for e in map(json.loads, open("q/metrics.jsonl")) if e["event"] == "merge"]
+# Merges made while unit 2 was held (it resumes once 6 merges exist): without it, weight 0.
+held = [m for m in merges if m["global_version"] <= 6 and m["global_version"] >= 2]
+assert len(held) >= 4, held
+for m in held[1:]:
+    assert 2 not in m["units"], m
+    assert m["weights"][2] == 0.0, m
+    assert sorted(m["units"]) == [0, 1], m
+late = [m for m in merges if m["global_version"] > 6 and 2 in m["units"]]
+assert late, "unit 2 never contributed after it resumed"
+first = late[0]
+stale = first["staleness"][first["units"].index(2)]
+assert stale >= 4, first
+print(f"{len(merges)} merges; while unit 2 was held: {len(held)} merges of units 0 and 1; "
+      f"its first snapshot after resuming was merged at version {first['global_version']} "
+      f"with staleness {stale}")
+PY
+echo "runtime_quorum: passed"
