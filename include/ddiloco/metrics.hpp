@@ -10,6 +10,9 @@
 
 namespace ddiloco {
 
+/// CPU time (user + system) this process has used so far, seconds, all threads.
+double process_cpu_seconds();
+
 /// Seconds on a monotonic clock since construction.
 class Stopwatch {
  public:

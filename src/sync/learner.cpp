@@ -106,7 +106,7 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
 
   Stopwatch wall;
   int64_t tokens = 0, skipped = 0;
-  double step_ema = 0, window_compute = 0, window_wait = 0, window_loss = 0;
+  double step_ema = 0, window_compute = 0, window_wait = 0, window_loss = 0, window_wall = 0;
   int64_t window_steps = 0;
   const int64_t max_steps = plan.mode == Mode::decoupled ? INT64_MAX : config.train.steps;
   mpi::Backoff backoff;
@@ -196,6 +196,7 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
       sent_step[p] = -1;
     }
     window_wait += wait_clock.seconds();
+    window_wall += step_clock.seconds();
 
     if (topo.leader && (t % config.run.log_every == 0 || actions.stop)) {
       log.write({{"event", "train"},
@@ -207,8 +208,11 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
                  {"lr", s.lr},
                  {"tokens_per_s", window_steps * trainer.tokens_per_step() / window_compute},
                  {"sync_wait_s", window_wait},
+                 // Wall time per inner step, everything included (compute, straggler
+                 // emulation, publishing, applying, waiting for merges).
+                 {"step_s", window_wall / window_steps},
                  {"publish_skipped", skipped}});
-      window_compute = window_wait = window_loss = 0;
+      window_compute = window_wait = window_loss = window_wall = 0;
       window_steps = 0;
     }
     if (actions.stop) break;
@@ -217,7 +221,7 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
   if (topo.leader) {
     window->set_control(sync::kState, sync::kDone);
     log.write({{"event", "done"}, {"unit", u}, {"step", trainer.steps_done()}, {"tokens", tokens},
-               {"elapsed_s", wall.seconds()}});
+               {"elapsed_s", wall.seconds()}, {"cpu_s", process_cpu_seconds()}});
     // The syncer may still read our last snapshot: free the window only once it is done.
     mpi::barrier_patient(topo.sync_comm);
     window->close();

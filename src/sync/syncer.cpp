@@ -411,6 +411,7 @@ int Syncer::run() {
               {"snapshots_rejected", rejected_},
               {"snapshots_superseded", superseded_},
               {"interrupted", interrupted_by_ != 0},
+              {"syncer_cpu_s", process_cpu_seconds()},
               {"model", model_path.string()}});
   std::printf("%s: mode %s, %.2fM tokens in %.1fs (%.0f tokens/s), %lld merges, %.1f MB across "
               "units, final global val_loss %.4f; model saved to %s\n",

@@ -1,10 +1,18 @@
 #include "ddiloco/metrics.hpp"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "ddiloco/error.hpp"
 
 namespace ddiloco {
+
+double process_cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
 
 JsonlWriter::JsonlWriter(const std::filesystem::path& path, bool truncate) : path_(path) {
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
