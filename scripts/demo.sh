@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The main job from a fresh clone: installs what is missing, builds, prepares the King James
-# Bible as byte-level shards, trains, and plots the loss curve.
-#   scripts/demo.sh [--ranks R] [--config configs/<name>.yaml] [--set key=value ...]
+# Bible as byte-level shards, and trains Decoupled DiLoCo — 1 syncer + 4 learner units — then
+# plots the global validation loss.
+#   scripts/demo.sh [--config configs/<name>.yaml] [--set key=value ...]
+# The number of MPI ranks comes from the config (1 syncer + the units' ranks; 1 for mode
+# single, or --ranks R to run a single unit on R ranks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-config=configs/kjv_demo.yaml
-ranks=1
+config=configs/kjv_decoupled.yaml
+ranks=
 args=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -28,6 +31,7 @@ source scripts/mpi_env.sh
 # mpirun hands ranks a pseudo-terminal even when its own output goes to a file or pipe: draw
 # the progress bar only when this script's output is a terminal.
 [[ -t 1 ]] || args=(--set run.progress=false "${args[@]}")
+[[ -n $ranks ]] || ranks=$(build/ddiloco config --config "$config" "${args[@]}" --ranks)
 # The demo's run directory is the demo's own: a second demo replaces the first.
 ddiloco_mpirun -np "$ranks" build/ddiloco train --config "$config" --overwrite "${args[@]}"
 

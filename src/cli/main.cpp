@@ -126,7 +126,12 @@ int cmd_sample(const SampleArgs& args) {
   return 0;
 }
 
-int cmd_config(const ConfigArgs& args, bool list, const std::string& get) {
+int cmd_config(const ConfigArgs& args, bool list, const std::string& get, bool ranks) {
+  if (ranks) {
+    const Config c = load_config(args.path, args.overrides);
+    std::printf("%d\n", c.mode == Mode::single ? 1 : c.world_size());
+    return 0;
+  }
   if (!get.empty()) {
     const Config c = load_config(args.path, args.overrides);
     for (const auto& k : config_keys(c))
@@ -227,6 +232,9 @@ int main(int argc, char** argv) {
       ->excludes(config->get_option("--config"))
       ->excludes(config->get_option("--set"));
   config->add_option("--get", get_key, "print one key's effective value");
+  bool print_ranks = false;
+  config->add_flag("--ranks", print_ranks,
+                   "print the MPI ranks the job needs (1 syncer + the units' ranks; 1 for single)");
 
   try {
     app.parse(argc, argv);
@@ -254,7 +262,7 @@ int main(int argc, char** argv) {
       bench_opts.overrides = bench_args.overrides;
       return cli::bench_model(bench_opts);
     }
-    if (config->parsed()) return cmd_config(config_args, list_keys, get_key);
+    if (config->parsed()) return cmd_config(config_args, list_keys, get_key, print_ranks);
   } catch (const std::exception& e) {
     return report(e, session.has_value());
   }

@@ -90,10 +90,14 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
   const int64_t eval_period = static_cast<int64_t>(plan.h) * config.syncer.eval_every;
 
   std::vector<int64_t> c_steps(P, 0), c_tok(P, 0), base_version(P, 0), applied(P, 0),
-      sent_step(P, -1), sends(P, 0);
+      sent_step(P, -1), sends(P, 0), pending_version(P, 0);
   size_t largest = 0;
   for (const auto& f : fragments.fragments()) largest = std::max(largest, f.numel);
   std::vector<float> packed(largest), incoming(largest);
+  // The leader takes each merged fragment out of its inbox as soon as it arrives (so that the
+  // syncer can deliver the next one) and keeps the newest here until it is due to be applied.
+  std::vector<std::vector<float>> pending(topo.leader ? P : 0);
+  for (int p = 0; p < static_cast<int>(pending.size()); ++p) pending[p].resize(layout.numel(p));
 
   JsonlWriter log;
   if (topo.leader) {
@@ -162,17 +166,31 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
       } else if (u == 0 && (t % eval_period == 0 || t == max_steps)) {
         publish(0);  // ddp: ship θ to the syncer for global evaluation
       }
+      // A merged fragment is applied τ steps after this unit sent its own snapshot of it, never
+      // in between: applying a merge before our snapshot left would discard the local progress
+      // it carries. (Decoupled: the newest merge then, whether or not it includes ours; ours
+      // is merged later, with its staleness.)
+      auto take = [&](int p) {
+        const int64_t v = window->inbox_version(p);
+        if (v <= pending_version[p]) return;
+        if (!window->take_inbox(p, pending[p]))
+          fail("unit {}: merged fragment {} version {} failed its checksum", u, p, v);
+        pending_version[p] = v;
+      };
       for (int p = 0; p < P && plan.outer_steps; ++p) {
+        take(p);
         const bool owed = sent_step[p] >= 0 && t >= sent_step[p] + plan.overlap;
         if (owed && plan.learners_wait) {
           // Synchronous modes: every merge includes every unit, so the merge of our k-th
           // snapshot is version k. Decoupled with τ = 0: any merge newer than ours.
           const int64_t want = plan.mode == Mode::decoupled ? applied[p] + 1 : sends[p];
-          while (window->inbox_version(p) < want && !stop_requested()) backoff.idle();
+          while (pending_version[p] < want && !stop_requested()) {
+            backoff.idle();
+            take(p);
+          }
           backoff.reset();
         }
-        const int64_t v = window->inbox_version(p);
-        if (v > applied[p] && (sent_step[p] < 0 || owed)) actions.apply.emplace_back(p, v);
+        if (owed && pending_version[p] > applied[p]) actions.apply.emplace_back(p, pending_version[p]);
       }
       actions.stop = stop_requested() || t >= max_steps;
     }
@@ -183,8 +201,7 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
     }
     for (const auto& [p, version] : actions.apply) {
       std::span<float> buf(incoming.data(), layout.numel(p));
-      if (topo.leader && !window->take_inbox(p, buf))
-        fail("unit {}: merged fragment {} version {} failed its checksum", u, p, version);
+      if (topo.leader) std::copy(pending[p].begin(), pending[p].end(), buf.begin());
       if (topo.unit_size > 1) mpi::broadcast(buf, 0, topo.unit_comm);
       if (blend) {
         fragments.pack(p, trainer.model().parameters(), std::span<float>(packed.data(), buf.size()));

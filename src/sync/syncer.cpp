@@ -296,9 +296,11 @@ void Syncer::maybe_evaluate() {
                          {"step", steps / M_},
                          {"tokens", tokens_total()},
                          {"elapsed_s", now()}};
+  // ddp: unit 0 ships θ exactly at the evaluation cadence, so every version is evaluated.
   if (evaluator_->submit(flat_theta(), std::move(tags)))
-    next_eval_ = merges + static_cast<int64_t>(config_.syncer.eval_every) *
-                              (plan_.outer_steps ? fragments_.size() : 1);
+    next_eval_ = merges + (plan_.outer_steps
+                               ? static_cast<int64_t>(config_.syncer.eval_every) * fragments_.size()
+                               : 1);
 }
 
 void Syncer::log_eval_results() {
@@ -322,8 +324,9 @@ int Syncer::run() {
   log_ = JsonlWriter(dir / "metrics.jsonl", true);
   evaluator_ = std::make_unique<GlobalEvaluator>(config_.model, val_, config_.train.batch_size,
                                                  omp_get_max_threads());
-  next_eval_ = static_cast<int64_t>(config_.syncer.eval_every) *
-               (plan_.outer_steps ? fragments_.size() : 1);
+  next_eval_ = plan_.outer_steps
+                   ? static_cast<int64_t>(config_.syncer.eval_every) * fragments_.size()
+                   : 1;
   nlohmann::json unit_ranks = nlohmann::json::array();
   for (int u = 0; u < M_; ++u) unit_ranks.push_back(config_.unit_ranks(u));
   log_.write({{"event", "start"}, {"step", 0}, {"tokens", 0}, {"elapsed_s", 0.0},
