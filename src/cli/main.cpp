@@ -126,7 +126,8 @@ int cmd_sample(const SampleArgs& args) {
   return 0;
 }
 
-int cmd_config(const ConfigArgs& args, bool list, const std::string& get, bool ranks) {
+int cmd_config(const ConfigArgs& args, bool list, const std::string& get, bool ranks,
+               bool markdown) {
   if (ranks) {
     const Config c = load_config(args.path, args.overrides);
     std::printf("%d\n", c.mode == Mode::single ? 1 : c.world_size());
@@ -142,6 +143,12 @@ int cmd_config(const ConfigArgs& args, bool list, const std::string& get, bool r
     fail("--get: unknown key '{}'", get);
   }
   if (list) {
+    if (markdown) {
+      std::printf("| key | default | meaning |\n|---|---|---|\n");
+      for (const auto& k : config_keys())
+        std::printf("| `%s` | `%s` | %s |\n", k.key.c_str(), k.default_value.c_str(), k.doc.c_str());
+      return 0;
+    }
     for (const auto& k : config_keys())
       std::printf("%-26s %-22s %s\n", k.key.c_str(), k.default_value.c_str(), k.doc.c_str());
     return 0;
@@ -232,7 +239,8 @@ int main(int argc, char** argv) {
       ->excludes(config->get_option("--config"))
       ->excludes(config->get_option("--set"));
   config->add_option("--get", get_key, "print one key's effective value");
-  bool print_ranks = false;
+  bool print_ranks = false, markdown = false;
+  config->add_flag("--markdown", markdown, "with --list: a Markdown table (docs/config.md)");
   config->add_flag("--ranks", print_ranks,
                    "print the MPI ranks the job needs (1 syncer + the units' ranks; 1 for single)");
 
@@ -262,7 +270,7 @@ int main(int argc, char** argv) {
       bench_opts.overrides = bench_args.overrides;
       return cli::bench_model(bench_opts);
     }
-    if (config->parsed()) return cmd_config(config_args, list_keys, get_key, print_ranks);
+    if (config->parsed()) return cmd_config(config_args, list_keys, get_key, print_ranks, markdown);
   } catch (const std::exception& e) {
     return report(e, session.has_value());
   }
