@@ -145,8 +145,18 @@ int cmd_config(const ConfigArgs& args, bool list, const std::string& get, bool r
   if (list) {
     if (markdown) {
       std::printf("| key | default | meaning |\n|---|---|---|\n");
+      // A '|' inside a cell would end it: Markdown wants it escaped.
+      const auto cell = [](const std::string& s) {
+        std::string out;
+        for (const char c : s) {
+          if (c == '|') out += '\\';
+          out += c;
+        }
+        return out;
+      };
       for (const auto& k : config_keys())
-        std::printf("| `%s` | `%s` | %s |\n", k.key.c_str(), k.default_value.c_str(), k.doc.c_str());
+        std::printf("| `%s` | `%s` | %s |\n", k.key.c_str(), cell(k.default_value).c_str(),
+                    cell(k.doc).c_str());
       return 0;
     }
     for (const auto& k : config_keys())
