@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "ddiloco/fpu.hpp"
 #include "ddiloco/metrics.hpp"
 #include "ddiloco/trainer.hpp"
 
@@ -45,6 +46,7 @@ std::optional<nlohmann::json> GlobalEvaluator::result() {
 
 void GlobalEvaluator::loop() {
   omp_set_num_threads(threads_);  // this thread's own OpenMP setting
+  flush_denormals_to_zero();      // ... and its own team's floating-point mode
   std::unique_lock lock(mutex_);
   for (;;) {
     cv_.wait(lock, [this] { return quit_ || (busy_ && !pending_.empty()); });

@@ -10,6 +10,7 @@
 
 #include "ddiloco/checksum.hpp"
 #include "ddiloco/error.hpp"
+#include "ddiloco/fpu.hpp"
 #include "ddiloco/metrics.hpp"
 #include "ddiloco/model_io.hpp"
 #include "ddiloco/mpi.hpp"
@@ -32,6 +33,7 @@ int configure_threads(int requested, MPI_Comm comm) {
     threads = std::max(1, cores / std::max(1, mpi::ranks_on_node(comm)));
   }
   omp_set_num_threads(threads);
+  flush_denormals_to_zero();
   return threads;
 }
 
