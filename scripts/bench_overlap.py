@@ -17,8 +17,8 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DDILOCO = os.path.join(ROOT, "build", "ddiloco")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_modes import DDILOCO, ROOT, mpirun_train  # noqa: E402  (same directory)
 
 
 def run(args, label, extra):
@@ -27,13 +27,7 @@ def run(args, label, extra):
                              "units.slowdown=[]", "syncer.quorum=1", f"train.steps={args.steps}",
                              "run.progress=false", "eval.sample_tokens=0", f"run.dir={run_dir}",
                              "run.log_every=10"] + extra
-    env = dict(os.environ)
-    if os.geteuid() == 0:
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env.setdefault("OMPI_MCA_pml", "ob1")
-    env.setdefault("OMPI_MCA_btl", "self,vader,tcp")
-    cmd = ["mpirun", "-q", "--oversubscribe", "--bind-to", "none", "-np", "2", DDILOCO, "train",
-           "--config", args.config, "--overwrite"] + [a for s in sets for a in ("--set", s)]
+    cmd, env = mpirun_train(args.config, sets, 2)
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         sys.exit(f"bench_overlap: {label} failed:\n{out.stdout[-1500:]}{out.stderr[-1500:]}")

@@ -24,20 +24,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DDILOCO = os.path.join(ROOT, "build", "ddiloco")
 
 
-def effective_config(config, sets):
-    cmd = [DDILOCO, "config", "--config", config] + [a for s in sets for a in ("--set", s)]
+def job_ranks(config, sets):
+    """The MPI ranks the job needs, as the binary computes them (`ddiloco config --ranks`)."""
+    cmd = [DDILOCO, "config", "--config", config, "--ranks"] + [a for s in sets for a in ("--set", s)]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(out.stderr.strip())
-    import yaml  # python3-yaml, installed by scripts/install_deps.sh
-
-    return yaml.safe_load(out.stdout)
+    return int(out.stdout)
 
 
-def world_size(cfg):
-    units = cfg["units"]
-    ranks = units["ranks"] or [units["ranks_per_unit"]] * units["count"]
-    return 1 + sum(ranks)
+def mpirun_train(config, sets, ranks):
+    """The `ddiloco train` command under mpirun and its environment (as scripts/mpi_env.sh:
+    root allowed, shared-memory and TCP transports, no core binding on an oversubscribed node)."""
+    env = dict(os.environ)
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.setdefault("OMPI_MCA_pml", "ob1")
+    env.setdefault("OMPI_MCA_btl", "self,vader,tcp")
+    cmd = (["mpirun", "-q", "--oversubscribe", "--bind-to", "none", "-np", str(ranks), DDILOCO,
+            "train", "--config", config, "--overwrite"] + [a for s in sets for a in ("--set", s)])
+    return cmd, env
 
 
 def read_events(path):
@@ -47,16 +53,7 @@ def read_events(path):
 
 def run_mode(mode, args, run_dir):
     sets = list(args.set) + [f"mode={mode}", f"run.dir={run_dir}", "run.progress=false"]
-    cfg = effective_config(args.config, sets)
-    n = world_size(cfg)
-    env = dict(os.environ)
-    if os.geteuid() == 0:
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env.setdefault("OMPI_MCA_pml", "ob1")
-    env.setdefault("OMPI_MCA_btl", "self,vader,tcp")
-    cmd = (["mpirun", "-q", "--oversubscribe", "--bind-to", "none", "-np", str(n), DDILOCO,
-            "train", "--config", args.config, "--overwrite"]
-           + [a for s in sets for a in ("--set", s)])
+    cmd, env = mpirun_train(args.config, sets, job_ranks(args.config, sets))
     print(f"compare_modes: {mode}: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
     os.makedirs(run_dir, exist_ok=True)
     start = time.monotonic()

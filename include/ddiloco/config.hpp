@@ -105,7 +105,8 @@ struct Config {
 
   /// Ranks of unit u (units.ranks[u], or units.ranks_per_unit).
   int unit_ranks(int u) const;
-  /// World ranks the configuration needs: 1 (single) or 1 syncer + Σ unit ranks.
+  /// World ranks the configuration needs: 1 syncer + Σ unit ranks; −1 for mode single, which
+  /// runs on any number of ranks (they form the one unit).
   int world_size() const;
 };
 

@@ -90,6 +90,12 @@ class Syncer {
     return t;
   }
   int64_t total_merges() const { return std::accumulate(version_.begin(), version_.end(), int64_t{0}); }
+  // Merges between two global evaluations: eval_every outer rounds of P merges; in ddp every
+  // θ unit 0 ships (it ships at the evaluation cadence).
+  int64_t eval_stride() const {
+    return plan_.outer_steps ? static_cast<int64_t>(config_.syncer.eval_every) * fragments_.size()
+                             : 1;
+  }
   bool unit_done(int u) const { return headers_[u].control(sync::kState) == sync::kDone; }
 
   bool collect();                  // reads new snapshots; true if any
@@ -296,11 +302,7 @@ void Syncer::maybe_evaluate() {
                          {"step", steps / M_},
                          {"tokens", tokens_total()},
                          {"elapsed_s", now()}};
-  // ddp: unit 0 ships θ exactly at the evaluation cadence, so every version is evaluated.
-  if (evaluator_->submit(flat_theta(), std::move(tags)))
-    next_eval_ = merges + (plan_.outer_steps
-                               ? static_cast<int64_t>(config_.syncer.eval_every) * fragments_.size()
-                               : 1);
+  if (evaluator_->submit(flat_theta(), std::move(tags))) next_eval_ = merges + eval_stride();
 }
 
 void Syncer::log_eval_results() {
@@ -324,9 +326,7 @@ int Syncer::run() {
   log_ = JsonlWriter(dir / "metrics.jsonl", true);
   evaluator_ = std::make_unique<GlobalEvaluator>(config_.model, val_, config_.train.batch_size,
                                                  omp_get_max_threads());
-  next_eval_ = plan_.outer_steps
-                   ? static_cast<int64_t>(config_.syncer.eval_every) * fragments_.size()
-                   : 1;
+  next_eval_ = eval_stride();
   nlohmann::json unit_ranks = nlohmann::json::array();
   for (int u = 0; u < M_; ++u) unit_ranks.push_back(config_.unit_ranks(u));
   log_.write({{"event", "start"}, {"step", 0}, {"tokens", 0}, {"elapsed_s", 0.0},
