@@ -73,6 +73,12 @@ struct OuterConfig {
   std::string merge = "rda";  ///< rda | mean
   std::string apply = "overwrite";  ///< overwrite | blend
   double blend_alpha = 0.5;   ///< blend: θ ← α·θ + (1−α)·Θ
+  /// What a unit's outer gradient is measured from: current (the syncer's Θ now,
+  /// paper_notes.md) | base (the Θ version the unit last received; needs apply: overwrite).
+  std::string anchor = "current";
+  /// A merge of some of the units steps by their share of the live units' tokens per step
+  /// (merge.hpp); no effect on merges of every unit, so on the synchronous modes.
+  bool share_steps = true;
 };
 
 struct SyncerConfig {

@@ -3,14 +3,21 @@
 //
 // For a fragment with global parameters Θ and contributions θ_m from units m with token
 // counts (c_tok, c_steps) since each last received the fragment:
-//   outer gradient   Δ_m = Θ − θ_m
+//   outer gradient   Δ_m = A_m − θ_m, anchored at A_m = Θ (the syncer's current fragment,
+//                    paper_notes.md step 3) or at the Θ version unit m last received
+//                    (`outer.anchor: base`: Δ_m is then exactly the unit's own progress, the
+//                    pseudo-gradient of asynchronous local SGD, Liu et al. 2024, arXiv 2401.09135)
 //   token weight     w_m = c_tok · (c_tok / c_steps)
 //   merge, per tensor: embedding tensors → weighted mean  Σ w_m Δ_m / Σ w_m
 //                      other tensors     → RDA (radial-directional averaging)
 //        RDA = (Σ w_m ‖Δ_m‖ / Σ w_m) · unit(Σ w_m · unit(Δ_m) / Σ w_m),  unit(x) = x/‖x‖, unit(0) = 0
 //        (outer gradients of different units are nearly orthogonal, so a plain mean shrinks
 //        like 1/√M; RDA keeps the average length and the average direction)
-//   outer Nesterov SGD  v ← μ·v + Δ;  Θ ← Θ − η·(Δ + μ·v)
+//   outer Nesterov SGD  v ← μ^s·v + s·Δ;  Θ ← Θ − η·s·(Δ + μ·v)
+//        with the merge's share s ∈ (0, 1] of a full round (1 unless `outer.share_steps`: the
+//        merged units' share of the live units' tokens per step). s = 1 is plain Nesterov; a
+//        round merged in pieces of shares summing to 1 moves Θ about as far as one full merge
+//        (momentum decays by μ per round either way) instead of once per piece.
 // All arithmetic is in double; Θ and v are stored in fp32. With one contribution, η = 1 and
 // μ = 0 the result is θ_1 exactly (x − (x − y) = y in double for fp32 x, y).
 #pragma once
@@ -33,12 +40,14 @@ MergeRule parse_merge_rule(const std::string& name);
 
 /// One unit's contribution to a fragment merge.
 struct Contribution {
-  std::span<const float> theta;  ///< the unit's packed fragment (numel elements)
-  double weight = 0;             ///< token weight (need not be normalised)
+  std::span<const float> theta;   ///< the unit's packed fragment (numel elements)
+  double weight = 0;              ///< token weight (need not be normalised)
+  std::span<const float> anchor = {};  ///< what Δ is measured from (numel); empty: current Θ
 };
 
 /// Merged outer gradient of one tensor (segment) into `out` (double, n elements):
-/// weighted mean, or RDA when `rda`. Contributions with weight 0 are ignored.
+/// weighted mean, or RDA when `rda`, of Δ_m = anchor_m − θ_m (anchor_m = `global` when the
+/// contribution has none). Contributions with weight 0 are ignored.
 /// Returns false (out untouched) when the total weight is 0.
 bool merge_segment(std::span<const float> global, const std::vector<Contribution>& contributions,
                    size_t offset, size_t n, bool rda, std::span<double> out);
@@ -51,9 +60,11 @@ class OuterOptimizer {
 
   /// Merges the contributions into fragment p's Θ (packed, in place) and updates its momentum.
   /// Each segment (tensor) uses the mean (embeddings, or every tensor with MergeRule::mean)
-  /// or RDA. Returns false and changes nothing when every weight is 0. Throws Error when a
-  /// contribution's size is not the fragment's.
-  bool step(int p, std::span<float> theta, const std::vector<Contribution>& contributions);
+  /// or RDA. `share` ∈ (0, 1] scales the step (see the header comment; 1 = plain Nesterov).
+  /// Returns false and changes nothing when every weight is 0. Throws Error when a
+  /// contribution's (or its anchor's) size is not the fragment's, or share is outside (0, 1].
+  bool step(int p, std::span<float> theta, const std::vector<Contribution>& contributions,
+            double share = 1.0);
 
   std::span<float> momentum(int p) { return momentum_[p]; }
   double lr() const { return lr_; }

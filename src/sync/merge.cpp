@@ -24,7 +24,9 @@ bool merge_segment(std::span<const float> global, const std::vector<Contribution
   double total = 0;
   for (const auto& c : contributions) total += c.weight;
   if (!(total > 0)) return false;
-  const float* g = global.data() + offset;
+  auto anchor = [&](const Contribution& c) {
+    return (c.anchor.empty() ? global.data() : c.anchor.data()) + offset;
+  };
   std::fill_n(out.data(), n, 0.0);
   int active = 0;
   for (const auto& c : contributions) active += c.weight > 0;
@@ -35,6 +37,7 @@ bool merge_segment(std::span<const float> global, const std::vector<Contribution
       if (c.weight <= 0) continue;
       const double w = c.weight / total;
       const float* t = c.theta.data() + offset;
+      const float* g = anchor(c);
       for (size_t i = 0; i < n; ++i) out[i] += w * (static_cast<double>(g[i]) - t[i]);
     }
     return true;
@@ -45,6 +48,7 @@ bool merge_segment(std::span<const float> global, const std::vector<Contribution
   for (const auto& c : contributions) {
     if (c.weight <= 0) continue;
     const float* t = c.theta.data() + offset;
+    const float* g = anchor(c);
     double sq = 0;
     for (size_t i = 0; i < n; ++i) {
       const double d = static_cast<double>(g[i]) - t[i];
@@ -79,18 +83,24 @@ OuterOptimizer::OuterOptimizer(const FragmentPlan& plan, double lr, double momen
 }
 
 bool OuterOptimizer::step(int p, std::span<float> theta,
-                          const std::vector<Contribution>& contributions) {
+                          const std::vector<Contribution>& contributions, double share) {
   const size_t numel = plan_->fragments()[p].numel;
   if (theta.size() != numel) fail("outer step: fragment {} has {} elements, got {}", p, numel, theta.size());
+  if (!(share > 0 && share <= 1)) fail("outer step: share must be in (0, 1], got {}", share);
   double total = 0;
   for (const auto& c : contributions) {
     if (c.theta.size() != numel)
       fail("outer step: a contribution to fragment {} has {} elements, expected {}", p,
            c.theta.size(), numel);
+    if (!c.anchor.empty() && c.anchor.size() != numel)
+      fail("outer step: an anchor for fragment {} has {} elements, expected {}", p,
+           c.anchor.size(), numel);
     total += c.weight;
   }
   if (!(total > 0)) return false;
   float* v = momentum_[p].data();
+  const double decay = share == 1.0 ? mu_ : std::pow(mu_, share);
+  const double step = lr_ * share;
   for (const auto& seg : plan_->segments(p)) {
     const bool rda = rule_ == MergeRule::rda && !seg.embedding;
     std::span<double> delta(scratch_.data(), seg.numel);
@@ -98,8 +108,8 @@ bool OuterOptimizer::step(int p, std::span<float> theta,
     float* th = theta.data() + seg.packed_offset;
     float* vv = v + seg.packed_offset;
     for (size_t i = 0; i < seg.numel; ++i) {
-      const double vel = mu_ * vv[i] + delta[i];
-      th[i] = static_cast<float>(static_cast<double>(th[i]) - lr_ * (delta[i] + mu_ * vel));
+      const double vel = decay * vv[i] + share * delta[i];
+      th[i] = static_cast<float>(static_cast<double>(th[i]) - step * (delta[i] + mu_ * vel));
       vv[i] = static_cast<float>(vel);
     }
   }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <cmath>
 #include <numeric>
 #include <thread>
@@ -73,6 +74,10 @@ class Syncer {
       for (int p = 0; p < P; ++p) unit[p].data.resize(layout_.numel(p));
     version_.assign(P, 0);
     rounds_.assign(P, Round{});
+    if (anchor_base_) {
+      history_.resize(P);
+      for (int p = 0; p < P; ++p) history_[p].emplace(0, theta_[p]);
+    }
     for (int u = 0; u < M_; ++u) budget_ += config.train.steps * tokens_per_step(u);
   }
 
@@ -106,6 +111,8 @@ class Syncer {
   void log_eval_results();
   std::vector<float> flat_theta();
   void observe_step_times();
+  double merge_share(const std::vector<int>& units) const;
+  void prune_history(int p);
 
   const Config& config_;
   const OuterPlan plan_;
@@ -122,6 +129,10 @@ class Syncer {
   std::vector<std::vector<float>> theta_;      // Θ, packed per fragment
   std::vector<std::vector<Slot>> slots_;       // [unit][fragment]
   std::vector<int64_t> version_;               // merges per fragment
+  // outer.anchor: base — the Θ versions some unit may still measure its progress from
+  // (from the oldest base version a live unit reported, to the current one).
+  const bool anchor_base_ = config_.outer.anchor == "base";
+  std::vector<std::map<int64_t, std::vector<float>>> history_;
   std::vector<Round> rounds_;
   std::vector<sync::UnitHeaders> headers_;     // last poll
   int64_t budget_ = 0;
@@ -158,6 +169,11 @@ bool Syncer::collect() {
         problem = "checksum mismatch";
       else if (!std::all_of(s.data.begin(), s.data.end(), [](float x) { return std::isfinite(x); }))
         problem = "non-finite values";
+      else if (meta.base_version < 0 || meta.base_version > version_[p])
+        problem = fmt::format("base version {} outside 0..{}", meta.base_version, version_[p]);
+      else if (anchor_base_ && !history_[p].contains(meta.base_version))
+        problem = fmt::format("base version {} is no longer held (oldest {})", meta.base_version,
+                              history_[p].begin()->first);
       if (!problem.empty()) {
         ++rejected_;
         log_.write({{"event", "snapshot_rejected"}, {"unit", u}, {"fragment", p}, {"seq", seq},
@@ -235,16 +251,23 @@ void Syncer::merge(int p, const std::vector<int>& units) {
   for (int u : units) {
     const Slot& s = slots_[u][p];
     w[u] = token_weight(s.meta.c_tok, s.meta.c_steps);
-    contributions.push_back({s.data, w[u]});
+    contributions.push_back({s.data, w[u],
+                             anchor_base_ ? std::span<const float>(history_[p].at(s.meta.base_version))
+                                          : std::span<const float>()});
     bytes_in += s.data.size() * sizeof(float);
   }
   for (int u = 0; u < M_; ++u) weights.push_back(w[u]);
   for (int u : units) staleness.push_back(version_[p] - slots_[u][p].meta.base_version);
-  const bool merged = outer_.step(p, theta_[p], contributions);
+  const double share = config_.outer.share_steps ? merge_share(units) : 1.0;
+  const bool merged = outer_.step(p, theta_[p], contributions, share);
   for (int u : units) slots_[u][p].fresh = false;
   rounds_[p] = Round{};
   if (!merged) return;  // every weight zero: nothing learned, nothing to send
   ++version_[p];
+  if (anchor_base_) {
+    history_[p].emplace(version_[p], theta_[p]);
+    prune_history(p);
+  }
   const uint64_t bytes_out_before = window_.bytes_written();
   deliver_pending();
   for (int u = 0; u < M_; ++u)
@@ -258,6 +281,7 @@ void Syncer::merge(int p, const std::vector<int>& units) {
               {"units", units},
               {"weights", weights},
               {"staleness", staleness},
+              {"share", share},
               {"quorum_wait_s", round.quorum_at - round.first_at},
               {"grace_wait_s", start - round.quorum_at},
               {"grace_window_s", plan_.mode == Mode::decoupled ? grace_.seconds() : 0.0},
@@ -266,6 +290,30 @@ void Syncer::merge(int p, const std::vector<int>& units) {
               {"bytes_out", window_.bytes_written() - bytes_out_before},
               {"tokens", tokens_total()},
               {"elapsed_s", now()}});
+}
+
+// The merged units' share of the tokens per step of every unit still training (and of the
+// merged ones, which may have just finished): a merge of k of M equal units is k/M of a round.
+double Syncer::merge_share(const std::vector<int>& units) const {
+  double merged = 0, all = 0;
+  for (int u = 0; u < M_; ++u) {
+    const bool in = std::find(units.begin(), units.end(), u) != units.end();
+    if (in) merged += static_cast<double>(tokens_per_step(u));
+    if (in || !unit_done(u)) all += static_cast<double>(tokens_per_step(u));
+  }
+  return all > 0 ? std::min(1.0, merged / all) : 1.0;
+}
+
+// A unit's next snapshot is measured from the version it applies next, never an older one than
+// its last snapshot's base; a unit that finished still counts while its last snapshot waits.
+void Syncer::prune_history(int p) {
+  int64_t oldest = version_[p];
+  for (int u = 0; u < M_; ++u) {
+    const Slot& s = slots_[u][p];
+    if (!unit_done(u) || s.fresh) oldest = std::min(oldest, s.meta.base_version);
+  }
+  auto& h = history_[p];
+  h.erase(h.begin(), h.lower_bound(oldest));
 }
 
 bool Syncer::deliver_pending() {

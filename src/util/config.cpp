@@ -320,6 +320,13 @@ const std::vector<Entry>& entries() {
                     one_of({"overwrite", "blend"})),
       DDILOCO_FIELD(double, "outer.blend_alpha", outer.blend_alpha,
                     "blend: θ ← α·θ + (1−α)·Θ", in_range(0, 1, false, true)),
+      DDILOCO_FIELD(std::string, "outer.anchor", outer.anchor,
+                    "outer gradient Δ_m = anchor − θ_m from: current (Θ now) | base (the Θ "
+                    "version unit m last received)",
+                    one_of({"current", "base"})),
+      DDILOCO_FIELD(bool, "outer.share_steps", outer.share_steps,
+                    "a merge of some units steps by their share s of the live units' tokens per "
+                    "step (v ← μ^s·v + s·Δ, Θ ← Θ − η·s·(Δ + μ·v))"),
       // syncer
       DDILOCO_FIELD(int, "syncer.quorum", syncer.quorum,
                     "K: minimum units with a fresh snapshot before a merge (decoupled)",
@@ -491,6 +498,10 @@ void validate(const Config& c, const std::string& source) {
       fail("units.count: mode single trains one unit, got {} (choose mode ddp, diloco, "
            "streaming or decoupled)",
            M);
+    if (c.outer.anchor == "base" && c.outer.apply != "overwrite")
+      fail("outer.anchor: base measures a unit's progress from the Θ version it received, "
+           "which needs outer.apply: overwrite, got outer.apply: {} (use outer.anchor: current)",
+           c.outer.apply);
     if (c.debug.stall_unit >= M)
       fail("debug.stall_unit: must be < units.count = {}, got {}", M, c.debug.stall_unit);
   } catch (const Error& err) {

@@ -16,16 +16,26 @@ YAML
 "$DDILOCO" train --config base.yaml --set run.dir=plain > plain.log 2>&1 || { cat plain.log; fail "plain run failed"; }
 ddiloco_mpirun -np 2 "$DDILOCO" train --config base.yaml --set run.dir=dec --set mode=decoupled \
   > dec.log 2>&1 || { cat dec.log; fail "decoupled run failed"; }
-/usr/bin/python3 - <<'PY' || fail "decoupled(M=1, K=1, P=1, H=1, η=1, μ=0) differs from plain training"
-import h5py, json, numpy as np
-a, b = h5py.File("plain/model.h5"), h5py.File("dec/model.h5")
+# The same with outer gradients measured from the base version and share-scaled steps (one
+# unit: the base is the current Θ and every merge is a whole round, share 1).
+ddiloco_mpirun -np 2 "$DDILOCO" train --config base.yaml --set run.dir=dec_base --set mode=decoupled \
+  --set outer.anchor=base --set outer.share_steps=true > dec_base.log 2>&1 ||
+  { cat dec_base.log; fail "decoupled run with outer.anchor=base failed"; }
+for run in dec dec_base; do
+RUN=$run /usr/bin/python3 - <<'PY' || fail "$run: decoupled(M=1, K=1, P=1, H=1, η=1, μ=0) differs from plain training"
+import h5py, json, os, numpy as np
+run = os.environ["RUN"]
+a, b = h5py.File("plain/model.h5"), h5py.File(f"{run}/model.h5")
 names = list(a["params"])
 assert names == list(b["params"])
 worst = max(float(np.max(np.abs(a["params"][n][...] - b["params"][n][...]))) for n in names)
 same = all(np.array_equal(a["params"][n][...], b["params"][n][...]) for n in names)
-steps = [json.loads(l) for l in open("dec/unit_0.jsonl")][-1]["step"]
-print(f"identity: {len(names)} tensors, max |Δ| = {worst}, unit steps = {steps}")
+steps = [json.loads(l) for l in open(f"{run}/unit_0.jsonl")][-1]["step"]
+shares = {m["share"] for m in map(json.loads, open(f"{run}/metrics.jsonl")) if m.get("event") == "merge"}
+assert shares == {1.0}, shares
+print(f"identity ({run}): {len(names)} tensors, max |Δ| = {worst}, unit steps = {steps}")
 assert steps == 25, steps
 assert same
 PY
+done
 echo "runtime_identity: passed"

@@ -1,6 +1,9 @@
 # Quorum K = 2 of 3 with unit 2 stalled (test hook, no sleep): the syncer keeps merging units 0
 # and 1, unit 2's weight is 0 meanwhile; once it resumes, its snapshot is merged and its
-# staleness (global versions behind) is logged.
+# staleness (global versions behind) is logged. First as paper_notes.md has it (Δ from the
+# current Θ, full steps), then again with outer gradients measured from
+# each unit's base version (the syncer must still hold the version unit 2 started from, however
+# far Θ moved meanwhile) and share-scaled steps (a merge of 2 of 3 equal units is 2/3 of a round).
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
 cd "$WORK"
@@ -17,10 +20,17 @@ outer: {fragments: 1, h: 2, overlap: 1}
 syncer: {quorum: 2, eval_every: 100}
 debug: {stall_unit: 2, stall_at_step: 4, stall_until_merges: 6}
 YAML
-ddiloco_mpirun -np 4 "$DDILOCO" train --config q.yaml > q.log 2>&1 || { cat q.log; fail "run failed"; }
-/usr/bin/python3 - <<'PY' || fail "quorum behaviour not as expected"
-import json
-merges = [e for e in map(json.loads, open("q/metrics.jsonl")) if e["event"] == "merge"]
+for variant in paper base; do
+extra=(--set outer.share_steps=false)  # paper_notes.md as written: every merge a full step
+[ "$variant" = base ] && extra=(--set outer.anchor=base --set outer.share_steps=true)
+ddiloco_mpirun -np 4 "$DDILOCO" train --config q.yaml --overwrite --set run.dir=q_$variant "${extra[@]}" \
+  > q_$variant.log 2>&1 || { cat q_$variant.log; fail "$variant: run failed"; }
+VARIANT=$variant /usr/bin/python3 - <<'PY' || fail "$variant: quorum behaviour not as expected"
+import json, os
+variant = os.environ["VARIANT"]
+merges = [e for e in map(json.loads, open(f"q_{variant}/metrics.jsonl")) if e["event"] == "merge"]
+rejected = [e for e in map(json.loads, open(f"q_{variant}/metrics.jsonl")) if e["event"] == "snapshot_rejected"]
+assert not rejected, rejected[:3]
 # Merges made while unit 2 was held (it resumes once 6 merges exist): without it, weight 0.
 held = [m for m in merges if m["global_version"] <= 6 and m["global_version"] >= 2]
 assert len(held) >= 4, held
@@ -28,13 +38,16 @@ for m in held[1:]:
     assert 2 not in m["units"], m
     assert m["weights"][2] == 0.0, m
     assert sorted(m["units"]) == [0, 1], m
+    expected_share = 2 / 3 if variant == "base" else 1.0
+    assert abs(m["share"] - expected_share) < 1e-12, m
 late = [m for m in merges if m["global_version"] > 6 and 2 in m["units"]]
 assert late, "unit 2 never contributed after it resumed"
 first = late[0]
 stale = first["staleness"][first["units"].index(2)]
 assert stale >= 4, first
-print(f"{len(merges)} merges; while unit 2 was held: {len(held)} merges of units 0 and 1; "
+print(f"{variant}: {len(merges)} merges; while unit 2 was held: {len(held)} merges of units 0 and 1; "
       f"its first snapshot after resuming was merged at version {first['global_version']} "
       f"with staleness {stale}")
 PY
+done
 echo "runtime_quorum: passed"

@@ -147,6 +147,62 @@ TEST(Merge, OuterNesterovByHand) {
   EXPECT_THROW(outer.step(0, theta, {{std::vector<float>(n + 1), 1.0}}), Error);
 }
 
+TEST(Merge, AnchoredAtTheBaseVersionMeasuresOnlyTheUnitsProgress) {
+  // Θ moved from (1, 1) to (0, 0) since the unit received it; the unit trained (1, 1) → (1, 3).
+  const std::vector<float> global = {0, 0}, base = {1, 1}, unit = {1, 3};
+  std::vector<double> out(2);
+  // Anchored at the current Θ: Δ = Θ − θ = (−1, −3), which pulls Θ back towards the base.
+  ASSERT_TRUE(merge_segment(global, {{unit, 1.0}}, 0, 2, false, out));
+  EXPECT_DOUBLE_EQ(out[0], -1.0);
+  EXPECT_DOUBLE_EQ(out[1], -3.0);
+  // Anchored at the base: Δ = base − θ = (0, −2), the unit's own progress only.
+  ASSERT_TRUE(merge_segment(global, {{unit, 1.0, base}}, 0, 2, false, out));
+  EXPECT_DOUBLE_EQ(out[0], 0.0);
+  EXPECT_DOUBLE_EQ(out[1], -2.0);
+  // Mixed: one unit anchored at the base, one at Θ; mean of (0, −2) and (0, 4) = (0, 1).
+  const std::vector<float> other = {0, -4};
+  ASSERT_TRUE(merge_segment(global, {{unit, 1.0, base}, {other, 1.0}}, 0, 2, false, out));
+  EXPECT_DOUBLE_EQ(out[0], 0.0);
+  EXPECT_DOUBLE_EQ(out[1], 1.0);
+}
+
+TEST(Merge, ShareScaledNesterovByHand) {
+  const ParameterLayout layout = ParameterLayout::gpt2(GptConfig{2, 1, 1, 1, 1});
+  const FragmentPlan plan(layout, 1, 1);
+  const size_t n = plan.fragments()[0].numel;
+  {
+    // η = 0.5, μ = 0.81, share 0.5, Δ = 1: v = 0.5; Θ = 1 − 0.25·(1 + 0.81·0.5) = 0.64875.
+    OuterOptimizer outer(plan, 0.5, 0.81, MergeRule::mean);
+    std::vector<float> theta(n, 1.0f), unit(n, 0.0f);
+    ASSERT_TRUE(outer.step(0, theta, {{unit, 1.0}}, 0.5));
+    for (float x : theta) EXPECT_NEAR(x, 0.64875f, 1e-7);
+    for (float v : outer.momentum(0)) EXPECT_FLOAT_EQ(v, 0.5f);
+    // Second half step with Δ = 1 (anchored at 1): v = √0.81·0.5 + 0.5 = 0.95;
+    // Θ = 0.64875 − 0.25·(1 + 0.81·0.95) = 0.206375.
+    const std::vector<float> anchor(n, 1.0f);
+    ASSERT_TRUE(outer.step(0, theta, {{unit, 1.0, anchor}}, 0.5));
+    for (float x : theta) EXPECT_NEAR(x, 0.206375f, 1e-6);
+    for (float v : outer.momentum(0)) EXPECT_NEAR(v, 0.95f, 1e-7);
+  }
+  {
+    // Without momentum, two merges of half the units, both measured from the same base,
+    // move Θ exactly as far as one merge of all of them.
+    OuterOptimizer halves(plan, 0.7, 0.0, MergeRule::mean), whole(plan, 0.7, 0.0, MergeRule::mean);
+    const std::vector<float> base(n, 2.0f), a(n, 1.0f), b(n, 0.0f);  // Δ_a = 1, Δ_b = 2
+    std::vector<float> split = base, full = base;
+    ASSERT_TRUE(halves.step(0, split, {{a, 1.0, base}}, 0.5));
+    ASSERT_TRUE(halves.step(0, split, {{b, 1.0, base}}, 0.5));
+    ASSERT_TRUE(whole.step(0, full, {{a, 1.0}, {b, 1.0}}));
+    for (size_t i = 0; i < n; ++i) EXPECT_NEAR(split[i], full[i], 1e-6);  // 2 − 0.7·1.5 = 0.95
+    EXPECT_NEAR(full[0], 0.95f, 1e-6);
+  }
+  OuterOptimizer outer(plan, 0.5, 0.9, MergeRule::mean);
+  std::vector<float> theta(n, 1.0f), unit(n, 0.0f);
+  EXPECT_THROW(outer.step(0, theta, {{unit, 1.0}}, 0.0), Error);
+  EXPECT_THROW(outer.step(0, theta, {{unit, 1.0}}, 1.5), Error);
+  EXPECT_THROW(outer.step(0, theta, {{unit, 1.0, std::vector<float>(n + 1)}}), Error);
+}
+
 TEST(Merge, SingleUnitWithUnitLrAndNoMomentumReturnsItsParametersExactly) {
   const ParameterLayout layout = ParameterLayout::gpt2(GptConfig{16, 4, 1, 2, 4});
   const FragmentPlan plan(layout, 1, 1);
