@@ -45,7 +45,8 @@ enum Control : int {
   kStepTimeNs,      ///< learner: moving average of its inner-step time, nanoseconds
   kPublishSkipped,  ///< learner: snapshots not published because the outbox was still unread
   kGlobalVersion,   ///< syncer: merges made so far, over all fragments
-  kControlWords = 8
+  kJobTokens,       ///< syncer: tokens processed by all units (decoupled; as last polled)
+  kControlWords = 16
 };
 
 enum UnitState : int64_t { kStarting = 0, kRunning = 1, kDone = 2 };
@@ -155,6 +156,8 @@ class SyncerWindow {
   void request_stop(int u);
   /// Tells unit u how many merges the syncer has made.
   void set_global_version(int u, int64_t version);
+  /// Tells unit u how many tokens all units have processed (the job's progress).
+  void set_job_tokens(int u, int64_t tokens);
 
   uint64_t bytes_read() const { return bytes_read_; }
   uint64_t bytes_written() const { return bytes_written_; }

@@ -66,6 +66,10 @@ class UnitTrainer {
   MPI_Comm comm() const { return comm_; }
   int64_t steps_done() const { return step_; }
   void set_steps_done(int64_t step) { step_ = step; }
+  /// The inner step the learning-rate schedule reads from now on, instead of this unit's own
+  /// step count (decoupled: the job's mean step, so that fast and slow units warm up and
+  /// anneal together as the job's token budget runs out). −1: the unit's own steps again.
+  void set_schedule_step(int64_t step) { schedule_step_ = step; }
   int64_t tokens_per_step() const;  ///< over the whole unit
 
  private:
@@ -75,6 +79,7 @@ class UnitTrainer {
   Gpt<float> model_;
   AdamW<float> optimizer_;
   LrSchedule schedule_;
+  int64_t schedule_step_ = -1;
   std::unique_ptr<TrainStream> stream_;
   GradientReducer reducer_;
   std::vector<int32_t> inputs_, targets_;

@@ -51,11 +51,13 @@ UnitTrainer::GradientReducer hierarchical_reducer(const Topology& topo, int tota
 struct Actions {
   bool stop = false;
   std::vector<std::pair<int, int64_t>> apply;  // (fragment, version)
+  int64_t schedule_step = -1;                  // the lr schedule's step for the next step
 
   std::vector<int64_t> encode(int fragments) const {
-    std::vector<int64_t> w(2 + 2 * static_cast<size_t>(fragments), 0);
+    std::vector<int64_t> w(3 + 2 * static_cast<size_t>(fragments), 0);
     w[0] = stop;
     w[1] = static_cast<int64_t>(apply.size());
+    w.back() = schedule_step;
     for (size_t i = 0; i < apply.size(); ++i) {
       w[2 + 2 * i] = apply[i].first;
       w[3 + 2 * i] = apply[i].second;
@@ -65,6 +67,7 @@ struct Actions {
   static Actions decode(const std::vector<int64_t>& w) {
     Actions a;
     a.stop = w[0] != 0;
+    a.schedule_step = w.back();
     for (int64_t i = 0; i < w[1]; ++i) a.apply.emplace_back(static_cast<int>(w[2 + 2 * i]), w[3 + 2 * i]);
     return a;
   }
@@ -88,6 +91,12 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
   const bool blend = config.outer.apply == "blend";
   const float alpha = static_cast<float>(config.outer.blend_alpha);
   const int64_t eval_period = static_cast<int64_t>(plan.h) * config.syncer.eval_every;
+  // Decoupled: the lr schedule runs on the job's mean inner step, job tokens ÷ the tokens one
+  // step of every unit makes (units of different speed warm up and anneal together).
+  int64_t job_step_tokens = 0;
+  for (int m = 0; m < topo.units; ++m)
+    job_step_tokens += static_cast<int64_t>(config.train.batch_size) * config.model.seq_len *
+                       config.unit_ranks(m);
 
   std::vector<int64_t> c_steps(P, 0), c_tok(P, 0), base_version(P, 0), applied(P, 0),
       sent_step(P, -1), sends(P, 0), pending_version(P, 0);
@@ -193,12 +202,15 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
         if (owed && pending_version[p] > applied[p]) actions.apply.emplace_back(p, pending_version[p]);
       }
       actions.stop = stop_requested() || t >= max_steps;
+      if (plan.mode == Mode::decoupled)
+        actions.schedule_step = window->control(sync::kJobTokens) / job_step_tokens;
     }
     if (topo.unit_size > 1) {
       auto words = actions.encode(P);
       mpi::broadcast_patient(words, 0, topo.unit_comm);
       actions = Actions::decode(words);
     }
+    if (actions.schedule_step >= 0) trainer.set_schedule_step(actions.schedule_step);
     for (const auto& [p, version] : actions.apply) {
       std::span<float> buf(incoming.data(), layout.numel(p));
       if (topo.leader) std::copy(pending[p].begin(), pending[p].end(), buf.begin());

@@ -223,4 +223,8 @@ void SyncerWindow::set_global_version(int u, int64_t version) {
   put_word(u, kGlobalVersion * sizeof(int64_t), version);
 }
 
+void SyncerWindow::set_job_tokens(int u, int64_t tokens) {
+  put_word(u, kJobTokens * sizeof(int64_t), tokens);
+}
+
 }  // namespace ddiloco::sync

@@ -111,6 +111,7 @@ class Syncer {
   void log_eval_results();
   std::vector<float> flat_theta();
   void observe_step_times();
+  void publish_progress(int64_t tokens);
   double merge_share(const std::vector<int>& units) const;
   void prune_history(int p);
 
@@ -136,6 +137,7 @@ class Syncer {
   std::vector<Round> rounds_;
   std::vector<sync::UnitHeaders> headers_;     // last poll
   int64_t budget_ = 0;
+  int64_t progress_sent_ = 0;  // job tokens last written to the units
   int64_t next_eval_ = 0;
   bool stopping_ = false;
   int interrupted_by_ = 0;
@@ -203,6 +205,18 @@ void Syncer::observe_step_times() {
   if (steps.empty()) return;
   std::sort(steps.begin(), steps.end());
   grace_.observe_steps(steps.back(), steps[steps.size() / 2]);
+}
+
+// Decoupled: every unit's learning-rate schedule follows the job's progress (tokens of all
+// units), refreshed whenever the job has moved by the smallest unit's step.
+void Syncer::publish_progress(int64_t tokens) {
+  if (plan_.mode != Mode::decoupled) return;
+  int64_t step = INT64_MAX;
+  for (int u = 0; u < M_; ++u) step = std::min(step, tokens_per_step(u));
+  if (tokens - progress_sent_ < step) return;
+  for (int u = 0; u < M_; ++u)
+    if (!unit_done(u)) window_.set_job_tokens(u, tokens);
+  progress_sent_ = tokens;
 }
 
 bool Syncer::merge_ready_fragments() {
@@ -403,6 +417,7 @@ int Syncer::run() {
       log_.write({{"event", signal != 0 ? "interrupted" : "stop"}, {"signal", signal},
                   {"tokens", tokens}, {"elapsed_s", now()}});
     }
+    publish_progress(tokens);
     bool work = collect();
     work |= merge_ready_fragments();
     work |= deliver_pending();

@@ -71,7 +71,7 @@ StepStats UnitTrainer::step() {
 StepStats UnitTrainer::step_on(const int32_t* inputs, const int32_t* targets) {
   StepStats s;
   Stopwatch clock;
-  s.lr = schedule_.at(step_);
+  s.lr = schedule_.at(schedule_step_ >= 0 ? schedule_step_ : step_);
   s.loss = model_.forward(inputs, targets, config_.train.batch_size, config_.model.seq_len);
   model_.zero_grad();
   model_.backward();
