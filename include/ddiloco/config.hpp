@@ -89,6 +89,28 @@ struct SyncerConfig {
   int poll_max_us = 1000;       ///< longest sleep between polls when nothing happens
 };
 
+/// Fault injection (include/ddiloco/chaos.hpp has the model). Off unless a rate is > 0 or a
+/// schedule file is given.
+struct ChaosConfig {
+  int64_t seed = 1;             ///< seed of the schedule (independent of run.seed)
+  double horizon_s = 3600;      ///< faults are drawn over [0, horizon_s) seconds
+  std::vector<int> units;       ///< units that may fail; empty = all
+  double crash_mtbf_s = 0;      ///< mean up-time between crashes per unit, s; 0 = none
+  double down_min_s = 5;        ///< down-time after a crash: uniform in [min, max], s
+  double down_max_s = 15;
+  double slow_mtbf_s = 0;       ///< mean gap between straggler episodes, s; 0 = none
+  double slow_duration_s = 20;  ///< length of one episode, s
+  double slow_factor = 3;       ///< inner steps take this many times as long
+  double link_mtbf_s = 0;       ///< mean gap between link degradations, s; 0 = none
+  double link_duration_s = 20;
+  double link_factor = 0.1;     ///< fraction of the bandwidth left
+  std::string schedule_file;    ///< YAML schedule to replay instead of drawing one
+
+  bool enabled() const {
+    return crash_mtbf_s > 0 || slow_mtbf_s > 0 || link_mtbf_s > 0 || !schedule_file.empty();
+  }
+};
+
 /// Hooks that only tests use: they make a unit stall or the syncer slow, deterministically.
 struct DebugConfig {
   int stall_unit = -1;             ///< unit that stalls (−1: none)
@@ -107,6 +129,7 @@ struct Config {
   UnitsConfig units;
   OuterConfig outer;
   SyncerConfig syncer;
+  ChaosConfig chaos;
   DebugConfig debug;
 
   /// Ranks of unit u (units.ranks[u], or units.ranks_per_unit).

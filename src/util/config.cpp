@@ -341,6 +341,39 @@ const std::vector<Entry>& entries() {
                     positive<int>()),
       DDILOCO_FIELD(int, "syncer.poll_max_us", syncer.poll_max_us,
                     "longest sleep between polls when idle, microseconds", positive<int>()),
+      // chaos (fault injection)
+      DDILOCO_FIELD(int64_t, "chaos.seed", chaos.seed, "seed of the fault schedule"),
+      DDILOCO_FIELD(double, "chaos.horizon_s", chaos.horizon_s,
+                    "faults are drawn over this many seconds from the start", positive<double>()),
+      DDILOCO_FIELD(std::vector<int>, "chaos.units", chaos.units,
+                    "units that may fail, e.g. [0, 2]; empty = all", each_at_least(0)),
+      DDILOCO_FIELD(double, "chaos.crash_mtbf_s", chaos.crash_mtbf_s,
+                    "mean up-time between crashes of a unit, seconds; 0 = no crashes",
+                    at_least(0.0)),
+      DDILOCO_FIELD(double, "chaos.down_min_s", chaos.down_min_s,
+                    "shortest down-time after a crash, seconds", at_least(0.0)),
+      DDILOCO_FIELD(double, "chaos.down_max_s", chaos.down_max_s,
+                    "longest down-time after a crash, seconds (uniform in [min, max])",
+                    at_least(0.0)),
+      DDILOCO_FIELD(double, "chaos.slow_mtbf_s", chaos.slow_mtbf_s,
+                    "mean gap between straggler episodes of a unit, seconds; 0 = none",
+                    at_least(0.0)),
+      DDILOCO_FIELD(double, "chaos.slow_duration_s", chaos.slow_duration_s,
+                    "length of a straggler episode, seconds", positive<double>()),
+      DDILOCO_FIELD(double, "chaos.slow_factor", chaos.slow_factor,
+                    "inner steps take this many times as long during an episode",
+                    at_least(1.0)),
+      DDILOCO_FIELD(double, "chaos.link_mtbf_s", chaos.link_mtbf_s,
+                    "mean gap between link degradations of a unit, seconds; 0 = none",
+                    at_least(0.0)),
+      DDILOCO_FIELD(double, "chaos.link_duration_s", chaos.link_duration_s,
+                    "length of a link degradation, seconds", positive<double>()),
+      DDILOCO_FIELD(double, "chaos.link_factor", chaos.link_factor,
+                    "fraction of the link's bandwidth left during a degradation",
+                    in_range(0, 1, true, false)),
+      DDILOCO_FIELD(std::string, "chaos.schedule_file", chaos.schedule_file,
+                    "YAML fault schedule to replay instead of drawing one (see "
+                    "chaos_schedule.yaml in a run directory)"),
       // debug (test hooks)
       DDILOCO_FIELD(int, "debug.stall_unit", debug.stall_unit,
                     "test hook: this unit stalls (−1 = none)", at_least(-1)),
@@ -502,6 +535,14 @@ void validate(const Config& c, const std::string& source) {
       fail("outer.anchor: base measures a unit's progress from the Θ version it received, "
            "which needs outer.apply: overwrite, got outer.apply: {} (use outer.anchor: current)",
            c.outer.apply);
+    for (const int u : c.chaos.units)
+      if (u >= M) fail("chaos.units: every unit must be < units.count = {}, got {}", M, u);
+    if (c.chaos.down_max_s < c.chaos.down_min_s)
+      fail("chaos.down_max_s: must be ≥ chaos.down_min_s = {}, got {}", c.chaos.down_min_s,
+           c.chaos.down_max_s);
+    if (c.chaos.enabled() && c.mode == Mode::single)
+      fail("chaos: faults are injected into learner units; mode single has none (choose mode "
+           "ddp, diloco, streaming or decoupled)");
     if (c.debug.stall_unit >= M)
       fail("debug.stall_unit: must be < units.count = {}, got {}", M, c.debug.stall_unit);
   } catch (const Error& err) {

@@ -1,0 +1,213 @@
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <set>
+#include <sstream>
+
+#include "ddiloco/chaos.hpp"
+#include "ddiloco/config.hpp"
+#include "ddiloco/error.hpp"
+#include "ddiloco/rng.hpp"
+
+namespace ddiloco::chaos {
+
+const char* kind_name(FaultKind kind) {
+  switch (kind) {
+    case FaultKind::crash: return "crash";
+    case FaultKind::slow: return "slow";
+    case FaultKind::link: return "link";
+  }
+  return "?";
+}
+
+namespace {
+
+void sort_faults(std::vector<Fault>& faults) {
+  std::sort(faults.begin(), faults.end(), [](const Fault& a, const Fault& b) {
+    if (a.start_s != b.start_s) return a.start_s < b.start_s;
+    if (a.unit != b.unit) return a.unit < b.unit;
+    return a.kind < b.kind;
+  });
+}
+
+// Exp(mean) by inversion; 1 − U lies in (0, 1], so the logarithm is finite.
+double exponential(Rng& rng, double mean) { return -mean * std::log(1.0 - rng.uniform()); }
+
+// Episodes of one kind for one unit: gap ~ Exp(mtbf) from the end of the previous episode.
+// Crashes draw their length; the other kinds have a fixed one.
+void draw_episodes(std::vector<Fault>& out, const ChaosConfig& c, int unit, FaultKind kind) {
+  const double mtbf = kind == FaultKind::crash  ? c.crash_mtbf_s
+                      : kind == FaultKind::slow ? c.slow_mtbf_s
+                                                : c.link_mtbf_s;
+  if (mtbf <= 0) return;
+  // One stream per (unit, kind): a unit's crashes do not move when its straggler rate changes.
+  Rng rng(mix_seed(static_cast<uint64_t>(c.seed), 16 * static_cast<uint64_t>(unit) +
+                                                      static_cast<uint64_t>(kind) + 1));
+  double t = 0;
+  for (;;) {
+    t += exponential(rng, mtbf);
+    if (t >= c.horizon_s) return;
+    Fault f{.unit = unit, .kind = kind, .start_s = t};
+    switch (kind) {
+      case FaultKind::crash:
+        f.duration_s = c.down_min_s + (c.down_max_s - c.down_min_s) * rng.uniform();
+        break;
+      case FaultKind::slow:
+        f.duration_s = c.slow_duration_s;
+        f.factor = c.slow_factor;
+        break;
+      case FaultKind::link:
+        f.duration_s = c.link_duration_s;
+        f.factor = c.link_factor;
+        break;
+    }
+    out.push_back(f);
+    t = f.end_s();
+  }
+}
+
+}  // namespace
+
+Schedule Schedule::generate(const ChaosConfig& config, int units) {
+  std::vector<int> which = config.units;
+  if (which.empty())
+    for (int u = 0; u < units; ++u) which.push_back(u);
+  Schedule s;
+  for (const int u : std::set<int>(which.begin(), which.end())) {
+    if (u < 0 || u >= units) fail("chaos.units: every unit must be in [0, {}), got {}", units, u);
+    for (const FaultKind k : {FaultKind::crash, FaultKind::slow, FaultKind::link})
+      draw_episodes(s.faults, config, u, k);
+  }
+  sort_faults(s.faults);
+  return s;
+}
+
+Schedule Schedule::load(const std::string& path, int units) {
+  if (!std::filesystem::exists(path)) fail("{}: chaos schedule file not found", path);
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& ex) {
+    fail("{}: line {}: {}", path, ex.mark.line + 1, ex.msg);
+  }
+  if (!root.IsMap() || !root["faults"] || !root["faults"].IsSequence())
+    fail("{}: expected a map with a list 'faults' of {{unit, kind, start_s, duration_s, "
+         "factor}}",
+         path);
+  Schedule s;
+  const YAML::Node list = root["faults"];
+  for (size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node e = list[i];
+    const std::string where = fmt::format("{}: faults[{}]", path, i);
+    if (!e.IsMap()) fail("{}: expected a map {{unit, kind, start_s, duration_s, factor}}", where);
+    for (const auto& kv : e) {
+      const std::string key = kv.first.as<std::string>();
+      if (key != "unit" && key != "kind" && key != "start_s" && key != "duration_s" &&
+          key != "factor")
+        fail("{}: unknown key '{}' (expected unit, kind, start_s, duration_s, factor)", where,
+             key);
+    }
+    const auto number = [&](const char* key, bool required, double fallback) {
+      if (!e[key]) {
+        if (required) fail("{}.{}: missing", where, key);
+        return fallback;
+      }
+      try {
+        const double v = e[key].as<double>();
+        if (!std::isfinite(v)) fail("{}.{}: must be a finite number", where, key);
+        return v;
+      } catch (const YAML::Exception&) {
+        fail("{}.{}: expected a number, got '{}'", where, key, e[key].Scalar());
+      }
+    };
+    Fault f;
+    const double unit = number("unit", true, 0);
+    if (unit != std::floor(unit) || unit < 0 || unit >= units)
+      fail("{}.unit: must be an integer in [0, {}), got {}", where, units, e["unit"].Scalar());
+    f.unit = static_cast<int>(unit);
+    const std::string kind = e["kind"] ? e["kind"].Scalar() : "";
+    if (kind == "crash") f.kind = FaultKind::crash;
+    else if (kind == "slow") f.kind = FaultKind::slow;
+    else if (kind == "link") f.kind = FaultKind::link;
+    else fail("{}.kind: must be one of crash, slow, link, got '{}'", where, kind);
+    f.start_s = number("start_s", true, 0);
+    if (f.start_s < 0) fail("{}.start_s: must be ≥ 0, got {}", where, f.start_s);
+    f.duration_s = number("duration_s", true, 0);
+    if (f.duration_s <= 0) fail("{}.duration_s: must be > 0, got {}", where, f.duration_s);
+    f.factor = number("factor", f.kind != FaultKind::crash, 1.0);
+    if (f.kind == FaultKind::slow && f.factor < 1)
+      fail("{}.factor: a slow-down must be ≥ 1, got {}", where, f.factor);
+    if (f.kind == FaultKind::link && (f.factor <= 0 || f.factor > 1))
+      fail("{}.factor: a bandwidth fraction must be in (0, 1], got {}", where, f.factor);
+    if (f.kind == FaultKind::crash && f.factor != 1)
+      fail("{}.factor: a crash has no factor (1), got {}", where, f.factor);
+    s.faults.push_back(f);
+  }
+  sort_faults(s.faults);
+  // A unit cannot crash while it is down.
+  for (int u = 0; u < units; ++u) {
+    double up_at = -1;
+    for (const Fault& f : s.faults) {
+      if (f.unit != u || f.kind != FaultKind::crash) continue;
+      if (f.start_s < up_at)
+        fail("{}: unit {} crashes at {} s while down from an earlier crash until {} s", path, u,
+             f.start_s, up_at);
+      up_at = f.end_s();
+    }
+  }
+  return s;
+}
+
+Schedule Schedule::from_config(const ChaosConfig& config, int units) {
+  return config.schedule_file.empty() ? generate(config, units) : load(config.schedule_file, units);
+}
+
+std::string Schedule::to_yaml() const {
+  std::ostringstream os;
+  os << "# ddiloco fault schedule: times in seconds since the job's start\nfaults:\n";
+  for (const Fault& f : faults)
+    // {} prints the shortest text that reads back to the same double.
+    os << fmt::format("  - {{unit: {}, kind: {}, start_s: {}, duration_s: {}, factor: {}}}\n",
+                      f.unit, kind_name(f.kind), f.start_s, f.duration_s, f.factor);
+  if (faults.empty()) os << "  []\n";
+  return os.str();
+}
+
+std::vector<Fault> Schedule::of_unit(int unit) const {
+  std::vector<Fault> out;
+  for (const Fault& f : faults)
+    if (f.unit == unit) out.push_back(f);
+  return out;
+}
+
+UnitTimeline::UnitTimeline(const Schedule& schedule, int unit) {
+  for (const Fault& f : schedule.of_unit(unit)) {
+    if (f.kind == FaultKind::crash) crashes_.push_back(f);
+    else if (f.kind == FaultKind::slow) slows_.push_back(f);
+    else links_.push_back(f);
+  }
+}
+
+const Fault* UnitTimeline::crash_due(double now_s) {
+  if (next_crash_ < crashes_.size() && crashes_[next_crash_].start_s <= now_s)
+    return &crashes_[next_crash_++];
+  return nullptr;
+}
+
+double UnitTimeline::slowdown_at(double now_s) const {
+  double factor = 1;
+  for (const Fault& f : slows_)
+    if (f.start_s <= now_s && now_s < f.end_s()) factor = std::max(factor, f.factor);
+  return factor;
+}
+
+double UnitTimeline::link_factor_at(double now_s) const {
+  double factor = 1;
+  for (const Fault& f : links_)
+    if (f.start_s <= now_s && now_s < f.end_s()) factor = std::min(factor, f.factor);
+  return factor;
+}
+
+}  // namespace ddiloco::chaos
