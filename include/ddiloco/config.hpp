@@ -87,6 +87,7 @@ struct SyncerConfig {
   double grace_cap_steps = 1.0; ///< grace window cap, in (median) inner-step times
   int eval_every = 2;           ///< outer rounds (H inner steps) between global evaluations
   int poll_max_us = 1000;       ///< longest sleep between polls when nothing happens
+  double heartbeat_timeout_s = 5;  ///< a unit silent this long is out of every quorum
 };
 
 /// Fault injection (include/ddiloco/chaos.hpp has the model). Off unless a rate is > 0 or a
@@ -104,6 +105,7 @@ struct ChaosConfig {
   double link_mtbf_s = 0;       ///< mean gap between link degradations, s; 0 = none
   double link_duration_s = 20;
   double link_factor = 0.1;     ///< fraction of the bandwidth left
+  double link_mbps = 10;        ///< nominal unit ↔ syncer bandwidth the degradation slows, MB/s
   std::string schedule_file;    ///< YAML schedule to replay instead of drawing one
 
   bool enabled() const {

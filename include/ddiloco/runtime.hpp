@@ -6,6 +6,7 @@
 
 #include "ddiloco/config.hpp"
 #include "ddiloco/data_loader.hpp"
+#include "ddiloco/goodput.hpp"
 #include "ddiloco/topology.hpp"
 #include "ddiloco/trainer.hpp"
 
@@ -38,8 +39,9 @@ struct OuterPlan {
 int run_job(const Config& config, MPI_Comm world, bool overwrite);
 
 /// The two roles; called by run_job once set-up succeeded everywhere.
-void run_learner(const Config& config, const OuterPlan& plan, const Topology& topology,
-                 UnitTrainer& trainer);
+/// run_learner returns where this rank's wall time went (goodput accounting).
+TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology& topology,
+                     UnitTrainer& trainer);
 /// Returns the stop signal that ended the job early, or 0.
 int run_syncer(const Config& config, const OuterPlan& plan, const Topology& topology,
                const ValidationSet& val);

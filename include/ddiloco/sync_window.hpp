@@ -46,6 +46,8 @@ enum Control : int {
   kPublishSkipped,  ///< learner: snapshots not published because the outbox was still unread
   kGlobalVersion,   ///< syncer: merges made so far, over all fragments
   kJobTokens,       ///< syncer: tokens processed by all units (decoupled; as last polled)
+  kRejoinRequest,   ///< learner: rejoins requested after crashes (+1 each)
+  kRejoinServed,    ///< syncer: the rejoin request whose Θ now fills every inbox
   kControlWords = 16
 };
 
@@ -116,6 +118,11 @@ class LearnerWindow {
   /// data does not match its checksum (the inbox is then left unacknowledged).
   bool take_inbox(int p, std::span<float> out);
 
+  /// Crash emulation: the unit's memory is gone, so its outboxes now hold garbage (NaN) —
+  /// what the syncer would read from a host that lost its state mid-transfer. Sequence
+  /// numbers are left as they are; the checksum check refuses what the syncer reads.
+  void lose_outboxes();
+
  private:
   int64_t& word(size_t byte_offset) const;
   MPI_Win win_ = MPI_WIN_NULL;
@@ -158,6 +165,8 @@ class SyncerWindow {
   void set_global_version(int u, int64_t version);
   /// Tells unit u how many tokens all units have processed (the job's progress).
   void set_job_tokens(int u, int64_t tokens);
+  /// Writes one syncer-owned control word of unit u (kRejoinServed, ...).
+  void set_control(int u, Control word, int64_t value);
 
   uint64_t bytes_read() const { return bytes_read_; }
   uint64_t bytes_written() const { return bytes_written_; }

@@ -31,6 +31,7 @@ class Topology {
   MPI_Comm unit_comm = MPI_COMM_NULL;   ///< learner: the ranks of its unit
   MPI_Comm sync_comm = MPI_COMM_NULL;   ///< syncer and leaders: rank 0 syncer, rank u+1 leader u
   MPI_Comm leaders_comm = MPI_COMM_NULL;  ///< leaders only, rank u = leader of unit u (ddp)
+  MPI_Comm world = MPI_COMM_NULL;       ///< every rank (not owned)
   int stream_index = 0;                 ///< learner: its data stream (world rank − 1)
   int stream_count = 0;                 ///< all learner ranks
 };

@@ -9,11 +9,13 @@
 #include <omp.h>
 
 #include "cli/commands.hpp"
+#include "ddiloco/chaos.hpp"
 #include "ddiloco/config.hpp"
 #include "ddiloco/data_loader.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/model_io.hpp"
 #include "ddiloco/mpi.hpp"
+#include "ddiloco/run_dir.hpp"
 #include "ddiloco/runtime.hpp"
 #include "ddiloco/sampler.hpp"
 #include "ddiloco/signals.hpp"
@@ -123,6 +125,34 @@ int cmd_sample(const SampleArgs& args) {
   std::vector<int32_t> all(prompt.begin() + 1, prompt.end());
   all.insert(all.end(), out.begin(), out.end());
   std::printf("%s\n", printable(detokenize(all, loaded.config.vocab_size)).c_str());
+  return 0;
+}
+
+int cmd_chaos(const ConfigArgs& args, const std::string& out) {
+  const Config c = load_config(args.path, args.overrides);
+  if (c.mode == Mode::single) fail("chaos: mode single has no learner units to fail");
+  const chaos::Schedule schedule = chaos::Schedule::from_config(c.chaos, c.units.count);
+  if (out.empty()) {
+    std::fputs(schedule.to_yaml().c_str(), stdout);
+    return 0;
+  }
+  write_text_atomically(out, schedule.to_yaml());
+  std::printf("chaos: %zu faults over %.0f s written to %s\n", schedule.faults.size(),
+              c.chaos.horizon_s, out.c_str());
+  for (int u = 0; u < c.units.count; ++u) {
+    int crashes = 0, slow = 0, link = 0;
+    double down = 0, slow_s = 0;
+    for (const auto& f : schedule.of_unit(u)) {
+      crashes += f.kind == chaos::FaultKind::crash;
+      slow += f.kind == chaos::FaultKind::slow;
+      link += f.kind == chaos::FaultKind::link;
+      if (f.kind == chaos::FaultKind::crash) down += f.duration_s;
+      if (f.kind == chaos::FaultKind::slow) slow_s += f.duration_s;
+    }
+    std::printf("  unit %d: %d crashes (%.1f s down), %d straggler episodes (%.1f s), %d link "
+                "degradations\n",
+                u, crashes, down, slow, slow_s, link);
+  }
   return 0;
 }
 
@@ -254,6 +284,13 @@ int main(int argc, char** argv) {
   config->add_flag("--ranks", print_ranks,
                    "print the MPI ranks the job needs (1 syncer + the units' ranks; 1 for single)");
 
+  ConfigArgs chaos_args;
+  std::string chaos_out;
+  auto* chaos_cmd = app.add_subcommand(
+      "chaos", "draw a config's fault schedule; chaos.schedule_file=FILE replays it");
+  chaos_args.add_to(chaos_cmd, true);
+  chaos_cmd->add_option("--out,-o", chaos_out, "write the schedule here (YAML); else stdout");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -280,6 +317,7 @@ int main(int argc, char** argv) {
       bench_opts.overrides = bench_args.overrides;
       return cli::bench_model(bench_opts);
     }
+    if (chaos_cmd->parsed()) return cmd_chaos(chaos_args, chaos_out);
     if (config->parsed()) return cmd_config(config_args, list_keys, get_key, print_ranks, markdown);
   } catch (const std::exception& e) {
     return report(e, session.has_value());

@@ -5,7 +5,7 @@
 
 namespace ddiloco {
 
-Topology::Topology(const Config& config, MPI_Comm world) {
+Topology::Topology(const Config& config, MPI_Comm world_comm) : world(world_comm) {
   world_rank = mpi::rank(world);
   const int world_size = mpi::size(world);
   units = config.units.count;

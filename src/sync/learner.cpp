@@ -4,13 +4,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <thread>
 
 #include <omp.h>
 
+#include "ddiloco/chaos.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/fragments.hpp"
+#include "ddiloco/goodput.hpp"
 #include "ddiloco/metrics.hpp"
 #include "ddiloco/mpi.hpp"
 #include "ddiloco/runtime.hpp"
@@ -50,33 +53,47 @@ UnitTrainer::GradientReducer hierarchical_reducer(const Topology& topo, int tota
 // Per-step instructions from the leader to the rest of its unit.
 struct Actions {
   bool stop = false;
+  bool crash = false;          // the unit crashes now (chaos) ...
+  int64_t down_ms = 0;         // ... and stays down this long
+  std::vector<int64_t> lost;   // per fragment: 1 = its unread snapshot dies with the crash
+  std::vector<int64_t> sent;   // per fragment: 1 = a snapshot was published this step
   std::vector<std::pair<int, int64_t>> apply;  // (fragment, version)
   int64_t schedule_step = -1;                  // the lr schedule's step for the next step
 
   std::vector<int64_t> encode(int fragments) const {
-    std::vector<int64_t> w(3 + 2 * static_cast<size_t>(fragments), 0);
+    std::vector<int64_t> w(5 + 4 * static_cast<size_t>(fragments), 0);
     w[0] = stop;
-    w[1] = static_cast<int64_t>(apply.size());
+    w[1] = crash;
+    w[2] = down_ms;
+    w[3] = static_cast<int64_t>(apply.size());
+    for (size_t p = 0; p < lost.size(); ++p) w[4 + p] = lost[p];
+    for (size_t p = 0; p < sent.size(); ++p) w[4 + fragments + p] = sent[p];
     w.back() = schedule_step;
     for (size_t i = 0; i < apply.size(); ++i) {
-      w[2 + 2 * i] = apply[i].first;
-      w[3 + 2 * i] = apply[i].second;
+      w[4 + 2 * fragments + 2 * i] = apply[i].first;
+      w[5 + 2 * fragments + 2 * i] = apply[i].second;
     }
     return w;
   }
-  static Actions decode(const std::vector<int64_t>& w) {
+  static Actions decode(const std::vector<int64_t>& w, int fragments) {
     Actions a;
     a.stop = w[0] != 0;
     a.schedule_step = w.back();
-    for (int64_t i = 0; i < w[1]; ++i) a.apply.emplace_back(static_cast<int>(w[2 + 2 * i]), w[3 + 2 * i]);
+    a.crash = w[1] != 0;
+    a.down_ms = w[2];
+    a.lost.assign(w.begin() + 4, w.begin() + 4 + fragments);
+    a.sent.assign(w.begin() + 4 + fragments, w.begin() + 4 + 2 * fragments);
+    for (int64_t i = 0; i < w[3]; ++i)
+      a.apply.emplace_back(static_cast<int>(w[4 + 2 * fragments + 2 * i]),
+                           w[5 + 2 * fragments + 2 * i]);
     return a;
   }
 };
 
 }  // namespace
 
-void run_learner(const Config& config, const OuterPlan& plan, const Topology& topo,
-                 UnitTrainer& trainer) {
+TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology& topo,
+                     UnitTrainer& trainer) {
   const int threads = omp_get_max_threads();  // set by run_job
   if (plan.mode == Mode::ddp) trainer.set_gradient_reducer(hierarchical_reducer(topo, topo.stream_count));
 
@@ -87,7 +104,8 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
 
   const int P = fragments.size();
   const int u = topo.unit;
-  const double slowdown = config.units.slowdown.empty() ? 1.0 : config.units.slowdown[u];
+  const double base_slowdown = config.units.slowdown.empty() ? 1.0 : config.units.slowdown[u];
+  chaos::UnitTimeline faults(chaos::Schedule::from_config(config.chaos, config.units.count), u);
   const bool blend = config.outer.apply == "blend";
   const float alpha = static_cast<float>(config.outer.blend_alpha);
   const int64_t eval_period = static_cast<int64_t>(plan.h) * config.syncer.eval_every;
@@ -108,30 +126,111 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
   std::vector<std::vector<float>> pending(topo.leader ? P : 0);
   for (int p = 0; p < static_cast<int>(pending.size()); ++p) pending[p].resize(layout.numel(p));
 
+  // Goodput: compute time not yet carried to the syncer by a snapshot, per fragment (a step's
+  // work is split over the fragments by their share of the parameters), and the work carried
+  // by the snapshot in each outbox.
+  TimeBook book;
+  std::vector<double> share(P), unsent(P, 0.0), in_flight(P, 0.0);
+  for (int p = 0; p < P; ++p)
+    share[p] = static_cast<double>(layout.numel(p)) / trainer.model().layout().size();
+  const bool tracks_fragments = plan.outer_steps;  // ddp: every step reaches the global model
+
   JsonlWriter log;
   if (topo.leader) {
     log = JsonlWriter(std::filesystem::path(config.run.dir) / fmt::format("unit_{}.jsonl", u), true);
     log.write({{"event", "start"}, {"step", 0}, {"tokens", 0}, {"elapsed_s", 0.0},
                {"unit", u}, {"ranks", topo.unit_size}, {"threads_per_rank", threads},
-               {"slowdown", slowdown}, {"mode", mode_name(plan.mode)}});
+               {"slowdown", base_slowdown}, {"mode", mode_name(plan.mode)}});
     window->set_control(sync::kState, sync::kRunning);
   }
 
+  // Every rank starts its clock when all leave this barrier: the fault schedule's time zero.
+  mpi::barrier_patient(topo.world);
   Stopwatch wall;
-  int64_t tokens = 0, skipped = 0;
+  int64_t tokens = 0, skipped = 0, rejoins = 0;
   double step_ema = 0, window_compute = 0, window_wait = 0, window_loss = 0, window_wall = 0;
   int64_t window_steps = 0;
   const int64_t max_steps = plan.mode == Mode::decoupled ? INT64_MAX : config.train.steps;
   mpi::Backoff backoff;
+  // Told to stop: by the syncer (token budget, or it was interrupted) or by a signal.
+  auto stop_requested = [&] { return window->control(sync::kStop) != 0 || stop_signal() != 0; };
+
+  // A crashed unit: its ranks lose parameters and optimizer state, stay down, then fetch Θ of
+  // every fragment from the syncer and start over from it with fresh counters and moments,
+  // on their own data streams from where they were. Returns false when told to stop while
+  // down. ddp keeps the replica: on a synchronous job a returning replica is copied from a
+  // peer's identical one, which we do not move; everyone waits for it all the same.
+  auto crash_and_rejoin = [&](const Actions& a, int64_t t) {
+    for (int p = 0; p < P && tracks_fragments; ++p) {
+      book.discarded += unsent[p] + (a.lost[p] ? in_flight[p] : 0.0);
+      unsent[p] = in_flight[p] = 0;
+    }
+    if (plan.outer_steps) {
+      auto params = trainer.model().parameters();
+      std::fill(params.begin(), params.end(), std::numeric_limits<float>::quiet_NaN());
+      trainer.optimizer().reset();
+    }
+    std::vector<int64_t> words(1 + P, 0);  // [stop, versions fetched...]
+    if (topo.leader) {
+      if (plan.outer_steps) window->lose_outboxes();
+      log.write({{"event", "crash"}, {"unit", u}, {"step", t}, {"tokens", tokens},
+                 {"elapsed_s", wall.seconds()}, {"down_s", a.down_ms / 1e3},
+                 {"lost_snapshots", std::count(a.lost.begin(), a.lost.end(), 1)}});
+      const double back_at = wall.seconds() + a.down_ms / 1e3;
+      while (wall.seconds() < back_at && !stop_requested())  // down: no heartbeat
+        std::this_thread::sleep_for(std::chrono::duration<double>(
+            std::min(0.05, std::max(0.0, back_at - wall.seconds()))));
+      if (plan.outer_steps && !stop_requested()) {
+        window->set_control(sync::kRejoinRequest, ++rejoins);
+        while (window->control(sync::kRejoinServed) < rejoins && !stop_requested()) backoff.idle();
+        backoff.reset();
+      }
+      words[0] = stop_requested();
+      if (plan.outer_steps && !words[0])
+        for (int p = 0; p < P; ++p) {
+          words[1 + p] = window->inbox_version(p);
+          if (!window->take_inbox(p, pending[p]))
+            fail("unit {}: rejoin: Θ of fragment {} failed its checksum", u, p);
+        }
+    }
+    if (topo.unit_size > 1) mpi::broadcast_patient(words, 0, topo.unit_comm);
+    if (words[0]) return false;
+    if (plan.outer_steps) {
+      for (int p = 0; p < P; ++p) {
+        std::span<float> buf(incoming.data(), layout.numel(p));
+        if (topo.leader) std::copy(pending[p].begin(), pending[p].end(), buf.begin());
+        if (topo.unit_size > 1) mpi::broadcast(buf, 0, topo.unit_comm);
+        fragments.unpack(p, buf, trainer.model().parameters());
+        // The next outer gradient is against what was fetched; the token weight restarts.
+        c_steps[p] = c_tok[p] = 0;
+        base_version[p] = applied[p] = pending_version[p] = sends[p] = words[1 + p];
+        sent_step[p] = -1;
+      }
+    }
+    if (topo.leader) {
+      step_ema = 0;
+      nlohmann::json versions(std::vector<int64_t>(words.begin() + 1, words.end()));
+      log.write({{"event", "rejoin"}, {"unit", u}, {"step", t}, {"tokens", tokens},
+                 {"elapsed_s", wall.seconds()}, {"versions", versions}});
+    }
+    return true;
+  };
 
   for (int64_t t = 1;; ++t) {
     Stopwatch step_clock;
     const StepStats s = trainer.step();
     if (!std::isfinite(s.loss)) fail("unit {}: training diverged: loss {} at step {}", u, s.loss, t);
-    const double busy = step_clock.seconds();
-    if (slowdown > 1.0)  // straggler emulation: this unit's steps take `slowdown` times longer
+    const double busy = step_clock.seconds() - s.allreduce_s;
+    // Straggler emulation: this unit's computation takes `slowdown` times longer.
+    const double slowdown = std::max(base_slowdown, faults.slowdown_at(wall.seconds()));
+    if (slowdown > 1.0)
       std::this_thread::sleep_for(std::chrono::duration<double>((slowdown - 1.0) * busy));
     const double step_s = step_clock.seconds();
+    const double compute = step_s - s.allreduce_s;
+    book.compute += compute;
+    book.wait += s.allreduce_s;
+    if (tracks_fragments)
+      for (int p = 0; p < P; ++p) unsent[p] += compute * share[p];
     tokens += s.tokens;
     for (int p = 0; p < P; ++p) {
       ++c_steps[p];
@@ -143,17 +242,17 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
 
     // The leader publishes, decides what to apply and whether to stop; the unit follows.
     Actions actions;
+    actions.lost.assign(P, 0);
+    actions.sent.assign(P, 0);
     Stopwatch wait_clock;
     if (topo.leader) {
       step_ema = step_ema == 0 ? step_s : 0.9 * step_ema + 0.1 * step_s;
-      window->set_control(sync::kHeartbeat, t);
+      window->set_control(sync::kHeartbeat, window->control(sync::kHeartbeat) + 1);
       window->set_control(sync::kStepsDone, t);
       window->set_control(sync::kTokensDone, tokens);
       window->set_control(sync::kStepTimeNs, static_cast<int64_t>(step_ema * 1e9));
-      // Told to stop: by the syncer (token budget, or it was interrupted) or by a signal.
-      auto stop_requested = [&] { return window->control(sync::kStop) != 0 || stop_signal() != 0; };
       if (config.debug.stall_unit == u && t == config.debug.stall_at_step) {
-        // Test hook: hold this unit until the others have moved the syncer on.
+        // Test hook: hold this unit, silent, until the others have moved the syncer on.
         while (window->control(sync::kGlobalVersion) < config.debug.stall_until_merges &&
                !stop_requested())
           backoff.idle();
@@ -169,6 +268,7 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
                         {c_steps[p], c_tok[p], t, base_version[p]});
         sent_step[p] = t;
         ++sends[p];
+        actions.sent[p] = 1;
       };
       if (plan.outer_steps) {
         for (int p : fragments.due_after(t)) publish(p);
@@ -196,6 +296,8 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
           while (pending_version[p] < want && !stop_requested()) {
             backoff.idle();
             take(p);
+            // Alive while waiting: only a crashed or hung process stops its heartbeat.
+            window->set_control(sync::kHeartbeat, window->control(sync::kHeartbeat) + 1);
           }
           backoff.reset();
         }
@@ -204,12 +306,26 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
       actions.stop = stop_requested() || t >= max_steps;
       if (plan.mode == Mode::decoupled)
         actions.schedule_step = window->control(sync::kJobTokens) / job_step_tokens;
+      if (!actions.stop)
+        if (const chaos::Fault* crash = faults.crash_due(wall.seconds())) {
+          actions.crash = true;
+          actions.down_ms = static_cast<int64_t>(
+              1e3 * std::max(0.0, crash->end_s() - wall.seconds()));
+          for (int p = 0; p < P; ++p) actions.lost[p] = !window->outbox_free(p);
+          actions.apply.clear();  // what would be applied is lost with the rest
+        }
     }
     if (topo.unit_size > 1) {
       auto words = actions.encode(P);
       mpi::broadcast_patient(words, 0, topo.unit_comm);
-      actions = Actions::decode(words);
+      actions = Actions::decode(words, P);
     }
+    if (tracks_fragments)  // the work the snapshots just published carry
+      for (int p = 0; p < P; ++p)
+        if (actions.sent[p]) {
+          in_flight[p] = unsent[p];
+          unsent[p] = 0;
+        }
     if (actions.schedule_step >= 0) trainer.set_schedule_step(actions.schedule_step);
     for (const auto& [p, version] : actions.apply) {
       std::span<float> buf(incoming.data(), layout.numel(p));
@@ -220,13 +336,20 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
         for (size_t i = 0; i < buf.size(); ++i) buf[i] = alpha * packed[i] + (1 - alpha) * buf[i];
       }
       fragments.unpack(p, buf, trainer.model().parameters());
+      // The local work on this fragment since its snapshot left is overwritten (kept at α
+      // when blending): it never reaches the global model.
+      const double kept = blend ? alpha : 0.0;
+      book.discarded += (1.0 - kept) * unsent[p];
+      unsent[p] *= kept;
       c_steps[p] = c_tok[p] = 0;
       base_version[p] = applied[p] = version;
       sent_step[p] = -1;
     }
     window_wait += wait_clock.seconds();
+    book.wait += wait_clock.seconds();
     window_wall += step_clock.seconds();
 
+    Stopwatch other_clock;
     if (topo.leader && (t % config.run.log_every == 0 || actions.stop)) {
       log.write({{"event", "train"},
                  {"unit", u},
@@ -244,17 +367,32 @@ void run_learner(const Config& config, const OuterPlan& plan, const Topology& to
       window_compute = window_wait = window_loss = window_wall = 0;
       window_steps = 0;
     }
+    book.other += other_clock.seconds();
     if (actions.stop) break;
+    if (actions.crash) {
+      Stopwatch down_clock;
+      const bool back = crash_and_rejoin(actions, t);
+      book.down += down_clock.seconds();
+      if (!back) break;
+    }
   }
 
+  // Work never sent: it does not reach the global model.
+  for (int p = 0; p < P && tracks_fragments; ++p) book.discarded += unsent[p];
   if (topo.leader) {
     window->set_control(sync::kState, sync::kDone);
-    log.write({{"event", "done"}, {"unit", u}, {"step", trainer.steps_done()}, {"tokens", tokens},
-               {"elapsed_s", wall.seconds()}, {"cpu_s", process_cpu_seconds()}});
     // The syncer may still read our last snapshot: free the window only once it is done.
+    Stopwatch wait_clock;
     mpi::barrier_patient(topo.sync_comm);
     window->close();
+    book.wait += wait_clock.seconds();
   }
+  book.allocated = wall.seconds();
+  if (topo.leader)
+    log.write({{"event", "done"}, {"unit", u}, {"step", trainer.steps_done()}, {"tokens", tokens},
+               {"elapsed_s", wall.seconds()}, {"cpu_s", process_cpu_seconds()},
+               {"rejoins", rejoins}, {"time", book.to_json()}});
+  return book;
 }
 
 }  // namespace ddiloco

@@ -84,7 +84,8 @@ int run_job(const Config& config, MPI_Comm world, bool overwrite) {
     return t;
   });
   install_stop_signals();
-  run_learner(config, plan, topology, *trainer);
+  const TimeBook book = run_learner(config, plan, topology, *trainer);
+  gather_time_books(book, topology.world);  // the syncer reports them
   return 0;
 }
 

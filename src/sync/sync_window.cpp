@@ -1,7 +1,9 @@
 #include "ddiloco/sync_window.hpp"
 
 #include <atomic>
+#include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "ddiloco/error.hpp"
 #include "ddiloco/mpi.hpp"
@@ -128,6 +130,14 @@ bool LearnerWindow::take_inbox(int p, std::span<float> out) {
   return true;
 }
 
+void LearnerWindow::lose_outboxes() {
+  for (int p = 0; p < layout_->fragments(); ++p) {
+    auto* data = reinterpret_cast<float*>(base_ + layout_->outbox_offset(p));
+    std::fill(data, data + layout_->numel(p), std::numeric_limits<float>::quiet_NaN());
+  }
+  MPI_Win_sync(win_);
+}
+
 // ---------------------------------------------------------------------------- syncer side
 
 SyncerWindow::SyncerWindow(MPI_Comm sync_comm, const WindowLayout& layout, int units)
@@ -225,6 +235,10 @@ void SyncerWindow::set_global_version(int u, int64_t version) {
 
 void SyncerWindow::set_job_tokens(int u, int64_t tokens) {
   put_word(u, kJobTokens * sizeof(int64_t), tokens);
+}
+
+void SyncerWindow::set_control(int u, Control word, int64_t value) {
+  put_word(u, static_cast<size_t>(word) * sizeof(int64_t), value);
 }
 
 }  // namespace ddiloco::sync

@@ -11,8 +11,10 @@
 
 #include <omp.h>
 
+#include "ddiloco/chaos.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/fragments.hpp"
+#include "ddiloco/goodput.hpp"
 #include "ddiloco/grace.hpp"
 #include "ddiloco/merge.hpp"
 #include "ddiloco/metrics.hpp"
@@ -38,6 +40,8 @@ struct Slot {
   sync::SnapshotMeta meta;            // ... its counters
   std::vector<float> data;            // ... its values
   int64_t delivered = 0;              // last version written to the unit's inbox
+  double arrives_at = 0;              // degraded link: the snapshot counts from then on
+  double deliver_at = -1;             // degraded link: the next delivery lands then (−1: none)
 };
 
 struct Round {
@@ -78,6 +82,12 @@ class Syncer {
       history_.resize(P);
       for (int p = 0; p < P; ++p) history_[p].emplace(0, theta_[p]);
     }
+    heartbeat_.assign(M_, -1);
+    heard_at_.assign(M_, 0.0);
+    silent_.assign(M_, false);
+    rejoin_served_.assign(M_, 0);
+    schedule_ = chaos::Schedule::from_config(config.chaos, M_);
+    for (int u = 0; u < M_; ++u) links_.emplace_back(schedule_, u);
     for (int u = 0; u < M_; ++u) budget_ += config.train.steps * tokens_per_step(u);
   }
 
@@ -102,6 +112,22 @@ class Syncer {
                              : 1;
   }
   bool unit_done(int u) const { return headers_[u].control(sync::kState) == sync::kDone; }
+  // Alive and heard from within the heartbeat timeout: may be part of a quorum.
+  bool unit_live(int u) const { return !unit_done(u) && !silent_[u]; }
+  // Link degradation (chaos): a transfer of `bytes` to or from unit u takes this much longer
+  // than on its nominal link of chaos.link_mbps. The syncer does not wait it out: the
+  // snapshot counts, or the merged fragment lands, only once it is over.
+  double link_delay_s(int u, size_t bytes) const {
+    const double factor = links_[u].link_factor_at(now());
+    if (factor >= 1.0) return 0.0;
+    return static_cast<double>(bytes) * (1.0 / factor - 1.0) / (config_.chaos.link_mbps * 1e6);
+  }
+  // The mode's nominal time between two updates of the global model: H/P inner steps (one
+  // step in ddp, where every step updates it) at the units' median step time.
+  double nominal_period() const {
+    return (plan_.outer_steps ? static_cast<double>(plan_.h) / fragments_.size() : 1.0) *
+           median_step_s_;
+  }
 
   bool collect();                  // reads new snapshots; true if any
   bool merge_ready_fragments();    // true if any merge happened
@@ -114,6 +140,8 @@ class Syncer {
   void publish_progress(int64_t tokens);
   double merge_share(const std::vector<int>& units) const;
   void prune_history(int p);
+  void watch_liveness();
+  void serve_rejoins();
 
   const Config& config_;
   const OuterPlan plan_;
@@ -136,6 +164,15 @@ class Syncer {
   std::vector<std::map<int64_t, std::vector<float>>> history_;
   std::vector<Round> rounds_;
   std::vector<sync::UnitHeaders> headers_;     // last poll
+  std::vector<int64_t> heartbeat_;             // last heartbeat seen per unit
+  std::vector<double> heard_at_;               // ... when it last moved (s since start)
+  std::vector<bool> silent_;                   // heartbeat older than the timeout
+  std::vector<int64_t> rejoin_served_;
+  chaos::Schedule schedule_;
+  std::vector<chaos::UnitTimeline> links_;     // per unit, for link degradations
+  GlobalDowntime downtime_;
+  int64_t ddp_steps_seen_ = 0;
+  double median_step_s_ = 0;
   int64_t budget_ = 0;
   int64_t progress_sent_ = 0;  // job tokens last written to the units
   int64_t next_eval_ = 0;
@@ -188,6 +225,7 @@ bool Syncer::collect() {
       }
       if (s.fresh) ++superseded_;  // a newer snapshot replaces one not merged yet
       s.fresh = true;
+      s.arrives_at = now() + link_delay_s(u, s.data.size() * sizeof(float));
       s.meta = meta;
       window_.ack(u, p, seq);
       s.acked = seq;
@@ -200,11 +238,53 @@ bool Syncer::collect() {
 void Syncer::observe_step_times() {
   std::vector<double> steps;
   for (int u = 0; u < M_; ++u)
-    if (!unit_done(u) && headers_[u].control(sync::kStepTimeNs) > 0)
+    if (unit_live(u) && headers_[u].control(sync::kStepTimeNs) > 0)
       steps.push_back(headers_[u].control(sync::kStepTimeNs) * 1e-9);
   if (steps.empty()) return;
   std::sort(steps.begin(), steps.end());
-  grace_.observe_steps(steps.back(), steps[steps.size() / 2]);
+  median_step_s_ = steps[steps.size() / 2];
+  grace_.observe_steps(steps.back(), median_step_s_);
+}
+
+void Syncer::watch_liveness() {
+  for (int u = 0; u < M_; ++u) {
+    if (unit_done(u)) continue;
+    const int64_t beat = headers_[u].control(sync::kHeartbeat);
+    if (beat != heartbeat_[u]) {
+      heartbeat_[u] = beat;
+      heard_at_[u] = now();
+      if (silent_[u]) {
+        silent_[u] = false;
+        log_.write({{"event", "unit_back"}, {"unit", u}, {"tokens", tokens_total()},
+                    {"elapsed_s", now()}});
+      }
+    } else if (!silent_[u] && now() - heard_at_[u] > config_.syncer.heartbeat_timeout_s) {
+      silent_[u] = true;
+      log_.write({{"event", "unit_silent"}, {"unit", u}, {"last_heard_s", heard_at_[u]},
+                  {"tokens", tokens_total()}, {"elapsed_s", now()}});
+    }
+  }
+}
+
+// A unit back from a crash asks for Θ: every fragment goes into its inbox at the current
+// version, whatever it held (it discarded its state and reads nothing until served).
+void Syncer::serve_rejoins() {
+  if (!plan_.outer_steps) return;
+  for (int u = 0; u < M_; ++u) {
+    const int64_t request = headers_[u].control(sync::kRejoinRequest);
+    if (request <= rejoin_served_[u] || unit_done(u)) continue;
+    const double start = now();
+    const uint64_t before = window_.bytes_written();
+    for (int p = 0; p < fragments_.size(); ++p) {
+      window_.deliver(u, p, version_[p], theta_[p]);
+      slots_[u][p].delivered = version_[p];
+    }
+    window_.set_control(u, sync::kRejoinServed, request);
+    rejoin_served_[u] = request;
+    log_.write({{"event", "rejoin"}, {"unit", u}, {"request", request}, {"versions", version_},
+                {"bytes_out", window_.bytes_written() - before}, {"serve_s", now() - start},
+                {"tokens", tokens_total()}, {"elapsed_s", now()}});
+  }
 }
 
 // Decoupled: every unit's learning-rate schedule follows the job's progress (tokens of all
@@ -231,11 +311,14 @@ bool Syncer::merge_ready_fragments() {
   }
   bool any = false;
   int live = 0;
-  for (int u = 0; u < M_; ++u) live += !unit_done(u);
+  for (int u = 0; u < M_; ++u) live += unit_live(u);
   for (int p = 0; p < fragments_.size(); ++p) {
+    // A silent unit is out of every quorum until it reports again; its last snapshot waits.
     std::vector<int> fresh;
     for (int u = 0; u < M_; ++u)
-      if (slots_[u][p].fresh) fresh.push_back(u);
+      if (slots_[u][p].fresh && (!silent_[u] || stopping_) &&
+          (slots_[u][p].arrives_at <= now() || stopping_))
+        fresh.push_back(u);
     // Synchronous modes need every unit; decoupled needs K (fewer if fewer are still alive).
     // Once the job is ending, whatever was published is merged: that is the final flush.
     int needed = plan_.mode == Mode::decoupled ? std::min(plan_.quorum, std::max(live, 1)) : M_;
@@ -271,7 +354,16 @@ void Syncer::merge(int p, const std::vector<int>& units) {
     bytes_in += s.data.size() * sizeof(float);
   }
   for (int u = 0; u < M_; ++u) weights.push_back(w[u]);
-  for (int u : units) staleness.push_back(version_[p] - slots_[u][p].meta.base_version);
+  nlohmann::json base_versions = nlohmann::json::array(), steps = nlohmann::json::array(),
+                 tokens = nlohmann::json::array(), at_steps = nlohmann::json::array();
+  for (int u : units) {
+    const Slot& s = slots_[u][p];
+    staleness.push_back(version_[p] - s.meta.base_version);
+    base_versions.push_back(s.meta.base_version);
+    steps.push_back(s.meta.c_steps);
+    tokens.push_back(s.meta.c_tok);
+    at_steps.push_back(s.meta.step);
+  }
   const double share = config_.outer.share_steps ? merge_share(units) : 1.0;
   const bool merged = outer_.step(p, theta_[p], contributions, share);
   for (int u : units) slots_[u][p].fresh = false;
@@ -282,6 +374,7 @@ void Syncer::merge(int p, const std::vector<int>& units) {
     history_[p].emplace(version_[p], theta_[p]);
     prune_history(p);
   }
+  downtime_.update(now(), nominal_period());
   const uint64_t bytes_out_before = window_.bytes_written();
   deliver_pending();
   for (int u = 0; u < M_; ++u)
@@ -296,6 +389,10 @@ void Syncer::merge(int p, const std::vector<int>& units) {
               {"weights", weights},
               {"staleness", staleness},
               {"share", share},
+              {"base_versions", base_versions},
+              {"inner_steps", steps},
+              {"inner_tokens", tokens},
+              {"at_steps", at_steps},
               {"quorum_wait_s", round.quorum_at - round.first_at},
               {"grace_wait_s", start - round.quorum_at},
               {"grace_window_s", plan_.mode == Mode::decoupled ? grace_.seconds() : 0.0},
@@ -306,25 +403,28 @@ void Syncer::merge(int p, const std::vector<int>& units) {
               {"elapsed_s", now()}});
 }
 
-// The merged units' share of the tokens per step of every unit still training (and of the
-// merged ones, which may have just finished): a merge of k of M equal units is k/M of a round.
+// The merged units' share of the tokens per step of every live unit (and of the merged ones,
+// which may have just finished): a merge of k of M equal units is k/M of a round; a crashed or
+// silent unit is not part of the round.
 double Syncer::merge_share(const std::vector<int>& units) const {
   double merged = 0, all = 0;
   for (int u = 0; u < M_; ++u) {
     const bool in = std::find(units.begin(), units.end(), u) != units.end();
     if (in) merged += static_cast<double>(tokens_per_step(u));
-    if (in || !unit_done(u)) all += static_cast<double>(tokens_per_step(u));
+    if (in || unit_live(u)) all += static_cast<double>(tokens_per_step(u));
   }
   return all > 0 ? std::min(1.0, merged / all) : 1.0;
 }
 
 // A unit's next snapshot is measured from the version it applies next, never an older one than
-// its last snapshot's base; a unit that finished still counts while its last snapshot waits.
+// its last snapshot's base; a unit that finished still counts while its last snapshot waits. A
+// silent unit holds nothing (it rejoins from the current Θ; a slow one whose snapshot comes
+// back from a dropped base sees it refused and logged).
 void Syncer::prune_history(int p) {
   int64_t oldest = version_[p];
   for (int u = 0; u < M_; ++u) {
     const Slot& s = slots_[u][p];
-    if (!unit_done(u) || s.fresh) oldest = std::min(oldest, s.meta.base_version);
+    if (unit_live(u) || s.fresh) oldest = std::min(oldest, s.meta.base_version);
   }
   auto& h = history_[p];
   h.erase(h.begin(), h.lower_bound(oldest));
@@ -333,12 +433,15 @@ void Syncer::prune_history(int p) {
 bool Syncer::deliver_pending() {
   bool any = false;
   for (int u = 0; u < M_; ++u) {
-    if (unit_done(u) || !plan_.outer_steps) continue;
+    if (!unit_live(u) || !plan_.outer_steps) continue;
     for (int p = 0; p < fragments_.size(); ++p) {
       Slot& s = slots_[u][p];
       if (s.delivered >= version_[p]) continue;
       // Flow control: the unit must have taken what we delivered before.
       if (headers_[u].header(p, sync::kInAck) != s.delivered) continue;
+      if (s.deliver_at < 0) s.deliver_at = now() + link_delay_s(u, theta_[p].size() * sizeof(float));
+      if (now() < s.deliver_at) continue;  // still on its way over a degraded link
+      s.deliver_at = -1;
       window_.deliver(u, p, version_[p], theta_[p]);
       s.delivered = version_[p];
       any = true;
@@ -399,12 +502,37 @@ int Syncer::run() {
   std::printf("syncer: mode %s, %d units, P=%d fragments, H=%d, tau=%d, K=%d, budget %.2fM tokens\n",
               mode_name(plan_.mode), M_, fragments_.size(), plan_.h, plan_.overlap, plan_.quorum,
               budget_ / 1e6);
+  if (config_.chaos.enabled()) {
+    // The schedule replays exactly with chaos.schedule_file: RUN/chaos_schedule.yaml.
+    write_text_atomically(dir / "chaos_schedule.yaml", schedule_.to_yaml());
+    int64_t crashes = 0, slow = 0, link = 0;
+    for (const auto& f : schedule_.faults) {
+      crashes += f.kind == chaos::FaultKind::crash;
+      slow += f.kind == chaos::FaultKind::slow;
+      link += f.kind == chaos::FaultKind::link;
+    }
+    log_.write({{"event", "chaos"}, {"crashes", crashes}, {"slow_episodes", slow},
+                {"link_episodes", link}, {"schedule", (dir / "chaos_schedule.yaml").string()},
+                {"tokens", 0}, {"elapsed_s", 0.0}});
+    std::printf("chaos: %lld crashes, %lld straggler episodes, %lld link degradations scheduled "
+                "(%s)\n",
+                static_cast<long long>(crashes), static_cast<long long>(slow),
+                static_cast<long long>(link), (dir / "chaos_schedule.yaml").c_str());
+  }
   std::fflush(stdout);
+  mpi::barrier_patient(topo_.world);  // time zero of the fault schedule, on every rank
+  wall_.restart();
 
   mpi::Backoff backoff(config_.syncer.poll_max_us);
   for (;;) {
     window_.poll(headers_);
+    watch_liveness();
     observe_step_times();
+    serve_rejoins();
+    if (!plan_.outer_steps && headers_[0].control(sync::kStepsDone) > ddp_steps_seen_) {
+      ddp_steps_seen_ = headers_[0].control(sync::kStepsDone);  // ddp: Θ moved a step
+      downtime_.update(now(), nominal_period());
+    }
     const int64_t tokens = tokens_total();
     const int signal = stop_signal();
     if (!stopping_ && (signal != 0 || (plan_.mode == Mode::decoupled && tokens >= budget_))) {
@@ -442,6 +570,18 @@ int Syncer::run() {
   mpi::barrier_patient(topo_.sync_comm);  // the learners free their windows after this
   const uint64_t bytes_read = window_.bytes_read(), bytes_written = window_.bytes_written();
   window_.close();
+  const std::vector<TimeBook> books = gather_time_books(TimeBook{}, topo_.world);
+  const double global_downtime = downtime_.finish(train_end, nominal_period());
+  TimeBook learners;
+  double worst_booking = 0;
+  for (size_t r = 1; r < books.size(); ++r) {
+    learners += books[r];
+    worst_booking = std::max(worst_booking, std::abs(books[r].booked() - books[r].allocated) /
+                                                std::max(books[r].allocated, 1e-9));
+    nlohmann::json e = {{"event", "goodput"}, {"rank", r}, {"elapsed_s", now()}};
+    e.update(books[r].to_json());
+    log_.write(e);
+  }
 
   // Final global evaluation of Θ, then the model file.
   const std::vector<float> flat = flat_theta();
@@ -478,12 +618,24 @@ int Syncer::run() {
               {"snapshots_superseded", superseded_},
               {"interrupted", interrupted_by_ != 0},
               {"syncer_cpu_s", process_cpu_seconds()},
+              // Over the learner ranks: useful compute ÷ allocated rank-time.
+              {"goodput", learners.goodput()},
+              {"time", learners.to_json()},
+              {"booking_error_max", worst_booking},
+              {"global_downtime_s", global_downtime},
+              {"downtime_episodes", downtime_.episodes()},
+              {"longest_update_gap_s", downtime_.longest_gap_s()},
+              {"rejoins", std::accumulate(rejoin_served_.begin(), rejoin_served_.end(), int64_t{0})},
               {"model", model_path.string()}});
   std::printf("%s: mode %s, %.2fM tokens in %.1fs (%.0f tokens/s), %lld merges, %.1f MB across "
               "units, final global val_loss %.4f; model saved to %s\n",
               interrupted_by_ != 0 ? "interrupted" : "done", mode_name(plan_.mode), tokens / 1e6,
               train_end, tokens / train_end, static_cast<long long>(total_merges()), bytes / 1e6,
               val_loss, model_path.c_str());
+  std::printf("goodput %.1f%% (learner rank-time %.0fs: compute %.0fs of which discarded %.0fs, "
+              "waiting %.0fs, down %.0fs, other %.0fs); global downtime %.1fs\n",
+              100 * learners.goodput(), learners.allocated, learners.compute, learners.discarded,
+              learners.wait, learners.down, learners.other, global_downtime);
   std::fflush(stdout);
   return interrupted_by_;
 }

@@ -341,6 +341,10 @@ const std::vector<Entry>& entries() {
                     positive<int>()),
       DDILOCO_FIELD(int, "syncer.poll_max_us", syncer.poll_max_us,
                     "longest sleep between polls when idle, microseconds", positive<int>()),
+      DDILOCO_FIELD(double, "syncer.heartbeat_timeout_s", syncer.heartbeat_timeout_s,
+                    "a unit whose heartbeat has not moved for this long, seconds, is out of "
+                    "every quorum until it reports again",
+                    positive<double>()),
       // chaos (fault injection)
       DDILOCO_FIELD(int64_t, "chaos.seed", chaos.seed, "seed of the fault schedule"),
       DDILOCO_FIELD(double, "chaos.horizon_s", chaos.horizon_s,
@@ -371,6 +375,10 @@ const std::vector<Entry>& entries() {
       DDILOCO_FIELD(double, "chaos.link_factor", chaos.link_factor,
                     "fraction of the link's bandwidth left during a degradation",
                     in_range(0, 1, true, false)),
+      DDILOCO_FIELD(double, "chaos.link_mbps", chaos.link_mbps,
+                    "nominal unit-syncer bandwidth, MB/s: a degraded link (factor f) delays each "
+                    "transfer by bytes·(1/f − 1)/bandwidth",
+                    positive<double>()),
       DDILOCO_FIELD(std::string, "chaos.schedule_file", chaos.schedule_file,
                     "YAML fault schedule to replay instead of drawing one (see "
                     "chaos_schedule.yaml in a run directory)"),

@@ -9,6 +9,7 @@
 #include "ddiloco/chaos.hpp"
 #include "ddiloco/config.hpp"
 #include "ddiloco/error.hpp"
+#include "ddiloco/goodput.hpp"
 
 namespace ddiloco::chaos {
 namespace {
@@ -166,3 +167,42 @@ TEST(ChaosConfig, ValidatedWithTheRest) {
 
 }  // namespace
 }  // namespace ddiloco::chaos
+
+namespace ddiloco {
+namespace {
+
+TEST(GlobalDowntime, CountsOnlyGapsLongerThanTwiceTheNominalPeriodAfterTheFirstUpdate) {
+  GlobalDowntime d(2.0);
+  d.update(10.0, 1.0);  // the first round (0 → 10 s) is start-up, not downtime
+  d.update(11.0, 1.0);
+  d.update(12.9, 1.0);  // 1.9 s ≤ 2 × 1 s
+  d.update(20.0, 1.0);  // 7.1 s: down
+  d.update(21.0, 0.0);  // nominal unknown: not counted
+  EXPECT_DOUBLE_EQ(d.seconds(), 7.1);
+  EXPECT_DOUBLE_EQ(d.finish(26.0, 2.0), 7.1 + 5.0);  // the tail after the last update
+  EXPECT_EQ(d.episodes(), 2);
+  EXPECT_DOUBLE_EQ(d.longest_gap_s(), 7.1);
+}
+
+TEST(TimeBook, GoodputIsUsefulOverAllocatedAndSurvivesTheWire) {
+  TimeBook b;
+  b.compute = 80;
+  b.discarded = 8;
+  b.wait = 10;
+  b.down = 5;
+  b.other = 5;
+  b.allocated = 100;
+  EXPECT_DOUBLE_EQ(b.useful(), 72);
+  EXPECT_DOUBLE_EQ(b.booked(), 100);
+  EXPECT_DOUBLE_EQ(b.goodput(), 0.72);
+  const auto v = b.to_vector();
+  ASSERT_EQ(v.size(), static_cast<size_t>(TimeBook::kFields));
+  const TimeBook c = TimeBook::from_vector(v.data());
+  EXPECT_EQ(c.to_json(), b.to_json());
+  TimeBook sum = b;
+  sum += c;
+  EXPECT_DOUBLE_EQ(sum.goodput(), 0.72);
+}
+
+}  // namespace
+}  // namespace ddiloco

@@ -1,0 +1,162 @@
+#!/usr/bin/python3
+"""ddp, diloco and decoupled under one fault schedule and one token budget, side by side.
+
+    /usr/bin/python3 scripts/chaos_compare.py [--config configs/kjv_decoupled.yaml]
+        [--modes ddp,diloco,decoupled] [--schedule FILE | chaos keys via --set]
+        [--baseline] [--set key=value ...] [--out runs/chaos]
+
+The fault schedule is drawn once from the config's `chaos:` keys (or read from --schedule),
+written to OUT/chaos_schedule.yaml, and replayed in every mode (chaos.schedule_file), so every
+mode meets the same crashes, straggler episodes and link degradations at the same wall-clock
+times. --baseline adds a failure-free `decoupled` run. Prints one table — goodput, global
+downtime, wall time, final global validation loss, tokens processed, rejoins — writes it as
+Markdown and JSON, and draws OUT/timeline.png: per mode, each unit's up/down/slow intervals
+and the outer updates, from the JSON lines. Needs build/ddiloco and Debian's
+python3-matplotlib and python3-yaml.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare_modes  # noqa: E402  (same directory)
+
+ROOT = compare_modes.ROOT
+DDILOCO = compare_modes.DDILOCO
+
+
+def draw_schedule(config, sets, out_path):
+    """The schedule the config's chaos keys draw, through a syncer-free `ddiloco chaos` call."""
+    cmd = [DDILOCO, "chaos", "--config", config, "--out", out_path] + [a for s in sets for a in ("--set", s)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(r.stderr.strip())
+    print(r.stdout.strip())
+
+
+def summarise(run_dir, row):
+    events = compare_modes.read_events(os.path.join(run_dir, "metrics.jsonl"))
+    done = [e for e in events if e["event"] == "done"][-1]
+    row.update(goodput=done["goodput"], downtime_s=done["global_downtime_s"],
+               downtime_episodes=done["downtime_episodes"], rejoins=done.get("rejoins", 0),
+               time=done["time"], booking_error=done["booking_error_max"])
+    return row
+
+
+def table(rows):
+    head = ("| run | goodput | global downtime (s) | wall time (s) | final global val loss | "
+            "tokens | rejoins | compute / discarded / waiting / down (rank-s) |")
+    lines = [head, "|" + "---|" * 8]
+    for r in rows:
+        t = r["time"]
+        lines.append(f"| {r['label']} | {100 * r['goodput']:.1f} % | {r['downtime_s']:.1f} | "
+                     f"{r['train_s']:.1f} | {r['val_loss']:.4f} | {r['tokens']:,} | {r['rejoins']} | "
+                     f"{t['compute_s']:.0f} / {t['discarded_s']:.0f} / {t['wait_s']:.0f} / "
+                     f"{t['down_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def timeline(rows, schedule, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import yaml
+
+    faults = yaml.safe_load(open(schedule))["faults"] or []
+    fig, axes = plt.subplots(len(rows), 1, figsize=(11, 1.0 + 1.3 * len(rows)), squeeze=False)
+    for ax, r in zip(axes[:, 0], rows):
+        units = r["units"]
+        end = r["train_s"]
+        for u in range(units):
+            ax.broken_barh([(0, end)], (u - 0.35, 0.7), color="#cfe8cf")
+            ev = compare_modes.read_events(os.path.join(r["dir"], f"unit_{u}.jsonl"))
+            crashes = [e for e in ev if e["event"] == "crash"]
+            rejoins = [e for e in ev if e["event"] == "rejoin"]
+            for i, c in enumerate(crashes):
+                back = rejoins[i]["elapsed_s"] if i < len(rejoins) else end
+                ax.broken_barh([(c["elapsed_s"], back - c["elapsed_s"])], (u - 0.35, 0.7),
+                               color="#e06666")
+            if r["chaos"]:
+                for f in faults:
+                    if f["unit"] == u and f["kind"] in ("slow", "link") and f["start_s"] < end:
+                        ax.broken_barh([(f["start_s"], min(f["duration_s"], end - f["start_s"]))],
+                                       (u - 0.35, 0.25 if f["kind"] == "link" else 0.7),
+                                       color="#f6b26b" if f["kind"] == "slow" else "#6fa8dc")
+        merges = [e["elapsed_s"] for e in compare_modes.read_events(os.path.join(r["dir"], "metrics.jsonl"))
+                  if e["event"] == "merge"]
+        if r["mode"] == "ddp":  # every step updates the model: show unit 0's logged steps
+            merges = [e["elapsed_s"] for e in compare_modes.read_events(os.path.join(r["dir"], "unit_0.jsonl"))
+                      if e["event"] == "train"]
+        ax.vlines(merges, units - 0.4, units + 0.4, color="black", lw=0.6)
+        ax.set_yticks(list(range(units)) + [units])
+        ax.set_yticklabels([f"unit {u}" for u in range(units)] + ["updates"])
+        ax.set_xlim(0, max(x["train_s"] for x in rows))
+        ax.set_title(f"{r['label']}: goodput {100 * r['goodput']:.1f} %, global downtime "
+                     f"{r['downtime_s']:.0f} s", fontsize=9)
+    axes[-1, 0].set_xlabel("wall time (s); green up, red down, orange slow, blue degraded link")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "kjv_decoupled.yaml"))
+    ap.add_argument("--modes", default="ddp,diloco,decoupled")
+    ap.add_argument("--schedule", help="fault schedule file to replay (else drawn from chaos keys)")
+    ap.add_argument("--baseline", action="store_true", help="also run decoupled without faults")
+    ap.add_argument("--set", action="append", default=[], help="key=value for every run")
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "chaos"))
+    args = ap.parse_args()
+    if not os.access(DDILOCO, os.X_OK):
+        sys.exit(f"chaos_compare: {DDILOCO} not found; run scripts/build.sh first")
+    os.makedirs(args.out, exist_ok=True)
+    schedule = os.path.abspath(os.path.join(args.out, "chaos_schedule.yaml"))
+    if args.schedule:
+        with open(args.schedule) as src, open(schedule, "w") as dst:
+            dst.write(src.read())
+    else:
+        draw_schedule(args.config, args.set, schedule)
+    runs = [(m, m, True) for m in args.modes.split(",") if m]
+    if args.baseline:
+        runs.append(("decoupled", "decoupled, no faults", False))
+    rows = []
+    for mode, label, chaos in runs:
+        sets = [s for s in args.set if chaos or not s.startswith("chaos.")]
+        sets += [f"chaos.schedule_file={schedule}"] if chaos else ["chaos.crash_mtbf_s=0",
+                                                                   "chaos.slow_mtbf_s=0",
+                                                                   "chaos.link_mtbf_s=0"]
+        run_dir = os.path.join(args.out, label.replace(", ", "_").replace(" ", "_"))
+        sub = argparse.Namespace(config=args.config, set=sets)
+        row = compare_modes.run_mode(mode, sub, run_dir)
+        cfg = compare_modes.effective_config(args.config, sets + [f"mode={mode}"])
+        row.update(label=label, dir=run_dir, chaos=chaos, units=cfg["units"]["count"])
+        rows.append(summarise(run_dir, row))
+        print(table(rows[-1:]).splitlines()[-1], flush=True)
+    text = table(rows)
+    notes = []
+    base = [r for r in rows if not r["chaos"]]
+    for r in rows:
+        if base and r["chaos"] and r["mode"] == "decoupled":
+            notes.append(f"decoupled under faults vs without: val loss "
+                         f"{r['val_loss'] / base[0]['val_loss']:.4f}x, wall time "
+                         f"{r['train_s'] / base[0]['train_s']:.3f}x")
+    notes.append("worst booking error (|booked − allocated| ÷ allocated, any rank): "
+                 + ", ".join(f"{r['label']} {100 * r['booking_error']:.2f} %" for r in rows))
+    title = f"faults from {os.path.relpath(schedule, ROOT)} on {os.path.basename(args.config)}"
+    print("\n" + title + "\n" + text + "\n" + "\n".join(notes))
+    with open(os.path.join(args.out, "summary.md"), "w") as f:
+        f.write(title + "\n\n" + text + "\n\n" + "\n".join(notes) + "\n")
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump({"config": args.config, "sets": args.set, "rows": rows}, f, indent=1)
+    try:
+        timeline(rows, schedule, os.path.join(args.out, "timeline.png"))
+        print(f"chaos_compare: wrote {args.out}/summary.md, summary.json, timeline.png")
+    except ImportError:
+        print("chaos_compare: matplotlib missing: no timeline (scripts/install_deps.sh installs it)")
+
+
+if __name__ == "__main__":
+    main()
