@@ -131,8 +131,8 @@ def main():
         run_dir = os.path.join(args.out, label.replace(", ", "_").replace(" ", "_"))
         sub = argparse.Namespace(config=args.config, set=sets)
         row = compare_modes.run_mode(mode, sub, run_dir)
-        cfg = compare_modes.effective_config(args.config, sets + [f"mode={mode}"])
-        row.update(label=label, dir=run_dir, chaos=chaos, units=cfg["units"]["count"])
+        start = compare_modes.read_events(os.path.join(run_dir, "metrics.jsonl"))[0]
+        row.update(label=label, dir=run_dir, chaos=chaos, units=start["units"])
         rows.append(summarise(run_dir, row))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     text = table(rows)
