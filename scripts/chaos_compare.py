@@ -39,8 +39,11 @@ def draw_schedule(config, sets, out_path):
 def summarise(run_dir, row):
     events = compare_modes.read_events(os.path.join(run_dir, "metrics.jsonl"))
     done = [e for e in events if e["event"] == "done"][-1]
+    # Rejoins as the units logged them (in ddp no syncer serves them).
+    rejoins = sum(e["event"] == "rejoin" for u in range(row["units"])
+                  for e in compare_modes.read_events(os.path.join(run_dir, f"unit_{u}.jsonl")))
     row.update(goodput=done["goodput"], downtime_s=done["global_downtime_s"],
-               downtime_episodes=done["downtime_episodes"], rejoins=done.get("rejoins", 0),
+               downtime_episodes=done["downtime_episodes"], rejoins=rejoins,
                time=done["time"], booking_error=done["booking_error_max"])
     return row
 
@@ -115,8 +118,10 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     schedule = os.path.abspath(os.path.join(args.out, "chaos_schedule.yaml"))
     if args.schedule:
-        with open(args.schedule) as src, open(schedule, "w") as dst:
-            dst.write(src.read())
+        with open(args.schedule) as src:  # read first: it may be the copy from an earlier run
+            text = src.read()
+        with open(schedule, "w") as dst:
+            dst.write(text)
     else:
         draw_schedule(args.config, args.set, schedule)
     runs = [(m, m, True) for m in args.modes.split(",") if m]
@@ -125,7 +130,8 @@ def main():
     rows = []
     for mode, label, chaos in runs:
         sets = [s for s in args.set if chaos or not s.startswith("chaos.")]
-        sets += [f"chaos.schedule_file={schedule}"] if chaos else ["chaos.crash_mtbf_s=0",
+        sets += [f"chaos.schedule_file={schedule}"] if chaos else ["chaos.schedule_file=",
+                                                                   "chaos.crash_mtbf_s=0",
                                                                    "chaos.slow_mtbf_s=0",
                                                                    "chaos.link_mtbf_s=0"]
         run_dir = os.path.join(args.out, label.replace(", ", "_").replace(" ", "_"))

@@ -82,6 +82,8 @@ class UnitTimeline {
   /// A crash whose start was passed while the unit was down (impossible in a generated
   /// schedule) is still returned, once.
   const Fault* crash_due(double now_s);
+  /// Is a crash due at `now_s` (without taking it)? Lets a unit that is waiting crash on time.
+  bool crash_pending(double now_s) const;
 
   /// Inner-step slow-down at `now_s`: the largest factor of the slow episodes active then,
   /// 1 when none.

@@ -87,7 +87,7 @@ struct SyncerConfig {
   double grace_cap_steps = 1.0; ///< grace window cap, in (median) inner-step times
   int eval_every = 2;           ///< outer rounds (H inner steps) between global evaluations
   int poll_max_us = 1000;       ///< longest sleep between polls when nothing happens
-  double heartbeat_timeout_s = 5;  ///< a unit silent this long is out of every quorum
+  double heartbeat_timeout_s = 5;  ///< silent this long (or 3 of its steps) → out of quorums
 };
 
 /// Fault injection (include/ddiloco/chaos.hpp has the model). Off unless a rate is > 0 or a

@@ -37,7 +37,7 @@ namespace ddiloco::sync {
 
 /// int64 words of a unit's control block.
 enum Control : int {
-  kHeartbeat = 0,   ///< learner: +1 every inner step
+  kHeartbeat = 0,   ///< learner: moves every inner step and while waiting; still when down
   kStepsDone,       ///< learner: inner steps completed
   kTokensDone,      ///< learner: tokens processed by the whole unit
   kState,           ///< learner: UnitState
@@ -120,7 +120,9 @@ class LearnerWindow {
 
   /// Crash emulation: the unit's memory is gone, so its outboxes now hold garbage (NaN) —
   /// what the syncer would read from a host that lost its state mid-transfer. Sequence
-  /// numbers are left as they are; the checksum check refuses what the syncer reads.
+  /// numbers are left as they are; the checksum check refuses what the syncer reads. Every
+  /// inbox acknowledgement becomes −1 (nothing taken), so that the syncer delivers nothing
+  /// more until the unit has taken the Θ served at its rejoin.
   void lose_outboxes();
 
  private:

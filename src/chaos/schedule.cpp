@@ -135,7 +135,10 @@ Schedule Schedule::load(const std::string& path, int units) {
     f.start_s = number("start_s", true, 0);
     if (f.start_s < 0) fail("{}.start_s: must be ≥ 0, got {}", where, f.start_s);
     f.duration_s = number("duration_s", true, 0);
-    if (f.duration_s <= 0) fail("{}.duration_s: must be > 0, got {}", where, f.duration_s);
+    // A crash may restart at once (down 0 s: what chaos.down_max_s = 0 draws); an episode
+    // of slowness or a degraded link lasts.
+    if (f.duration_s < 0 || (f.duration_s == 0 && f.kind != FaultKind::crash))
+      fail("{}.duration_s: must be > 0 (≥ 0 for a crash), got {}", where, f.duration_s);
     f.factor = number("factor", f.kind != FaultKind::crash, 1.0);
     if (f.kind == FaultKind::slow && f.factor < 1)
       fail("{}.factor: a slow-down must be ≥ 1, got {}", where, f.factor);
@@ -194,6 +197,10 @@ const Fault* UnitTimeline::crash_due(double now_s) {
   if (next_crash_ < crashes_.size() && crashes_[next_crash_].start_s <= now_s)
     return &crashes_[next_crash_++];
   return nullptr;
+}
+
+bool UnitTimeline::crash_pending(double now_s) const {
+  return next_crash_ < crashes_.size() && crashes_[next_crash_].start_s <= now_s;
 }
 
 double UnitTimeline::slowdown_at(double now_s) const {

@@ -160,6 +160,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   // on their own data streams from where they were. Returns false when told to stop while
   // down. ddp keeps the replica: on a synchronous job a returning replica is copied from a
   // peer's identical one, which we do not move; everyone waits for it all the same.
+  double crash_late_s = 0;  // leader: how long after its scheduled start the crash took effect
   auto crash_and_rejoin = [&](const Actions& a, int64_t t) {
     for (int p = 0; p < P && tracks_fragments; ++p) {
       book.discarded += unsent[p] + (a.lost[p] ? in_flight[p] : 0.0);
@@ -174,10 +175,13 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     if (topo.leader) {
       if (plan.outer_steps) window->lose_outboxes();
       log.write({{"event", "crash"}, {"unit", u}, {"step", t}, {"tokens", tokens},
-                 {"elapsed_s", wall.seconds()}, {"down_s", a.down_ms / 1e3},
+                 {"elapsed_s", wall.seconds()}, {"down_s", a.down_ms / 1e3}, {"late_s", crash_late_s},
                  {"lost_snapshots", std::count(a.lost.begin(), a.lost.end(), 1)}});
       const double back_at = wall.seconds() + a.down_ms / 1e3;
-      while (wall.seconds() < back_at && !stop_requested())  // down: no heartbeat
+      // ddp: the other units sit inside the gradient all-reduce waiting for this one, so it
+      // comes back whatever happens and stops with them after that step.
+      auto may_stop = [&] { return plan.outer_steps && stop_requested(); };
+      while (wall.seconds() < back_at && !may_stop())  // down: no heartbeat
         std::this_thread::sleep_for(std::chrono::duration<double>(
             std::min(0.05, std::max(0.0, back_at - wall.seconds()))));
       if (plan.outer_steps && !stop_requested()) {
@@ -185,7 +189,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
         while (window->control(sync::kRejoinServed) < rejoins && !stop_requested()) backoff.idle();
         backoff.reset();
       }
-      words[0] = stop_requested();
+      words[0] = may_stop();
       if (plan.outer_steps && !words[0])
         for (int p = 0; p < P; ++p) {
           words[1 + p] = window->inbox_version(p);
@@ -293,7 +297,9 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
           // Synchronous modes: every merge includes every unit, so the merge of our k-th
           // snapshot is version k. Decoupled with τ = 0: any merge newer than ours.
           const int64_t want = plan.mode == Mode::decoupled ? applied[p] + 1 : sends[p];
-          while (pending_version[p] < want && !stop_requested()) {
+          // A crash due meanwhile happens on time: a unit that waits can fail too.
+          while (pending_version[p] < want && !stop_requested() &&
+                 !faults.crash_pending(wall.seconds())) {
             backoff.idle();
             take(p);
             // Alive while waiting: only a crashed or hung process stops its heartbeat.
@@ -309,6 +315,9 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
       if (!actions.stop)
         if (const chaos::Fault* crash = faults.crash_due(wall.seconds())) {
           actions.crash = true;
+          // Steps and waits are not interrupted: in ddp a crash due inside the all-reduce
+          // takes effect after it, with the down-time it has left (logged as late_s).
+          crash_late_s = wall.seconds() - crash->start_s;
           actions.down_ms = static_cast<int64_t>(
               1e3 * std::max(0.0, crash->end_s() - wall.seconds()));
           for (int p = 0; p < P; ++p) actions.lost[p] = !window->outbox_free(p);

@@ -141,6 +141,8 @@ class Syncer {
   double merge_share(const std::vector<int>& units) const;
   void prune_history(int p);
   void watch_liveness();
+  double silence_after_s(int u) const;
+  void hear(int u, int64_t beat);  // alive now; back in the quorum if it was silent
   void serve_rejoins();
 
   const Config& config_;
@@ -246,19 +248,28 @@ void Syncer::observe_step_times() {
   grace_.observe_steps(steps.back(), median_step_s_);
 }
 
+// A heartbeat moves once per inner step: a unit whose steps are slow (a straggler, a large
+// model, the first step) is not silent before three of its steps have passed.
+double Syncer::silence_after_s(int u) const {
+  const double step_s = static_cast<double>(headers_[u].control(sync::kStepTimeNs)) * 1e-9;
+  return std::max(config_.syncer.heartbeat_timeout_s, 3 * step_s);
+}
+
+void Syncer::hear(int u, int64_t beat) {
+  heartbeat_[u] = beat;
+  heard_at_[u] = now();
+  if (!silent_[u]) return;
+  silent_[u] = false;
+  log_.write({{"event", "unit_back"}, {"unit", u}, {"tokens", tokens_total()}, {"elapsed_s", now()}});
+}
+
 void Syncer::watch_liveness() {
   for (int u = 0; u < M_; ++u) {
     if (unit_done(u)) continue;
     const int64_t beat = headers_[u].control(sync::kHeartbeat);
     if (beat != heartbeat_[u]) {
-      heartbeat_[u] = beat;
-      heard_at_[u] = now();
-      if (silent_[u]) {
-        silent_[u] = false;
-        log_.write({{"event", "unit_back"}, {"unit", u}, {"tokens", tokens_total()},
-                    {"elapsed_s", now()}});
-      }
-    } else if (!silent_[u] && now() - heard_at_[u] > config_.syncer.heartbeat_timeout_s) {
+      hear(u, beat);
+    } else if (!silent_[u] && now() - heard_at_[u] > silence_after_s(u)) {
       silent_[u] = true;
       log_.write({{"event", "unit_silent"}, {"unit", u}, {"last_heard_s", heard_at_[u]},
                   {"tokens", tokens_total()}, {"elapsed_s", now()}});
@@ -267,7 +278,10 @@ void Syncer::watch_liveness() {
 }
 
 // A unit back from a crash asks for Θ: every fragment goes into its inbox at the current
-// version, whatever it held (it discarded its state and reads nothing until served).
+// version, whatever it held (it discarded its state and reads nothing until served; its
+// acknowledgements read −1 until it has taken these, so no delivery overwrites them). A unit
+// that asks is alive: it is heard now, and its next outer gradients are measured from the
+// versions served, which the syncer keeps (outer.anchor: base).
 void Syncer::serve_rejoins() {
   if (!plan_.outer_steps) return;
   for (int u = 0; u < M_; ++u) {
@@ -277,10 +291,13 @@ void Syncer::serve_rejoins() {
     const uint64_t before = window_.bytes_written();
     for (int p = 0; p < fragments_.size(); ++p) {
       window_.deliver(u, p, version_[p], theta_[p]);
-      slots_[u][p].delivered = version_[p];
+      Slot& s = slots_[u][p];
+      s.delivered = version_[p];
+      if (!s.fresh) s.meta.base_version = version_[p];
     }
     window_.set_control(u, sync::kRejoinServed, request);
     rejoin_served_[u] = request;
+    hear(u, headers_[u].control(sync::kHeartbeat));
     log_.write({{"event", "rejoin"}, {"unit", u}, {"request", request}, {"versions", version_},
                 {"bytes_out", window_.bytes_written() - before}, {"serve_s", now() - start},
                 {"tokens", tokens_total()}, {"elapsed_s", now()}});

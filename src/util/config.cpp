@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "ddiloco/chaos.hpp"
 #include "ddiloco/error.hpp"
 
 namespace ddiloco {
@@ -342,8 +343,8 @@ const std::vector<Entry>& entries() {
       DDILOCO_FIELD(int, "syncer.poll_max_us", syncer.poll_max_us,
                     "longest sleep between polls when idle, microseconds", positive<int>()),
       DDILOCO_FIELD(double, "syncer.heartbeat_timeout_s", syncer.heartbeat_timeout_s,
-                    "a unit whose heartbeat has not moved for this long, seconds, is out of "
-                    "every quorum until it reports again",
+                    "a unit whose heartbeat has not moved for this long, seconds (or for three "
+                    "of its inner steps, if longer), is out of every quorum until it reports again",
                     positive<double>()),
       // chaos (fault injection)
       DDILOCO_FIELD(int64_t, "chaos.seed", chaos.seed, "seed of the fault schedule"),
@@ -551,6 +552,16 @@ void validate(const Config& c, const std::string& source) {
     if (c.chaos.enabled() && c.mode == Mode::single)
       fail("chaos: faults are injected into learner units; mode single has none (choose mode "
            "ddp, diloco, streaming or decoupled)");
+    if (c.chaos.enabled()) {
+      // Drawn or read now, so that a bad schedule file is refused before any rank starts.
+      const chaos::Schedule schedule = chaos::Schedule::from_config(c.chaos, M);
+      const bool crashes = std::any_of(schedule.faults.begin(), schedule.faults.end(),
+                                       [](const chaos::Fault& f) { return f.kind == chaos::FaultKind::crash; });
+      if (crashes && c.mode == Mode::streaming)
+        fail("chaos: crashes in mode streaming are not supported yet (a unit that crashes "
+             "between sending a fragment and applying its merge leaves the others waiting for a "
+             "merge it cannot complete); use mode diloco or decoupled, or slow and link faults only");
+    }
     if (c.debug.stall_unit >= M)
       fail("debug.stall_unit: must be < units.count = {}, got {}", M, c.debug.stall_unit);
   } catch (const Error& err) {
