@@ -105,6 +105,15 @@ TEST(ChaosSchedule, FileRoundTripIsExact) {
   const std::string path = write_file("roundtrip.yaml", a.to_yaml());
   EXPECT_EQ(Schedule::load(path, 3), a);
   std::filesystem::remove(path);
+  // Crashes with no down-time (chaos.down_max_s = 0) replay too; episodes must last.
+  ChaosConfig instant = busy_config(5);
+  instant.down_min_s = instant.down_max_s = 0;
+  const Schedule b = Schedule::generate(instant, 3);
+  const std::string zero = write_file("zero.yaml", b.to_yaml());
+  EXPECT_EQ(Schedule::load(zero, 3), b);
+  std::filesystem::remove(zero);
+  expect_error("faults:\n  - {unit: 0, kind: slow, start_s: 1, duration_s: 0, factor: 2}\n",
+               "faults[0].duration_s: must be > 0 (≥ 0 for a crash), got 0");
   const std::string empty = write_file("empty.yaml", Schedule{}.to_yaml());
   EXPECT_TRUE(Schedule::load(empty, 3).empty());
   std::filesystem::remove(empty);
@@ -142,10 +151,14 @@ TEST(ChaosTimeline, CrashesOnceEachAndEpisodeFactors) {
               {1, FaultKind::crash, 1, 1, 1},   {0, FaultKind::crash, 30, 5, 1}};
   UnitTimeline t(s, 0);
   EXPECT_EQ(t.crash_due(9.9), nullptr);
+  EXPECT_FALSE(t.crash_pending(9.9));
+  EXPECT_TRUE(t.crash_pending(10.0));  // peeking does not take it
+  EXPECT_TRUE(t.crash_pending(10.0));
   const Fault* first = t.crash_due(10.0);
   ASSERT_NE(first, nullptr);
   EXPECT_EQ(first->start_s, 10);
   EXPECT_EQ(t.crash_due(11), nullptr);  // returned once
+  EXPECT_FALSE(t.crash_pending(11));
   EXPECT_EQ(t.crash_due(40)->start_s, 30);
   EXPECT_EQ(t.crash_due(50), nullptr);
   EXPECT_EQ(t.slowdown_at(11), 1);
@@ -163,6 +176,15 @@ TEST(ChaosConfig, ValidatedWithTheRest) {
                Error);
   EXPECT_THROW(load_config("", {"chaos.crash_mtbf_s=10"}), Error);  // mode single
   EXPECT_NO_THROW(load_config("", {"mode=decoupled", "units.count=2", "chaos.crash_mtbf_s=10"}));
+  // Crashes in streaming are refused (a crash between send and apply would deadlock the
+  // synchronous round); slowness alone is fine there.
+  EXPECT_THROW(load_config("", {"mode=streaming", "units.count=2", "chaos.crash_mtbf_s=10"}),
+               Error);
+  EXPECT_NO_THROW(load_config("", {"mode=streaming", "units.count=2", "chaos.slow_mtbf_s=10"}));
+  // A schedule file is read with the config: a bad one stops every rank before it starts.
+  EXPECT_THROW(load_config("", {"mode=decoupled", "units.count=2",
+                                "chaos.schedule_file=/nonexistent/chaos.yaml"}),
+               Error);
 }
 
 }  // namespace
