@@ -4,9 +4,11 @@
 # current Θ, full steps), then again with outer gradients measured from
 # each unit's base version (the syncer must still hold the version unit 2 started from, however
 # far Θ moved meanwhile) and share-scaled steps (a merge of 2 of 3 equal units is 2/3 of a round).
-# Last, with unit 2 held for 100 merges: the learning rates follow the job's mean step, not
-# each unit's own, so on the decaying cosine units 0 and 1 (ahead of the mean) run above their
-# own schedule while unit 2 is held, and unit 2 (far behind) below its own after it resumes.
+# Last, with unit 2 held for 100 merges (units 0 and 1 each publish at least 100 times, 200
+# steps, meanwhile): learning rates follow the job's mean step, not each unit's own, so once
+# unit 2 resumes at step 4 it runs far below its own schedule on the decaying cosine. (Units 0
+# and 1 are not checked: which of them is ahead of the mean depends on how the cores are
+# shared.)
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
 cd "$WORK"
@@ -67,11 +69,8 @@ def lr_at(step, peak=3e-3, warmup=2, total=400, frac=0.1):  # train.* of q.yaml 
 def ratios(u, lo, hi):  # logged lr ÷ the unit's own schedule (step t reads step t − 1)
     events = [e for e in map(json.loads, open(f"q_long/unit_{u}.jsonl")) if e["event"] == "train"]
     return [e["lr"] / lr_at(e["step"] - 1) for e in events if lo <= e["step"] <= hi]
-ahead = ratios(0, 40, 100) + ratios(1, 40, 100)
-behind = ratios(2, 20, 60)
-assert ahead and all(r > 1.001 for r in ahead), ahead
+behind = ratios(2, 10, 40)
 assert behind and all(r < 0.95 for r in behind), behind
-print(f"lr ÷ own schedule: units 0, 1 while unit 2 is held {min(ahead):.3f}..{max(ahead):.3f}; "
-      f"unit 2 after it resumed {min(behind):.3f}..{max(behind):.3f}")
+print(f"lr ÷ own schedule: unit 2 after it resumed {min(behind):.3f}..{max(behind):.3f}")
 PY
 echo "runtime_quorum: passed"
