@@ -434,14 +434,14 @@ double Syncer::merge_share(const std::vector<int>& units) const {
 }
 
 // A unit's next snapshot is measured from the version it applies next, never an older one than
-// its last snapshot's base; a unit that finished still counts while its last snapshot waits. A
-// silent unit holds nothing (it rejoins from the current Θ; a slow one whose snapshot comes
-// back from a dropped base sees it refused and logged).
+// its last snapshot's base; a unit that finished still counts while its last snapshot waits,
+// and a silent one keeps its base (it may only be slow). A crashed unit releases its old base
+// when it rejoins: the serve moves its base to the versions served.
 void Syncer::prune_history(int p) {
   int64_t oldest = version_[p];
   for (int u = 0; u < M_; ++u) {
     const Slot& s = slots_[u][p];
-    if (unit_live(u) || s.fresh) oldest = std::min(oldest, s.meta.base_version);
+    if (!unit_done(u) || s.fresh) oldest = std::min(oldest, s.meta.base_version);
   }
   auto& h = history_[p];
   h.erase(h.begin(), h.lower_bound(oldest));
