@@ -77,7 +77,8 @@ struct OuterConfig {
   /// paper_notes.md) | base (the Θ version the unit last received; needs apply: overwrite).
   std::string anchor = "current";
   /// A merge of some of the units steps by their share of the live units' tokens per step
-  /// (merge.hpp); no effect on merges of every unit, so on the synchronous modes.
+  /// (merge.hpp); no effect on merges of every unit (the synchronous modes, but for the final
+  /// flush of an interrupted job).
   bool share_steps = true;
 };
 

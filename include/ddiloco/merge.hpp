@@ -17,7 +17,9 @@
 //        with the merge's share s ∈ (0, 1] of a full round (1 unless `outer.share_steps`: the
 //        merged units' share of the live units' tokens per step). s = 1 is plain Nesterov; a
 //        round merged in pieces of shares summing to 1 moves Θ about as far as one full merge
-//        (momentum decays by μ per round either way) instead of once per piece.
+//        (momentum decays by μ per round either way) instead of once per piece. Shares count
+//        tokens per step, not speed: a slow unit's merges come less often, so per unit of time
+//        it moves Θ less, as it contributes less.
 // All arithmetic is in double; Θ and v are stored in fp32. With one contribution, η = 1 and
 // μ = 0 the result is θ_1 exactly (x − (x − y) = y in double for fp32 x, y).
 #pragma once
