@@ -137,6 +137,8 @@ struct Config {
 
   /// Ranks of unit u (units.ranks[u], or units.ranks_per_unit).
   int unit_ranks(int u) const;
+  /// Tokens one inner step of unit u processes: batch_size · seq_len · its ranks.
+  int64_t unit_tokens_per_step(int u) const;
   /// World ranks the configuration needs: 1 syncer + Σ unit ranks; −1 for mode single, which
   /// runs on any number of ranks (they form the one unit).
   int world_size() const;

@@ -112,9 +112,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   // Decoupled: the lr schedule runs on the job's mean inner step, job tokens ÷ the tokens one
   // step of every unit makes (units of different speed warm up and anneal together).
   int64_t job_step_tokens = 0;
-  for (int m = 0; m < topo.units; ++m)
-    job_step_tokens += static_cast<int64_t>(config.train.batch_size) * config.model.seq_len *
-                       config.unit_ranks(m);
+  for (int m = 0; m < topo.units; ++m) job_step_tokens += config.unit_tokens_per_step(m);
 
   std::vector<int64_t> c_steps(P, 0), c_tok(P, 0), base_version(P, 0), applied(P, 0),
       sent_step(P, -1), sends(P, 0), pending_version(P, 0);

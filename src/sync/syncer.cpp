@@ -88,16 +88,16 @@ class Syncer {
     rejoin_served_.assign(M_, 0);
     schedule_ = chaos::Schedule::from_config(config.chaos, M_);
     for (int u = 0; u < M_; ++u) links_.emplace_back(schedule_, u);
-    for (int u = 0; u < M_; ++u) budget_ += config.train.steps * tokens_per_step(u);
+    for (int u = 0; u < M_; ++u) {
+      budget_ += config.train.steps * tokens_per_step(u);
+      progress_step_ = std::min(progress_step_, tokens_per_step(u));
+    }
   }
 
   int run();  // the stop signal that ended the job early, or 0
 
  private:
-  int64_t tokens_per_step(int u) const {
-    return static_cast<int64_t>(config_.train.batch_size) * config_.model.seq_len *
-           config_.unit_ranks(u);
-  }
+  int64_t tokens_per_step(int u) const { return config_.unit_tokens_per_step(u); }
   double now() const { return wall_.seconds(); }
   int64_t tokens_total() const {
     int64_t t = 0;
@@ -177,6 +177,7 @@ class Syncer {
   double median_step_s_ = 0;
   int64_t budget_ = 0;
   int64_t progress_sent_ = 0;  // job tokens last written to the units
+  int64_t progress_step_ = INT64_MAX;  // ... refreshed after this many more: the smallest unit step
   int64_t next_eval_ = 0;
   bool stopping_ = false;
   int interrupted_by_ = 0;
@@ -308,9 +309,7 @@ void Syncer::serve_rejoins() {
 // units), refreshed whenever the job has moved by the smallest unit's step.
 void Syncer::publish_progress(int64_t tokens) {
   if (plan_.mode != Mode::decoupled) return;
-  int64_t step = INT64_MAX;
-  for (int u = 0; u < M_; ++u) step = std::min(step, tokens_per_step(u));
-  if (tokens - progress_sent_ < step) return;
+  if (tokens - progress_sent_ < progress_step_) return;
   for (int u = 0; u < M_; ++u)
     if (!unit_done(u)) window_.set_job_tokens(u, tokens);
   progress_sent_ = tokens;

@@ -491,6 +491,10 @@ int Config::unit_ranks(int u) const {
   return units.ranks.empty() ? units.ranks_per_unit : units.ranks.at(u);
 }
 
+int64_t Config::unit_tokens_per_step(int u) const {
+  return static_cast<int64_t>(train.batch_size) * model.seq_len * unit_ranks(u);
+}
+
 int Config::world_size() const {
   if (mode == Mode::single) return -1;  // any: the world is the unit
   int n = 1;

@@ -4,11 +4,6 @@
 # current Θ, full steps), then again with outer gradients measured from
 # each unit's base version (the syncer must still hold the version unit 2 started from, however
 # far Θ moved meanwhile) and share-scaled steps (a merge of 2 of 3 equal units is 2/3 of a round).
-# Last, with a 200-step warm-up and unit 2 held for 40 merges (units 0 and 1 each publish at
-# least 40 times, 80 steps, meanwhile; the job's mean step is then past 55): learning rates
-# follow the job's mean step, not each unit's own, so once unit 2 resumes at step 4 it warms up
-# far ahead of its own schedule. (Units 0 and 1 are not checked: which of them is ahead of the
-# mean depends on how the cores are shared.)
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
 cd "$WORK"
@@ -37,9 +32,12 @@ merges = [e for e in map(json.loads, open(f"q_{variant}/metrics.jsonl")) if e["e
 rejected = [e for e in map(json.loads, open(f"q_{variant}/metrics.jsonl")) if e["event"] == "snapshot_rejected"]
 assert not rejected, rejected[:3]
 # Merges made while unit 2 was held (it resumes once 6 merges exist): without it, weight 0.
-held = [m for m in merges if m["global_version"] <= 6 and m["global_version"] >= 2]
-assert len(held) >= 4, held
-for m in held[1:]:
+# Its two snapshots from before the stall (steps 2 and 4) may still be in one or two of them
+# when the syncer reads late (a loaded machine); at least three are of units 0 and 1 alone.
+window = [m for m in merges if 2 <= m["global_version"] <= 6]
+held = [m for m in window if 2 not in m["units"]]
+assert len(window) >= 4 and len(held) >= 3 and len(window) - len(held) <= 2, window
+for m in held:
     assert 2 not in m["units"], m
     assert m["weights"][2] == 0.0, m
     assert sorted(m["units"]) == [0, 1], m
@@ -55,22 +53,4 @@ print(f"{variant}: {len(merges)} merges; while unit 2 was held: {len(held)} merg
       f"with staleness {stale}")
 PY
 done
-ddiloco_mpirun -np 4 "$DDILOCO" train --config q.yaml --overwrite --set run.dir=q_long \
-  --set train.warmup_steps=200 --set debug.stall_until_merges=40 > q_long.log 2>&1 || { cat q_long.log; fail "long stall: run failed"; }
-/usr/bin/python3 - <<'PY' || fail "learning rates do not follow the job's mean step"
-import json, math
-def lr_at(step, peak=3e-3, warmup=200, total=400, frac=0.1):  # train.* of this run
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    lo = peak * frac
-    if step >= total:
-        return lo
-    return lo + 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup))) * (peak - lo)
-def ratios(u, lo, hi):  # logged lr ÷ the unit's own schedule (step t reads step t − 1)
-    events = [e for e in map(json.loads, open(f"q_long/unit_{u}.jsonl")) if e["event"] == "train"]
-    return [e["lr"] / lr_at(e["step"] - 1) for e in events if lo <= e["step"] <= hi]
-behind = ratios(2, 10, 20)
-assert behind and all(r > 1.5 for r in behind), behind
-print(f"lr ÷ own schedule: unit 2 after it resumed {min(behind):.3f}..{max(behind):.3f}")
-PY
 echo "runtime_quorum: passed"
