@@ -119,7 +119,8 @@ struct DebugConfig {
   int stall_unit = -1;             ///< unit that stalls (−1: none)
   int64_t stall_at_step = 0;       ///< ... after this inner step
   int64_t stall_until_merges = 0;  ///< ... until the syncer has made this many merges
-  int syncer_read_delay_ms = 0;    ///< syncer pauses between reading a snapshot and checking it
+  int syncer_read_delay_ms = 0;    ///< syncer pauses between a snapshot's header and its data
+  bool crash_during_read = false;  ///< a due crash waits until the syncer begins a read of ours
 };
 
 struct Config {

@@ -48,6 +48,7 @@ enum Control : int {
   kJobTokens,       ///< syncer: tokens processed by all units (decoupled; as last polled)
   kRejoinRequest,   ///< learner: rejoins requested after crashes (+1 each)
   kRejoinServed,    ///< syncer: the rejoin request whose Θ now fills every inbox
+  kReadsStarted,    ///< syncer: reads of this unit's snapshots begun (debug.crash_during_read)
   kControlWords = 16
 };
 

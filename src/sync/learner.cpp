@@ -159,6 +159,19 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   // down. ddp keeps the replica: on a synchronous job a returning replica is copied from a
   // peer's identical one, which we do not move; everyone waits for it all the same.
   double crash_late_s = 0;  // leader: how long after its scheduled start the crash took effect
+  // Test hook: with a snapshot waiting unread, hold the crash until the syncer begins to read
+  // one (it then pauses syncer_read_delay_ms before the data), so the crash lands mid-read.
+  auto wait_for_syncer_read = [&] {
+    bool waiting = false;
+    for (int p = 0; p < P; ++p) waiting |= !window->outbox_free(p);
+    const int64_t reads = window->control(sync::kReadsStarted);
+    const double give_up_at = wall.seconds() + 10;
+    while (waiting && window->control(sync::kReadsStarted) == reads && !stop_requested() &&
+           wall.seconds() < give_up_at) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      window->set_control(sync::kHeartbeat, window->control(sync::kHeartbeat) + 1);
+    }
+  };
   auto crash_and_rejoin = [&](const Actions& a, int64_t t) {
     for (int p = 0; p < P && tracks_fragments; ++p) {
       book.discarded += unsent[p] + (a.lost[p] ? in_flight[p] : 0.0);
@@ -316,6 +329,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
           // Steps and waits are not interrupted: in ddp a crash due inside the all-reduce
           // takes effect after it, with the down-time it has left (logged as late_s).
           crash_late_s = wall.seconds() - crash->start_s;
+          if (config.debug.crash_during_read && plan.outer_steps) wait_for_syncer_read();
           actions.down_ms = static_cast<int64_t>(
               1e3 * std::max(0.0, crash->end_s() - wall.seconds()));
           for (int p = 0; p < P; ++p) actions.lost[p] = !window->outbox_free(p);

@@ -86,6 +86,7 @@ class Syncer {
     heard_at_.assign(M_, 0.0);
     silent_.assign(M_, false);
     rejoin_served_.assign(M_, 0);
+    reads_started_.assign(M_, 0);
     schedule_ = chaos::Schedule::from_config(config.chaos, M_);
     for (int u = 0; u < M_; ++u) links_.emplace_back(schedule_, u);
     for (int u = 0; u < M_; ++u) {
@@ -170,6 +171,7 @@ class Syncer {
   std::vector<double> heard_at_;               // ... when it last moved (s since start)
   std::vector<bool> silent_;                   // heartbeat older than the timeout
   std::vector<int64_t> rejoin_served_;
+  std::vector<int64_t> reads_started_;         // debug.crash_during_read
   chaos::Schedule schedule_;
   std::vector<chaos::UnitTimeline> links_;     // per unit, for link degradations
   GlobalDowntime downtime_;
@@ -200,9 +202,11 @@ bool Syncer::collect() {
                               headers_[u].header(p, sync::kOutStep),
                               headers_[u].header(p, sync::kOutBaseVersion)};
       const auto sum = static_cast<uint64_t>(headers_[u].header(p, sync::kOutChecksum));
-      const int64_t after = window_.fetch(u, p, s.data);
+      if (config_.debug.crash_during_read)  // test hook: tells the unit a read has begun
+        window_.set_control(u, sync::kReadsStarted, ++reads_started_[u]);
       if (config_.debug.syncer_read_delay_ms > 0)  // test hook: a syncer slower than learners
         std::this_thread::sleep_for(std::chrono::milliseconds(config_.debug.syncer_read_delay_ms));
+      const int64_t after = window_.fetch(u, p, s.data);
       any = true;
       std::string problem;
       if (after != seq)

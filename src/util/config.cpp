@@ -392,8 +392,11 @@ const std::vector<Entry>& entries() {
                     "test hook: ... until the syncer has made this many merges",
                     at_least<int64_t>(0)),
       DDILOCO_FIELD(int, "debug.syncer_read_delay_ms", debug.syncer_read_delay_ms,
-                    "test hook: syncer pause between reading a snapshot and checking it",
+                    "test hook: syncer pause between a snapshot's header and reading its data",
                     at_least(0)),
+      DDILOCO_FIELD(bool, "debug.crash_during_read", debug.crash_during_read,
+                    "test hook: a due crash waits until the syncer begins reading one of the "
+                    "unit's snapshots (with syncer_read_delay_ms it lands inside that read)"),
   };
   return table;
 }

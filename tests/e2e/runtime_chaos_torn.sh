@@ -1,6 +1,7 @@
-# A crash while the syncer has not yet read the unit's snapshot: the crashed unit's memory is
-# garbage (NaN) by then, the syncer refuses what it reads (checksum), and the global
-# parameters never take torn data: every global evaluation and the saved model are finite.
+# A crash while the syncer is reading the unit's snapshot: the crashed unit's memory is garbage
+# (NaN) by the time the data is read, the syncer refuses it (checksum against the header it
+# polled), and the global parameters never take torn data: every global evaluation and the
+# saved model are finite.
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
 cd "$WORK"
@@ -10,8 +11,9 @@ faults:
   - {unit: 0, kind: crash, start_s: 0.8, duration_s: 0.4}
   - {unit: 0, kind: crash, start_s: 2.0, duration_s: 0.4}
 YAML
-# P = H = 2: a fragment is published every step; the syncer pauses 20 ms after each read
-# (test hook), so snapshots wait unread in the outboxes when the crashes come.
+# P = H = 2: a fragment is published every step and the syncer pauses 30 ms between a snapshot's
+# header and its data (test hook), so snapshots wait unread in the outboxes; each due crash
+# waits until the syncer begins reading one of unit 0's (test hook), so it lands in that pause.
 cat > t.yaml <<'YAML'
 mode: decoupled
 run: {dir: t, log_every: 5, progress: false}
@@ -23,7 +25,7 @@ units: {count: 2}
 outer: {fragments: 2, h: 2, overlap: 1}
 syncer: {quorum: 1, eval_every: 5, heartbeat_timeout_s: 0.3}
 chaos: {schedule_file: faults.yaml}
-debug: {syncer_read_delay_ms: 20}
+debug: {syncer_read_delay_ms: 30, crash_during_read: true}
 YAML
 "${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config t.yaml > t.log 2>&1 &
 pid=$!
@@ -44,7 +46,7 @@ assert len(crashes) == 2, crashes
 lost = sum(c["lost_snapshots"] for c in crashes)
 assert lost >= 1, crashes
 rejected = [e for e in ev if e["event"] == "snapshot_rejected" and e["unit"] == 0]
-assert len(rejected) >= 1, "no snapshot of the crashed unit was refused"
+assert len(rejected) >= 2, f"{len(rejected)} snapshots of the crashed unit refused, want one per crash"
 assert all(r["reason"] in ("checksum mismatch", "non-finite values") for r in rejected), rejected
 evals = [e for e in ev if e["event"] == "global_eval"]
 assert evals and all(math.isfinite(e["val_loss"]) for e in evals), evals
