@@ -71,10 +71,13 @@ struct OuterConfig {
   double lr = 0.7;            ///< η of outer Nesterov SGD
   double momentum = 0.9;      ///< μ
   std::string merge = "rda";  ///< rda | mean
-  std::string apply = "overwrite";  ///< overwrite | blend
+  /// overwrite (θ ← Θ, paper_notes.md) | blend (θ ← α·θ + (1−α)·Θ) | carry
+  /// (θ ← Θ + (θ − θ_sent): the τ steps made since the snapshot are kept, and the next
+  /// snapshot carries them with their steps and tokens)
+  std::string apply = "overwrite";
   double blend_alpha = 0.5;   ///< blend: θ ← α·θ + (1−α)·Θ
   /// What a unit's outer gradient is measured from: current (the syncer's Θ now,
-  /// paper_notes.md) | base (the Θ version the unit last received; needs apply: overwrite).
+  /// paper_notes.md) | base (the Θ version the unit last received; not with apply: blend).
   std::string anchor = "current";
   /// A merge of some of the units steps by their share of the live units' tokens per step
   /// (merge.hpp); no effect on merges of every unit (the synchronous modes, but for the final

@@ -107,6 +107,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   const double base_slowdown = config.units.slowdown.empty() ? 1.0 : config.units.slowdown[u];
   chaos::UnitTimeline faults(chaos::Schedule::from_config(config.chaos, config.units.count), u);
   const bool blend = config.outer.apply == "blend";
+  const bool carry = config.outer.apply == "carry";
   const float alpha = static_cast<float>(config.outer.blend_alpha);
   const int64_t eval_period = static_cast<int64_t>(plan.h) * config.syncer.eval_every;
   // Decoupled: the lr schedule runs on the job's mean inner step, job tokens ÷ the tokens one
@@ -119,6 +120,10 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   size_t largest = 0;
   for (const auto& f : fragments.fragments()) largest = std::max(largest, f.numel);
   std::vector<float> packed(largest), incoming(largest);
+  // carry: each fragment as last sent, and the counters it carried, on every rank of the unit.
+  std::vector<std::vector<float>> sent_theta(carry ? P : 0);
+  for (int p = 0; p < static_cast<int>(sent_theta.size()); ++p) sent_theta[p].resize(layout.numel(p));
+  std::vector<int64_t> sent_c_steps(P, 0), sent_c_tok(P, 0);
   // The leader takes each merged fragment out of its inbox as soon as it arrives (so that the
   // syncer can deliver the next one) and keeps the newest here until it is due to be applied.
   std::vector<std::vector<float>> pending(topo.leader ? P : 0);
@@ -341,28 +346,38 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
       mpi::broadcast_patient(words, 0, topo.unit_comm);
       actions = Actions::decode(words, P);
     }
-    if (tracks_fragments)  // the work the snapshots just published carry
-      for (int p = 0; p < P; ++p)
-        if (actions.sent[p]) {
-          in_flight[p] = unsent[p];
-          unsent[p] = 0;
-        }
+    for (int p = 0; p < P && plan.outer_steps; ++p)
+      if (actions.sent[p]) {
+        in_flight[p] = unsent[p];  // the work the snapshot just published carries
+        unsent[p] = 0;
+        sent_c_steps[p] = c_steps[p];
+        sent_c_tok[p] = c_tok[p];
+        if (carry) fragments.pack(p, trainer.model().parameters(), sent_theta[p]);
+      }
     if (actions.schedule_step >= 0) trainer.set_schedule_step(actions.schedule_step);
     for (const auto& [p, version] : actions.apply) {
       std::span<float> buf(incoming.data(), layout.numel(p));
       if (topo.leader) std::copy(pending[p].begin(), pending[p].end(), buf.begin());
       if (topo.unit_size > 1) mpi::broadcast(buf, 0, topo.unit_comm);
-      if (blend) {
+      if (blend || carry)
         fragments.pack(p, trainer.model().parameters(), std::span<float>(packed.data(), buf.size()));
+      if (blend)
         for (size_t i = 0; i < buf.size(); ++i) buf[i] = alpha * packed[i] + (1 - alpha) * buf[i];
-      }
+      if (carry)  // θ ← Θ + (θ − θ_sent): the τ steps since the snapshot stay
+        for (size_t i = 0; i < buf.size(); ++i) buf[i] += packed[i] - sent_theta[p][i];
       fragments.unpack(p, buf, trainer.model().parameters());
-      // The local work on this fragment since its snapshot left is overwritten (kept at α
-      // when blending): it never reaches the global model.
-      const double kept = blend ? alpha : 0.0;
+      // overwrite: the local work on this fragment since its snapshot left never reaches the
+      // global model (blend keeps α of it); carry keeps it for the next snapshot, which then
+      // counts the steps and tokens since this one, not since the apply.
+      const double kept = carry ? 1.0 : blend ? alpha : 0.0;
       book.discarded += (1.0 - kept) * unsent[p];
       unsent[p] *= kept;
-      c_steps[p] = c_tok[p] = 0;
+      if (carry) {
+        c_steps[p] -= sent_c_steps[p];
+        c_tok[p] -= sent_c_tok[p];
+      } else {
+        c_steps[p] = c_tok[p] = 0;
+      }
       base_version[p] = applied[p] = version;
       sent_step[p] = -1;
     }

@@ -317,8 +317,10 @@ const std::vector<Entry>& entries() {
       DDILOCO_FIELD(std::string, "outer.merge", outer.merge,
                     "rda (mean for embeddings) | mean", one_of({"rda", "mean"})),
       DDILOCO_FIELD(std::string, "outer.apply", outer.apply,
-                    "how a learner takes a merged fragment: overwrite | blend",
-                    one_of({"overwrite", "blend"})),
+                    "how a learner takes a merged fragment: overwrite (θ ← Θ) | blend "
+                    "(θ ← α·θ + (1−α)·Θ) | carry (θ ← Θ + θ − θ_sent: keeps the τ steps since "
+                    "the snapshot)",
+                    one_of({"overwrite", "blend", "carry"})),
       DDILOCO_FIELD(double, "outer.blend_alpha", outer.blend_alpha,
                     "blend: θ ← α·θ + (1−α)·Θ", in_range(0, 1, false, true)),
       DDILOCO_FIELD(std::string, "outer.anchor", outer.anchor,
@@ -547,9 +549,9 @@ void validate(const Config& c, const std::string& source) {
       fail("units.count: mode single trains one unit, got {} (choose mode ddp, diloco, "
            "streaming or decoupled)",
            M);
-    if (c.outer.anchor == "base" && c.outer.apply != "overwrite")
+    if (c.outer.anchor == "base" && c.outer.apply == "blend")
       fail("outer.anchor: base measures a unit's progress from the Θ version it received, "
-           "which needs outer.apply: overwrite, got outer.apply: {} (use outer.anchor: current)",
+           "which needs outer.apply: overwrite or carry, got outer.apply: {} (use outer.anchor: current)",
            c.outer.apply);
     for (const int u : c.chaos.units)
       if (u >= M) fail("chaos.units: every unit must be < units.count = {}, got {}", M, u);

@@ -1,5 +1,9 @@
 # decoupled with one unit, K = 1, P = 1, H = 1, η = 1, μ = 0, overwrite and τ = 0 is plain
 # training: the syncer's final Θ must equal the single-unit run's parameters bit for bit.
+# Streaming with τ = 2 and H = 4 (not decoupled: its learning rates follow the job's tokens as
+# the syncer last saw them, which lag a unit that runs ahead), apply: carry (θ ← Θ + θ − θ_sent)
+# keeps the two steps made after each snapshot, so it is still plain training up to rounding;
+# overwrite drops them and is not.
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
 cd "$WORK"
@@ -38,4 +42,21 @@ assert steps == 25, steps
 assert same
 PY
 done
+"$DDILOCO" train --config base.yaml --set run.dir=plain24 --set train.steps=24 > plain24.log 2>&1 ||
+  { cat plain24.log; fail "plain 24-step run failed"; }
+for apply in carry overwrite; do
+  ddiloco_mpirun -np 2 "$DDILOCO" train --config base.yaml --set run.dir=tau_$apply --set mode=streaming \
+    --set train.steps=24 --set outer.h=4 --set outer.overlap=2 --set outer.apply=$apply \
+    > tau_$apply.log 2>&1 || { cat tau_$apply.log; fail "streaming τ=2 apply=$apply failed"; }
+done
+/usr/bin/python3 - <<'PY' || fail "apply: carry does not keep the steps made while a merge is in flight"
+import h5py, numpy as np
+def worst(run):
+    a, b = h5py.File("plain24/model.h5"), h5py.File(f"{run}/model.h5")
+    return max(float(np.max(np.abs(a["params"][n][...] - b["params"][n][...]))) for n in a["params"])
+carry, overwrite = worst("tau_carry"), worst("tau_overwrite")
+print(f"τ = 2 against plain training: carry max |Δ| = {carry:.2e}, overwrite {overwrite:.2e}")
+assert carry < 2e-5, carry
+assert overwrite > 100 * carry and overwrite > 1e-4, (carry, overwrite)
+PY
 echo "runtime_identity: passed"
