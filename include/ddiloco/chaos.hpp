@@ -68,6 +68,14 @@ struct Schedule {
   /// The faults of one unit, in start order.
   std::vector<Fault> of_unit(int unit) const;
 
+  /// How many faults of each kind, and their total durations (seconds).
+  struct Counts {
+    int64_t crashes = 0, slow = 0, link = 0;
+    double down_s = 0, slow_s = 0, link_s = 0;
+  };
+  /// ... of one unit, or of every unit (unit < 0).
+  Counts counts(int unit = -1) const;
+
   bool empty() const { return faults.empty(); }
   bool operator==(const Schedule&) const = default;
 };

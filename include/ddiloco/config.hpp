@@ -124,6 +124,8 @@ struct DebugConfig {
   int64_t stall_until_merges = 0;  ///< ... until the syncer has made this many merges
   int syncer_read_delay_ms = 0;    ///< syncer pauses between a snapshot's header and its data
   bool crash_during_read = false;  ///< a due crash waits until the syncer begins a read of ours
+  int nan_unit = -1;               ///< unit whose leader's parameters turn NaN (−1: none) ...
+  int64_t nan_at_step = 0;         ///< ... before its first snapshot from this step on
 };
 
 struct Config {

@@ -19,7 +19,8 @@ namespace ddiloco {
 ///   other      logging and evaluations
 ///   discarded  the part of `compute` whose result never reached the global model: work lost
 ///              in a crash before it was sent, work on a fragment overwritten when a merge is
-///              applied τ steps after the snapshot, work after a unit's last snapshot
+///              applied τ steps after the snapshot (outer.apply overwrite; blend keeps α of it,
+///              carry all), work after a unit's last snapshot
 ///   allocated  the rank's wall time from the job's common start to its end
 /// Goodput = (compute − discarded) ÷ allocated.
 struct TimeBook {

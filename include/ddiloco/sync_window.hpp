@@ -17,6 +17,10 @@
 //   inbox p:  the syncer writes (data, then in_checksum, then in_version) only when
 //             in_ack == the version it delivered last, i.e. the learner has taken it; the
 //             learner copies the data for in_version > in_ack, then sets in_ack = in_version.
+//             A unit that crashed sets in_ack = −1, which matches no delivery, so nothing is
+//             delivered until its rejoin is served: then the syncer writes Θ into every inbox
+//             regardless of in_ack (the unit is waiting for kRejoinServed and reads no inbox
+//             meanwhile), and the unit's takes restore the normal rule.
 // Words are int64, 8-byte aligned, each written by exactly one side with a single store (the
 // learner) or MPI_Accumulate(MPI_REPLACE) (the syncer); the windows are in MPI's unified
 // memory model on every transport we use (osc/sm, osc/rdma).
@@ -125,6 +129,10 @@ class LearnerWindow {
   /// inbox acknowledgement becomes −1 (nothing taken), so that the syncer delivers nothing
   /// more until the unit has taken the Θ served at its rejoin.
   void lose_outboxes();
+  /// The inbox half of lose_outboxes(): a unit that starts over from Θ with its memory intact
+  /// (its parameters went non-finite) leaves its outboxes, published before that, for the
+  /// syncer to read and merge.
+  void hold_inboxes();
 
  private:
   int64_t& word(size_t byte_offset) const;

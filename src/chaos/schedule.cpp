@@ -185,6 +185,19 @@ std::vector<Fault> Schedule::of_unit(int unit) const {
   return out;
 }
 
+Schedule::Counts Schedule::counts(int unit) const {
+  Counts c;
+  for (const Fault& f : faults) {
+    if (unit >= 0 && f.unit != unit) continue;
+    switch (f.kind) {
+      case FaultKind::crash: ++c.crashes, c.down_s += f.duration_s; break;
+      case FaultKind::slow: ++c.slow, c.slow_s += f.duration_s; break;
+      case FaultKind::link: ++c.link, c.link_s += f.duration_s; break;
+    }
+  }
+  return c;
+}
+
 UnitTimeline::UnitTimeline(const Schedule& schedule, int unit) {
   for (const Fault& f : schedule.of_unit(unit)) {
     if (f.kind == FaultKind::crash) crashes_.push_back(f);

@@ -140,18 +140,11 @@ int cmd_chaos(const ConfigArgs& args, const std::string& out) {
   std::printf("chaos: %zu faults over %.0f s written to %s\n", schedule.faults.size(),
               c.chaos.horizon_s, out.c_str());
   for (int u = 0; u < c.units.count; ++u) {
-    int crashes = 0, slow = 0, link = 0;
-    double down = 0, slow_s = 0;
-    for (const auto& f : schedule.of_unit(u)) {
-      crashes += f.kind == chaos::FaultKind::crash;
-      slow += f.kind == chaos::FaultKind::slow;
-      link += f.kind == chaos::FaultKind::link;
-      if (f.kind == chaos::FaultKind::crash) down += f.duration_s;
-      if (f.kind == chaos::FaultKind::slow) slow_s += f.duration_s;
-    }
-    std::printf("  unit %d: %d crashes (%.1f s down), %d straggler episodes (%.1f s), %d link "
-                "degradations\n",
-                u, crashes, down, slow, slow_s, link);
+    const chaos::Schedule::Counts n = schedule.counts(u);
+    std::printf("  unit %d: %lld crashes (%.1f s down), %lld straggler episodes (%.1f s), %lld "
+                "link degradations (%.1f s)\n",
+                u, static_cast<long long>(n.crashes), n.down_s, static_cast<long long>(n.slow),
+                n.slow_s, static_cast<long long>(n.link), n.link_s);
   }
   return 0;
 }

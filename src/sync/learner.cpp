@@ -164,18 +164,29 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   // down. ddp keeps the replica: on a synchronous job a returning replica is copied from a
   // peer's identical one, which we do not move; everyone waits for it all the same.
   double crash_late_s = 0;  // leader: how long after its scheduled start the crash took effect
-  // Test hook: with a snapshot waiting unread, hold the crash until the syncer begins to read
-  // one (it then pauses syncer_read_delay_ms before the data), so the crash lands mid-read.
-  auto wait_for_syncer_read = [&] {
-    bool waiting = false;
-    for (int p = 0; p < P; ++p) waiting |= !window->outbox_free(p);
+  std::string_view crash_cause = "chaos";  // leader: ... or "non_finite" (a diverged step)
+  bool nan_injected = false;          // leader: debug.nan_unit has struck
+  // Leader: alive (only a crashed or hung process stops its heartbeat).
+  auto beat = [&] { window->set_control(sync::kHeartbeat, window->control(sync::kHeartbeat) + 1); };
+  auto any_unread = [&] {
+    for (int p = 0; p < P; ++p)
+      if (!window->outbox_free(p)) return true;
+    return false;
+  };
+  // Test hook: hold a due crash until the syncer begins to read one of our snapshots (it then
+  // pauses syncer_read_delay_ms before the data), so the crash lands mid-read. False when no
+  // snapshot is left unread: the crash then waits for a later step.
+  auto syncer_reading = [&] {
     const int64_t reads = window->control(sync::kReadsStarted);
-    const double give_up_at = wall.seconds() + 10;
-    while (waiting && window->control(sync::kReadsStarted) == reads && !stop_requested() &&
-           wall.seconds() < give_up_at) {
+    while (any_unread() && !stop_requested()) {
+      if (window->control(sync::kReadsStarted) != reads) return true;
       std::this_thread::sleep_for(std::chrono::microseconds(200));
-      window->set_control(sync::kHeartbeat, window->control(sync::kHeartbeat) + 1);
+      beat();
     }
+    return false;
+  };
+  auto poison = [](std::span<float> xs) {
+    std::fill(xs.begin(), xs.end(), std::numeric_limits<float>::quiet_NaN());
   };
   auto crash_and_rejoin = [&](const Actions& a, int64_t t) {
     for (int p = 0; p < P && tracks_fragments; ++p) {
@@ -183,15 +194,16 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
       unsent[p] = in_flight[p] = 0;
     }
     if (plan.outer_steps) {
-      auto params = trainer.model().parameters();
-      std::fill(params.begin(), params.end(), std::numeric_limits<float>::quiet_NaN());
+      poison(trainer.model().parameters());
       trainer.optimizer().reset();
     }
     std::vector<int64_t> words(1 + P, 0);  // [stop, versions fetched...]
     if (topo.leader) {
-      if (plan.outer_steps) window->lose_outboxes();
+      if (plan.outer_steps && crash_cause == "chaos") window->lose_outboxes();
+      else if (plan.outer_steps) window->hold_inboxes();
       log.write({{"event", "crash"}, {"unit", u}, {"step", t}, {"tokens", tokens},
                  {"elapsed_s", wall.seconds()}, {"down_s", a.down_ms / 1e3}, {"late_s", crash_late_s},
+                 {"cause", crash_cause},
                  {"lost_snapshots", std::count(a.lost.begin(), a.lost.end(), 1)}});
       const double back_at = wall.seconds() + a.down_ms / 1e3;
       // ddp: the other units sit inside the gradient all-reduce waiting for this one, so it
@@ -239,7 +251,14 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   for (int64_t t = 1;; ++t) {
     Stopwatch step_clock;
     const StepStats s = trainer.step();
-    if (!std::isfinite(s.loss)) fail("unit {}: training diverged: loss {} at step {}", u, s.loss, t);
+    // A non-finite loss or gradient norm (the same on every rank of the unit: both are
+    // all-reduced) has poisoned the parameters. Where a crashed unit can rejoin from Θ
+    // (diloco, decoupled) the unit starts over from it like a crash without down-time, and
+    // the syncer never sees the poison; elsewhere the job cannot go on.
+    const bool non_finite = !std::isfinite(s.loss) || !std::isfinite(s.grad_norm);
+    if (non_finite && plan.mode != Mode::diloco && plan.mode != Mode::decoupled)
+      fail("unit {}: training diverged: loss {}, gradient norm {} at step {}", u, s.loss,
+           s.grad_norm, t);
     const double busy = step_clock.seconds() - s.allreduce_s;
     // Straggler emulation: this unit's computation takes `slowdown` times longer.
     const double slowdown = std::max(base_slowdown, faults.slowdown_at(wall.seconds()));
@@ -267,7 +286,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     Stopwatch wait_clock;
     if (topo.leader) {
       step_ema = step_ema == 0 ? step_s : 0.9 * step_ema + 0.1 * step_s;
-      window->set_control(sync::kHeartbeat, window->control(sync::kHeartbeat) + 1);
+      beat();
       window->set_control(sync::kStepsDone, t);
       window->set_control(sync::kTokensDone, tokens);
       window->set_control(sync::kStepTimeNs, static_cast<int64_t>(step_ema * 1e9));
@@ -283,6 +302,13 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
           window->set_control(sync::kPublishSkipped, ++skipped);
           return;
         }
+        if (config.debug.nan_unit == u && t >= config.debug.nan_at_step && !nan_injected) {
+          // Test hook: the leader's parameters turn NaN just before a snapshot that is
+          // published (the syncer must refuse it); its next loss, all-reduced, is NaN on
+          // every rank of the unit.
+          poison(trainer.model().parameters());
+          nan_injected = true;
+        }
         fragments.pack(p, trainer.model().parameters(), std::span<float>(packed.data(), layout.numel(p)));
         window->publish(p, std::span<const float>(packed.data(), layout.numel(p)),
                         {c_steps[p], c_tok[p], t, base_version[p]});
@@ -291,7 +317,8 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
         actions.sent[p] = 1;
       };
       if (plan.outer_steps) {
-        for (int p : fragments.due_after(t)) publish(p);
+        if (!non_finite)  // poisoned parameters are never published
+          for (int p : fragments.due_after(t)) publish(p);
       } else if (u == 0 && (t % eval_period == 0 || t == max_steps)) {
         publish(0);  // ddp: ship θ to the syncer for global evaluation
       }
@@ -318,8 +345,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
                  !faults.crash_pending(wall.seconds())) {
             backoff.idle();
             take(p);
-            // Alive while waiting: only a crashed or hung process stops its heartbeat.
-            window->set_control(sync::kHeartbeat, window->control(sync::kHeartbeat) + 1);
+            beat();  // alive while waiting
           }
           backoff.reset();
         }
@@ -328,18 +354,28 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
       actions.stop = stop_requested() || t >= max_steps;
       if (plan.mode == Mode::decoupled)
         actions.schedule_step = window->control(sync::kJobTokens) / job_step_tokens;
-      if (!actions.stop)
-        if (const chaos::Fault* crash = faults.crash_due(wall.seconds())) {
-          actions.crash = true;
-          // Steps and waits are not interrupted: in ddp a crash due inside the all-reduce
-          // takes effect after it, with the down-time it has left (logged as late_s).
-          crash_late_s = wall.seconds() - crash->start_s;
-          if (config.debug.crash_during_read && plan.outer_steps) wait_for_syncer_read();
-          actions.down_ms = static_cast<int64_t>(
-              1e3 * std::max(0.0, crash->end_s() - wall.seconds()));
-          for (int p = 0; p < P; ++p) actions.lost[p] = !window->outbox_free(p);
-          actions.apply.clear();  // what would be applied is lost with the rest
-        }
+      if (non_finite && !actions.stop) {
+        log.write({{"event", "non_finite"}, {"unit", u}, {"step", t}, {"tokens", tokens},
+                   {"elapsed_s", wall.seconds()}, {"train_loss", s.loss},
+                   {"grad_norm", s.grad_norm}});
+        // Down for no time: straight back from Θ. The snapshots already published were taken
+        // before the parameters went bad: they stay for the syncer, nothing is lost.
+        actions.crash = true;
+        crash_cause = "non_finite";
+        crash_late_s = 0;
+      } else if (!actions.stop && faults.crash_pending(wall.seconds()) &&
+                 (!config.debug.crash_during_read || !plan.outer_steps || syncer_reading())) {
+        const chaos::Fault* crash = faults.crash_due(wall.seconds());
+        crash_cause = "chaos";
+        actions.crash = true;
+        // Steps and waits are not interrupted: in ddp a crash due inside the all-reduce takes
+        // effect after it, with the down-time it has left (logged as late_s).
+        crash_late_s = wall.seconds() - crash->start_s;
+        actions.down_ms =
+            static_cast<int64_t>(1e3 * std::max(0.0, crash->end_s() - wall.seconds()));
+        for (int p = 0; p < P; ++p) actions.lost[p] = !window->outbox_free(p);
+      }
+      if (actions.crash) actions.apply.clear();  // the unit starts over from Θ
     }
     if (topo.unit_size > 1) {
       auto words = actions.encode(P);

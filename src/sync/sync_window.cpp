@@ -134,9 +134,14 @@ void LearnerWindow::lose_outboxes() {
   for (int p = 0; p < layout_->fragments(); ++p) {
     auto* data = reinterpret_cast<float*>(base_ + layout_->outbox_offset(p));
     std::fill(data, data + layout_->numel(p), std::numeric_limits<float>::quiet_NaN());
+  }
+  hold_inboxes();
+}
+
+void LearnerWindow::hold_inboxes() {
+  for (int p = 0; p < layout_->fragments(); ++p)
     std::atomic_ref<int64_t>(word(layout_->header_offset(p) + kInAck * 8))
         .store(-1, std::memory_order_release);
-  }
   MPI_Win_sync(win_);
 }
 

@@ -230,9 +230,13 @@ bool Syncer::collect() {
         s.acked = seq;
         continue;
       }
-      if (s.fresh) ++superseded_;  // a newer snapshot replaces one not merged yet
+      // A snapshot that supersedes one not merged yet arrives when that one would have (a
+      // unit on a slow link that publishes faster than its link carries still gets merged).
+      if (s.fresh)
+        ++superseded_;
+      else
+        s.arrives_at = now() + link_delay_s(u, s.data.size() * sizeof(float));
       s.fresh = true;
-      s.arrives_at = now() + link_delay_s(u, s.data.size() * sizeof(float));
       s.meta = meta;
       window_.ack(u, p, seq);
       s.acked = seq;
@@ -269,6 +273,9 @@ void Syncer::hear(int u, int64_t beat) {
 }
 
 void Syncer::watch_liveness() {
+  // ddp has no quorum to leave a unit out of, and its healthy units sit in the all-reduce
+  // without a heartbeat while a crashed one is down: nothing to watch.
+  if (!plan_.outer_steps) return;
   for (int u = 0; u < M_; ++u) {
     if (unit_done(u)) continue;
     const int64_t beat = headers_[u].control(sync::kHeartbeat);
@@ -292,6 +299,16 @@ void Syncer::serve_rejoins() {
   for (int u = 0; u < M_; ++u) {
     const int64_t request = headers_[u].control(sync::kRejoinRequest);
     if (request <= rejoin_served_[u] || unit_done(u)) continue;
+    // Synchronous modes count rounds: a snapshot the unit sent before it crashed and that
+    // waits to be merged completes its round first (the request makes the unit heard, so the
+    // round merges now); the rejoin then serves that round's Θ. Served before, the unit would
+    // count the pending round as its next and stay one round behind.
+    bool pending_round = false;
+    for (int p = 0; p < fragments_.size(); ++p) pending_round |= slots_[u][p].fresh;
+    if (pending_round && plan_.mode != Mode::decoupled) {
+      hear(u, headers_[u].control(sync::kHeartbeat));
+      continue;
+    }
     const double start = now();
     const uint64_t before = window_.bytes_written();
     for (int p = 0; p < fragments_.size(); ++p) {
@@ -525,19 +542,14 @@ int Syncer::run() {
   if (config_.chaos.enabled()) {
     // The schedule replays exactly with chaos.schedule_file: RUN/chaos_schedule.yaml.
     write_text_atomically(dir / "chaos_schedule.yaml", schedule_.to_yaml());
-    int64_t crashes = 0, slow = 0, link = 0;
-    for (const auto& f : schedule_.faults) {
-      crashes += f.kind == chaos::FaultKind::crash;
-      slow += f.kind == chaos::FaultKind::slow;
-      link += f.kind == chaos::FaultKind::link;
-    }
-    log_.write({{"event", "chaos"}, {"crashes", crashes}, {"slow_episodes", slow},
-                {"link_episodes", link}, {"schedule", (dir / "chaos_schedule.yaml").string()},
+    const chaos::Schedule::Counts n = schedule_.counts();
+    log_.write({{"event", "chaos"}, {"crashes", n.crashes}, {"slow_episodes", n.slow},
+                {"link_episodes", n.link}, {"schedule", (dir / "chaos_schedule.yaml").string()},
                 {"tokens", 0}, {"elapsed_s", 0.0}});
     std::printf("chaos: %lld crashes, %lld straggler episodes, %lld link degradations scheduled "
                 "(%s)\n",
-                static_cast<long long>(crashes), static_cast<long long>(slow),
-                static_cast<long long>(link), (dir / "chaos_schedule.yaml").c_str());
+                static_cast<long long>(n.crashes), static_cast<long long>(n.slow),
+                static_cast<long long>(n.link), (dir / "chaos_schedule.yaml").c_str());
   }
   std::fflush(stdout);
   mpi::barrier_patient(topo_.world);  // time zero of the fault schedule, on every rank

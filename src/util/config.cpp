@@ -396,6 +396,12 @@ const std::vector<Entry>& entries() {
       DDILOCO_FIELD(int, "debug.syncer_read_delay_ms", debug.syncer_read_delay_ms,
                     "test hook: syncer pause between a snapshot's header and reading its data",
                     at_least(0)),
+      DDILOCO_FIELD(int, "debug.nan_unit", debug.nan_unit,
+                    "test hook: this unit's leader's parameters turn NaN (−1 = none)",
+                    at_least(-1)),
+      DDILOCO_FIELD(int64_t, "debug.nan_at_step", debug.nan_at_step,
+                    "test hook: ... before its first snapshot published from this step on",
+                    at_least<int64_t>(0)),
       DDILOCO_FIELD(bool, "debug.crash_during_read", debug.crash_during_read,
                     "test hook: a due crash waits until the syncer begins reading one of the "
                     "unit's snapshots (with syncer_read_delay_ms it lands inside that read)"),
@@ -573,6 +579,11 @@ void validate(const Config& c, const std::string& source) {
     }
     if (c.debug.stall_unit >= M)
       fail("debug.stall_unit: must be < units.count = {}, got {}", M, c.debug.stall_unit);
+    if (c.debug.nan_unit >= M)
+      fail("debug.nan_unit: must be < units.count = {}, got {}", M, c.debug.nan_unit);
+    // Elsewhere every merge needs every unit: the refused snapshot would stall the job.
+    if (c.debug.nan_unit >= 0 && c.mode != Mode::decoupled)
+      fail("debug.nan_unit: needs mode decoupled, got mode {}", mode_name(c.mode));
   } catch (const Error& err) {
     fail("{}: {}", source, err.what());
   }

@@ -10,11 +10,11 @@ mode: decoupled
 run: {dir: h, log_every: 5, progress: false}
 model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16}
 data: {train: text/train_*.bin, val: text/val_*.bin}
-train: {batch_size: 2, steps: 1000, warmup_steps: 2}  # a budget the other two cannot use up before the timeout
+train: {batch_size: 2, steps: 8000, warmup_steps: 2}  # a budget the other two cannot use up before the timeout
 eval: {val_tokens: 512, sample_tokens: 0}
 units: {count: 3}
 outer: {fragments: 1, h: 2, overlap: 1}
-syncer: {quorum: 3, eval_every: 100, heartbeat_timeout_s: 0.2}
+syncer: {quorum: 3, eval_every: 100, heartbeat_timeout_s: 0.5}
 debug: {stall_unit: 2, stall_at_step: 1, stall_until_merges: 4}
 YAML
 ddiloco_mpirun -np 4 "$DDILOCO" train --config h.yaml > h.log 2>&1 || { cat h.log; fail "run failed"; }

@@ -50,7 +50,7 @@ for apply in carry overwrite; do
     > tau_$apply.log 2>&1 || { cat tau_$apply.log; fail "streaming τ=2 apply=$apply failed"; }
 done
 /usr/bin/python3 - <<'PY' || fail "apply: carry does not keep the steps made while a merge is in flight"
-import h5py, numpy as np
+import h5py, json, numpy as np
 def worst(run):
     a, b = h5py.File("plain24/model.h5"), h5py.File(f"{run}/model.h5")
     return max(float(np.max(np.abs(a["params"][n][...] - b["params"][n][...]))) for n in a["params"])
@@ -58,5 +58,13 @@ carry, overwrite = worst("tau_carry"), worst("tau_overwrite")
 print(f"τ = 2 against plain training: carry max |Δ| = {carry:.2e}, overwrite {overwrite:.2e}")
 assert carry < 2e-5, carry
 assert overwrite > 100 * carry and overwrite > 1e-4, (carry, overwrite)
+# Counters: with carry each snapshot carries the H = 4 steps since the last one; with overwrite
+# the counters restart when the merge is applied, τ = 2 steps after the snapshot.
+def counted(run):
+    return [m["inner_steps"][0] for m in map(json.loads, open(f"{run}/metrics.jsonl"))
+            if m["event"] == "merge"]
+c, o = counted("tau_carry"), counted("tau_overwrite")
+assert len(c) == 6 and set(c) == {4}, c
+assert len(o) == 6 and o[0] == 4 and set(o[1:]) == {2}, o
 PY
 echo "runtime_identity: passed"

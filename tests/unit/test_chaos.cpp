@@ -6,6 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
+#include <unistd.h>
+
 #include "ddiloco/chaos.hpp"
 #include "ddiloco/config.hpp"
 #include "ddiloco/error.hpp"
@@ -27,7 +30,10 @@ ChaosConfig busy_config(int64_t seed) {
 }
 
 std::string write_file(const std::string& name, const std::string& text) {
-  const auto path = std::filesystem::temp_directory_path() / ("ddiloco_chaos_" + name);
+  // ctest runs each test in its own process, in parallel: names unique per test and process.
+  const auto path = std::filesystem::temp_directory_path() /
+                    fmt::format("ddiloco_chaos_{}_{}_{}", getpid(),
+                                ::testing::UnitTest::GetInstance()->current_test_info()->name(), name);
   std::ofstream(path) << text;
   return path.string();
 }
@@ -117,6 +123,26 @@ TEST(ChaosSchedule, FileRoundTripIsExact) {
   const std::string empty = write_file("empty.yaml", Schedule{}.to_yaml());
   EXPECT_TRUE(Schedule::load(empty, 3).empty());
   std::filesystem::remove(empty);
+}
+
+TEST(ChaosSchedule, CountsPerUnitAndInAll) {
+  const std::string path = write_file("counts.yaml",
+                                      "faults:\n"
+                                      "  - {unit: 0, kind: crash, start_s: 1, duration_s: 2}\n"
+                                      "  - {unit: 0, kind: slow, start_s: 4, duration_s: 3, factor: 2}\n"
+                                      "  - {unit: 1, kind: crash, start_s: 5, duration_s: 0.5}\n"
+                                      "  - {unit: 1, kind: link, start_s: 6, duration_s: 4, factor: 0.5}\n");
+  const Schedule s = Schedule::load(path, 2);
+  std::filesystem::remove(path);
+  const Schedule::Counts all = s.counts(), first = s.counts(0), second = s.counts(1);
+  EXPECT_EQ(all.crashes, 2);
+  EXPECT_DOUBLE_EQ(all.down_s, 2.5);
+  EXPECT_EQ(all.slow + all.link, 2);
+  EXPECT_EQ(first.crashes, 1);
+  EXPECT_DOUBLE_EQ(first.slow_s, 3.0);
+  EXPECT_EQ(first.link, 0);
+  EXPECT_DOUBLE_EQ(second.down_s, 0.5);
+  EXPECT_DOUBLE_EQ(second.link_s, 4.0);
 }
 
 TEST(ChaosSchedule, BadFilesRefusedWithEntryAndField) {
