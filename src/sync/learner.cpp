@@ -185,10 +185,15 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     }
     return false;
   };
+  // A crash is due and is taken now (debug.crash_during_read: once it lands in a read).
+  auto crash_now = [&] {
+    if (!faults.crash_pending(wall.seconds())) return false;
+    return !config.debug.crash_during_read || !plan.outer_steps || syncer_reading();
+  };
   auto poison = [](std::span<float> xs) {
     std::fill(xs.begin(), xs.end(), std::numeric_limits<float>::quiet_NaN());
   };
-  auto crash_and_rejoin = [&](const Actions& a, int64_t t) {
+  auto crash_and_rejoin = [&](const Actions& a, int64_t& t) {
     for (int p = 0; p < P && tracks_fragments; ++p) {
       book.discarded += unsent[p] + (a.lost[p] ? in_flight[p] : 0.0);
       unsent[p] = in_flight[p] = 0;
@@ -239,11 +244,20 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
         sent_step[p] = -1;
       }
     }
+    // diloco counts rounds in steps: every unit's k-th snapshot is its step k·H (P = 1). A
+    // unit back from a crash redoes, from the Θ it fetched (round words[1]), the steps of the
+    // round it lost, so that its snapshots and its last step stay in line with the others'.
+    const int64_t crashed_at = t;
+    if (plan.mode == Mode::diloco && !words[0]) {
+      t = words[1] * plan.h;
+      trainer.set_steps_done(t);  // the learning rate follows the round too
+    }
     if (topo.leader) {
       step_ema = 0;
       nlohmann::json versions(std::vector<int64_t>(words.begin() + 1, words.end()));
       log.write({{"event", "rejoin"}, {"unit", u}, {"step", t}, {"tokens", tokens},
-                 {"elapsed_s", wall.seconds()}, {"versions", versions}});
+                 {"elapsed_s", wall.seconds()}, {"versions", versions},
+                 {"steps_redone", crashed_at - t}});
     }
     return true;
   };
@@ -333,6 +347,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
           fail("unit {}: merged fragment {} version {} failed its checksum", u, p, v);
         pending_version[p] = v;
       };
+      bool crash_ready = false;  // a crash came due while waiting: take it at this step
       for (int p = 0; p < P && plan.outer_steps; ++p) {
         take(p);
         const bool owed = sent_step[p] >= 0 && t >= sent_step[p] + plan.overlap;
@@ -341,8 +356,8 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
           // snapshot is version k. Decoupled with τ = 0: any merge newer than ours.
           const int64_t want = plan.mode == Mode::decoupled ? applied[p] + 1 : sends[p];
           // A crash due meanwhile happens on time: a unit that waits can fail too.
-          while (pending_version[p] < want && !stop_requested() &&
-                 !faults.crash_pending(wall.seconds())) {
+          while (pending_version[p] < want && !stop_requested() && !crash_ready) {
+            if ((crash_ready = crash_now())) break;
             backoff.idle();
             take(p);
             beat();  // alive while waiting
@@ -363,8 +378,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
         actions.crash = true;
         crash_cause = "non_finite";
         crash_late_s = 0;
-      } else if (!actions.stop && faults.crash_pending(wall.seconds()) &&
-                 (!config.debug.crash_during_read || !plan.outer_steps || syncer_reading())) {
+      } else if (!actions.stop && (crash_ready || crash_now())) {
         const chaos::Fault* crash = faults.crash_due(wall.seconds());
         crash_cause = "chaos";
         actions.crash = true;

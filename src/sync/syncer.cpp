@@ -76,6 +76,8 @@ class Syncer {
     slots_.assign(M_, std::vector<Slot>(P));
     for (auto& unit : slots_)
       for (int p = 0; p < P; ++p) unit[p].data.resize(layout_.numel(p));
+    incoming_.resize(P);
+    for (int p = 0; p < P; ++p) incoming_[p].resize(layout_.numel(p));
     version_.assign(P, 0);
     rounds_.assign(P, Round{});
     if (anchor_base_) {
@@ -166,6 +168,7 @@ class Syncer {
   const bool anchor_base_ = config_.outer.anchor == "base";
   std::vector<std::map<int64_t, std::vector<float>>> history_;
   std::vector<Round> rounds_;
+  std::vector<std::vector<float>> incoming_;   // per fragment: a snapshot being read
   std::vector<sync::UnitHeaders> headers_;     // last poll
   std::vector<int64_t> heartbeat_;             // last heartbeat seen per unit
   std::vector<double> heard_at_;               // ... when it last moved (s since start)
@@ -206,14 +209,16 @@ bool Syncer::collect() {
         window_.set_control(u, sync::kReadsStarted, ++reads_started_[u]);
       if (config_.debug.syncer_read_delay_ms > 0)  // test hook: a syncer slower than learners
         std::this_thread::sleep_for(std::chrono::milliseconds(config_.debug.syncer_read_delay_ms));
-      const int64_t after = window_.fetch(u, p, s.data);
+      // Read beside the slot: a refused snapshot leaves an earlier one that waits intact.
+      std::vector<float>& incoming = incoming_[p];
+      const int64_t after = window_.fetch(u, p, incoming);
       any = true;
       std::string problem;
       if (after != seq)
         problem = fmt::format("torn: sequence {} became {} during the read", seq, after);
-      else if (sync::checksum(s.data) != sum)
+      else if (sync::checksum(incoming) != sum)
         problem = "checksum mismatch";
-      else if (!std::all_of(s.data.begin(), s.data.end(), [](float x) { return std::isfinite(x); }))
+      else if (!std::all_of(incoming.begin(), incoming.end(), [](float x) { return std::isfinite(x); }))
         problem = "non-finite values";
       else if (meta.base_version < 0 || meta.base_version > version_[p])
         problem = fmt::format("base version {} outside 0..{}", meta.base_version, version_[p]);
@@ -224,7 +229,6 @@ bool Syncer::collect() {
         ++rejected_;
         log_.write({{"event", "snapshot_rejected"}, {"unit", u}, {"fragment", p}, {"seq", seq},
                     {"reason", problem}, {"elapsed_s", now()}, {"tokens", tokens_total()}});
-        s.fresh = false;
         if (after != seq) continue;  // re-read the newer snapshot next poll
         window_.ack(u, p, seq);
         s.acked = seq;
@@ -232,6 +236,7 @@ bool Syncer::collect() {
       }
       // A snapshot that supersedes one not merged yet arrives when that one would have (a
       // unit on a slow link that publishes faster than its link carries still gets merged).
+      std::swap(s.data, incoming);
       if (s.fresh)
         ++superseded_;
       else
@@ -347,8 +352,11 @@ bool Syncer::merge_ready_fragments() {
     return true;
   }
   bool any = false;
-  int live = 0;
-  for (int u = 0; u < M_; ++u) live += unit_live(u);
+  int live = 0, done = 0;
+  for (int u = 0; u < M_; ++u) {
+    live += unit_live(u);
+    done += unit_done(u);
+  }
   for (int p = 0; p < fragments_.size(); ++p) {
     // A silent unit is out of every quorum until it reports again; its last snapshot waits.
     std::vector<int> fresh;
@@ -356,10 +364,14 @@ bool Syncer::merge_ready_fragments() {
       if (slots_[u][p].fresh && (!silent_[u] || stopping_) &&
           (slots_[u][p].arrives_at <= now() || stopping_))
         fresh.push_back(u);
-    // Synchronous modes need every unit; decoupled needs K (fewer if fewer are still alive).
-    // Once the job is ending, whatever was published is merged: that is the final flush.
-    int needed = plan_.mode == Mode::decoupled ? std::min(plan_.quorum, std::max(live, 1)) : M_;
-    if (stopping_ || live == 0) needed = 1;
+    // Synchronous modes need every unit but those finished with nothing left to merge (all
+    // finish on the same round; one that finished early must not hold the rest forever);
+    // decoupled needs K (fewer if fewer are still alive). Once the job is ending, whatever
+    // was published is merged: that is the final flush.
+    int finished = 0;
+    for (int u = 0; u < M_; ++u) finished += unit_done(u) && !slots_[u][p].fresh;
+    int needed = plan_.mode == Mode::decoupled ? std::min(plan_.quorum, std::max(live, 1)) : M_ - finished;
+    if (stopping_ || done == M_) needed = 1;
     if (static_cast<int>(fresh.size()) < needed) continue;
     Round& r = rounds_[p];
     if (r.quorum_at < 0) {

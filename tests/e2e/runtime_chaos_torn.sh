@@ -11,7 +11,7 @@ faults:
   - {unit: 0, kind: crash, start_s: 0.8, duration_s: 0.4}
   - {unit: 0, kind: crash, start_s: 2.0, duration_s: 0.4}
 YAML
-# P = H = 2: a fragment is published every step and the syncer pauses 30 ms between a snapshot's
+# P = H = 2: a fragment is published every step and the syncer pauses 50 ms between a snapshot's
 # header and its data (test hook), so snapshots wait unread in the outboxes; each due crash
 # waits until the syncer begins reading one of unit 0's (test hook), so it lands in that pause.
 cat > t.yaml <<'YAML'
@@ -25,7 +25,7 @@ units: {count: 2}
 outer: {fragments: 2, h: 2, overlap: 1}
 syncer: {quorum: 1, eval_every: 5, heartbeat_timeout_s: 0.3}
 chaos: {schedule_file: faults.yaml}
-debug: {syncer_read_delay_ms: 30, crash_during_read: true}
+debug: {syncer_read_delay_ms: 50, crash_during_read: true}
 YAML
 "${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config t.yaml > t.log 2>&1 &
 pid=$!

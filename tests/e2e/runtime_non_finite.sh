@@ -11,11 +11,11 @@ mode: decoupled
 run: {dir: n, log_every: 5, progress: false}
 model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16}
 data: {train: text/train_*.bin, val: text/val_*.bin}
-train: {batch_size: 2, steps: 60, warmup_steps: 2}
+train: {batch_size: 2, steps: 400, warmup_steps: 2}  # long enough for the refused read
 eval: {val_tokens: 512, sample_tokens: 0}
 units: {count: 2, ranks: [1, 2]}
 outer: {fragments: 2, h: 4, overlap: 1}
-syncer: {quorum: 1, eval_every: 2}
+syncer: {quorum: 1, eval_every: 20}
 debug: {nan_unit: 1, nan_at_step: 12}
 YAML
 ddiloco_mpirun -np 4 "$DDILOCO" train --config n.yaml > n.log 2>&1 || { cat n.log; fail "run failed"; }

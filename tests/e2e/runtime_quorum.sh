@@ -48,10 +48,12 @@ assert late, "unit 2 never contributed after it resumed"
 first = late[0]
 i = first["units"].index(2)
 stale = first["staleness"][i]
-# Staleness = merges since the version it started from; at least the three held merges (its
-# base may be a window merge that carried its own pre-stall snapshot).
-assert stale == first["version"] - 1 - first["base_versions"][i], first
-assert stale >= 3, first
+# Staleness = merges since the version its snapshot started from. (How stale that first one
+# is depends on timing: its step-4 snapshot may have been skipped while its step-2 one was
+# unread, and its next one then starts from a version it applied after the stall.)
+for m in merges:
+    for j, unit in enumerate(m["units"]):
+        assert m["staleness"][j] == m["version"] - 1 - m["base_versions"][j], m
 print(f"{variant}: {len(merges)} merges; while unit 2 was held: {len(held)} merges of units 0 and 1; "
       f"its first snapshot after resuming was merged at version {first['global_version']} "
       f"with staleness {stale}")
