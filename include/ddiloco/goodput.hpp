@@ -42,8 +42,9 @@ struct TimeBook {
 std::vector<TimeBook> gather_time_books(const TimeBook& mine, MPI_Comm comm);
 
 /// Global downtime: the total length of the intervals between two consecutive outer updates
-/// (or the last one and the end of training) that are longer than `factor` times the nominal
-/// fragment period (H/P inner steps at the units' median step time; one step in ddp). Counted
+/// (of any fragment; or the last one and the end of training) that are longer than `factor`
+/// times the nominal fragment period (H inner steps, the period of each fragment's
+/// synchronisation, at the units' median step time; one step in ddp). Counted
 /// from the first update on: before it every mode is still in its first round, which is not
 /// downtime. The nominal period is passed with every update, as measured while the job runs.
 class GlobalDowntime {

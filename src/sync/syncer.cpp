@@ -127,10 +127,9 @@ class Syncer {
   }
   // The mode's nominal time between two updates of the global model: H/P inner steps (one
   // step in ddp, where every step updates it) at the units' median step time.
-  double nominal_period() const {
-    return (plan_.outer_steps ? static_cast<double>(plan_.h) / fragments_.size() : 1.0) *
-           median_step_s_;
-  }
+  // The nominal fragment period: a fragment is synchronised every H inner steps (ddp: every
+  // step), at the units' median step time.
+  double nominal_period() const { return (plan_.outer_steps ? plan_.h : 1.0) * median_step_s_; }
 
   bool collect();                  // reads new snapshots; true if any
   bool merge_ready_fragments();    // true if any merge happened
