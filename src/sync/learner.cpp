@@ -190,6 +190,13 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     if (!faults.crash_pending(wall.seconds())) return false;
     return !config.debug.crash_during_read || !plan.outer_steps || syncer_reading();
   };
+  // Fragment p of the Θ the leader took from its inbox, on every rank of the unit.
+  auto fragment_from_leader = [&](int p) {
+    std::span<float> buf(incoming.data(), layout.numel(p));
+    if (topo.leader) std::copy(pending[p].begin(), pending[p].end(), buf.begin());
+    if (topo.unit_size > 1) mpi::broadcast(buf, 0, topo.unit_comm);
+    return buf;
+  };
   auto poison = [](std::span<float> xs) {
     std::fill(xs.begin(), xs.end(), std::numeric_limits<float>::quiet_NaN());
   };
@@ -234,10 +241,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     if (words[0]) return false;
     if (plan.outer_steps) {
       for (int p = 0; p < P; ++p) {
-        std::span<float> buf(incoming.data(), layout.numel(p));
-        if (topo.leader) std::copy(pending[p].begin(), pending[p].end(), buf.begin());
-        if (topo.unit_size > 1) mpi::broadcast(buf, 0, topo.unit_comm);
-        fragments.unpack(p, buf, trainer.model().parameters());
+        fragments.unpack(p, fragment_from_leader(p), trainer.model().parameters());
         // The next outer gradient is against what was fetched; the token weight restarts.
         c_steps[p] = c_tok[p] = 0;
         base_version[p] = applied[p] = pending_version[p] = sends[p] = words[1 + p];
@@ -406,9 +410,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
       }
     if (actions.schedule_step >= 0) trainer.set_schedule_step(actions.schedule_step);
     for (const auto& [p, version] : actions.apply) {
-      std::span<float> buf(incoming.data(), layout.numel(p));
-      if (topo.leader) std::copy(pending[p].begin(), pending[p].end(), buf.begin());
-      if (topo.unit_size > 1) mpi::broadcast(buf, 0, topo.unit_comm);
+      const std::span<float> buf = fragment_from_leader(p);
       if (blend || carry)
         fragments.pack(p, trainer.model().parameters(), std::span<float>(packed.data(), buf.size()));
       if (blend)

@@ -303,16 +303,14 @@ void Syncer::serve_rejoins() {
   for (int u = 0; u < M_; ++u) {
     const int64_t request = headers_[u].control(sync::kRejoinRequest);
     if (request <= rejoin_served_[u] || unit_done(u)) continue;
+    hear(u, headers_[u].control(sync::kHeartbeat));  // a unit that asks is alive
     // Synchronous modes count rounds: a snapshot the unit sent before it crashed and that
     // waits to be merged completes its round first (the request makes the unit heard, so the
     // round merges now); the rejoin then serves that round's Θ. Served before, the unit would
     // count the pending round as its next and stay one round behind.
     bool pending_round = false;
     for (int p = 0; p < fragments_.size(); ++p) pending_round |= slots_[u][p].fresh;
-    if (pending_round && plan_.mode != Mode::decoupled) {
-      hear(u, headers_[u].control(sync::kHeartbeat));
-      continue;
-    }
+    if (pending_round && plan_.mode != Mode::decoupled) continue;
     const double start = now();
     const uint64_t before = window_.bytes_written();
     for (int p = 0; p < fragments_.size(); ++p) {
@@ -323,7 +321,6 @@ void Syncer::serve_rejoins() {
     }
     window_.set_control(u, sync::kRejoinServed, request);
     rejoin_served_[u] = request;
-    hear(u, headers_[u].control(sync::kHeartbeat));
     log_.write({{"event", "rejoin"}, {"unit", u}, {"request", request}, {"versions", version_},
                 {"bytes_out", window_.bytes_written() - before}, {"serve_s", now() - start},
                 {"tokens", tokens_total()}, {"elapsed_s", now()}});
@@ -552,15 +549,16 @@ int Syncer::run() {
               budget_ / 1e6);
   if (config_.chaos.enabled()) {
     // The schedule replays exactly with chaos.schedule_file: RUN/chaos_schedule.yaml.
-    write_text_atomically(dir / "chaos_schedule.yaml", schedule_.to_yaml());
+    const std::filesystem::path schedule_path = dir / "chaos_schedule.yaml";
+    write_text_atomically(schedule_path, schedule_.to_yaml());
     const chaos::Schedule::Counts n = schedule_.counts();
     log_.write({{"event", "chaos"}, {"crashes", n.crashes}, {"slow_episodes", n.slow},
-                {"link_episodes", n.link}, {"schedule", (dir / "chaos_schedule.yaml").string()},
+                {"link_episodes", n.link}, {"schedule", schedule_path.string()},
                 {"tokens", 0}, {"elapsed_s", 0.0}});
     std::printf("chaos: %lld crashes, %lld straggler episodes, %lld link degradations scheduled "
                 "(%s)\n",
                 static_cast<long long>(n.crashes), static_cast<long long>(n.slow),
-                static_cast<long long>(n.link), (dir / "chaos_schedule.yaml").c_str());
+                static_cast<long long>(n.link), schedule_path.c_str());
   }
   std::fflush(stdout);
   mpi::barrier_patient(topo_.world);  // time zero of the fault schedule, on every rank
