@@ -2,6 +2,7 @@
 // that drifted apart; not cryptographic.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -9,5 +10,6 @@ namespace ddiloco {
 
 /// Multiply-rotate hash over the bytes of `data` (8-byte words, then the tail).
 uint64_t checksum(std::span<const float> data);
+uint64_t checksum(std::span<const std::byte> data);
 
 }  // namespace ddiloco

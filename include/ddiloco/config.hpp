@@ -117,6 +117,21 @@ struct ChaosConfig {
   }
 };
 
+/// Checkpoints (README "Checkpoints and resume"): HDF5 files per role under
+/// <dir>/ckpt_<id>/, manifest.json written last. Modes diloco, streaming and decoupled.
+struct CheckpointConfig {
+  int64_t every = 0;     ///< outer updates (merges) between two checkpoints; 0 = only at a stop
+  std::string dir;       ///< where checkpoints go; empty = <run.dir>/checkpoints
+  int keep = 3;          ///< complete checkpoints kept (older ones are deleted)
+  bool at_stop = true;   ///< a checkpoint when the job stops (signal, token budget, last step)
+
+  bool enabled() const { return every > 0 || at_stop; }
+  /// The effective directory for a run directory.
+  std::string directory(const std::string& run_dir) const {
+    return dir.empty() ? run_dir + "/checkpoints" : dir;
+  }
+};
+
 /// Hooks that only tests use: they make a unit stall or the syncer slow, deterministically.
 struct DebugConfig {
   int stall_unit = -1;             ///< unit that stalls (−1: none)
@@ -126,6 +141,7 @@ struct DebugConfig {
   bool crash_during_read = false;  ///< a due crash waits until the syncer begins a read of ours
   int nan_unit = -1;               ///< unit whose leader's parameters turn NaN (−1: none) ...
   int64_t nan_at_step = 0;         ///< ... before its first snapshot from this step on
+  int checkpoint_write_delay_ms = 0;  ///< the syncer pauses inside its checkpoint file's write
 };
 
 struct Config {
@@ -139,6 +155,7 @@ struct Config {
   OuterConfig outer;
   SyncerConfig syncer;
   ChaosConfig chaos;
+  CheckpointConfig checkpoint;
   DebugConfig debug;
 
   /// Ranks of unit u (units.ranks[u], or units.ranks_per_unit).
@@ -153,6 +170,11 @@ struct Config {
 /// Reads `path` (may be empty: defaults only), applies "key=value" overrides in order, and
 /// validates the result. Throws Error naming the file/--set, key and expected value.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+/// Like load_config, from YAML text (a checkpoint's effective configuration); `source` names
+/// it in errors.
+Config load_config_text(const std::string& yaml, const std::string& source,
+                        const std::vector<std::string>& overrides = {});
 
 /// Applies one "key=value" override (`source` names it in errors, e.g. "--set").
 void apply_override(Config& config, const std::string& assignment, const std::string& source);

@@ -7,6 +7,8 @@
 // quorum and the merge do not use can go to stragglers.
 #pragma once
 
+#include <vector>
+
 namespace ddiloco {
 
 class GraceWindow {
@@ -21,6 +23,11 @@ class GraceWindow {
   /// The current window, seconds (0 until a step time has been observed).
   double seconds() const;
 
+  /// The moving averages, saved in checkpoints: step, median, quorum, sync (seconds) and
+  /// whether each of step, quorum, sync has been observed (1/0).
+  std::vector<double> state() const;
+  /// Restores what state() returned; throws Error unless it has 7 values.
+  void restore(const std::vector<double>& state);
   double step_s() const { return step_; }
   double quorum_s() const { return quorum_; }
   double sync_s() const { return sync_; }

@@ -40,6 +40,8 @@ double allreduce_sum(double value, MPI_Comm comm);
 double allreduce_max(double value, MPI_Comm comm);
 void broadcast(std::span<float> data, int root, MPI_Comm comm);
 void broadcast(std::span<int64_t> data, int root, MPI_Comm comm);
+/// `text` of rank `root`, on every rank.
+std::string broadcast(const std::string& text, int root, MPI_Comm comm);
 /// Sum to `root` (in place on the root; other ranks' buffers are inputs only).
 void reduce_sum(std::span<float> data, int root, MPI_Comm comm);
 /// In-place sum over comm that waits with Backoff instead of spinning (MPI_Iallreduce +

@@ -4,6 +4,10 @@
 
 #include <mpi.h>
 
+#include <filesystem>
+#include <string>
+
+#include "ddiloco/checkpoint.hpp"
 #include "ddiloco/config.hpp"
 #include "ddiloco/data_loader.hpp"
 #include "ddiloco/goodput.hpp"
@@ -33,17 +37,32 @@ struct OuterPlan {
 
 /// Runs this rank's part of a multi-unit job (config.mode ≠ single). Collective over `world`.
 /// Every input is validated on every rank first (mpi::SetupFailed on all ranks otherwise);
-/// run.dir must not hold a previous run unless `overwrite`. SIGINT/SIGTERM stop every unit
-/// at its next step boundary; Θ is then evaluated and saved as usual.
+/// run.dir must not hold a previous run unless `overwrite` or resuming. SIGINT, SIGTERM and
+/// SIGUSR1 stop every unit at its next step boundary (diloco: at the end of the round under
+/// way), a checkpoint is written (checkpoint.at_stop), Θ is evaluated and saved as usual.
+/// `resume`: "" (a fresh start), "auto" (the newest complete checkpoint in checkpoint.dir,
+/// skipping incomplete or corrupt ones with a warning; a fresh start, replacing what run.dir
+/// holds, when there is none) or a checkpoint directory. A checkpoint of another job (model
+/// shape, mode, units and their ranks, fragments) is refused with the mismatch named.
 /// Returns the stop signal that ended the job early, or 0.
-int run_job(const Config& config, MPI_Comm world, bool overwrite);
+int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::string& resume = "");
+
+/// What a learner rank resumes from: the checkpoint directory, its unit's file and the
+/// syncer's (read and validated during set-up).
+struct LearnerResume {
+  std::filesystem::path dir;
+  checkpoint::UnitState unit;
+  checkpoint::SyncerState syncer;
+};
 
 /// The two roles; called by run_job once set-up succeeded everywhere.
 /// run_learner returns where this rank's wall time went (goodput accounting).
 TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology& topology,
-                     UnitTrainer& trainer);
-/// Returns the stop signal that ended the job early, or 0.
+                     UnitTrainer& trainer, const LearnerResume* resume = nullptr);
+/// Returns the stop signal that ended the job early, or 0. `resumed`: the state read from
+/// the checkpoint directory `resume` (nullptr: a fresh start).
 int run_syncer(const Config& config, const OuterPlan& plan, const Topology& topology,
-               const ValidationSet& val);
+               const ValidationSet& val, const std::filesystem::path& resume = {},
+               const checkpoint::SyncerState* resumed = nullptr);
 
 }  // namespace ddiloco

@@ -1,4 +1,5 @@
-// Graceful stops: SIGINT and SIGTERM (what mpirun and Slurm send) only set a flag; training
+// Graceful stops: SIGINT, SIGTERM (what mpirun and Slurm send) and SIGUSR1 (Slurm's
+// `--signal` warning before pre-emption) only set a flag; training
 // loops look at it at step boundaries, agree on it across ranks, and end cleanly (metrics
 // flushed, an "interrupted" event, the model saved).
 #pragma once

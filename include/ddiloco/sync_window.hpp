@@ -53,7 +53,14 @@ enum Control : int {
   kRejoinRequest,   ///< learner: rejoins requested after crashes (+1 each)
   kRejoinServed,    ///< syncer: the rejoin request whose Θ now fills every inbox
   kReadsStarted,    ///< syncer: reads of this unit's snapshots begun (debug.crash_during_read)
-  kControlWords = 16
+  kCheckpointNext,  ///< syncer: id of the next checkpoint (where a unit that stops writes)
+  kCheckpointWant,  ///< syncer: write checkpoint kCheckpointNext at the next step boundary
+                    ///< (diloco: at the next round boundary)
+  kCheckpointDone,  ///< learner: id of the last checkpoint whose unit file it wrote
+  kCheckpointTokens,  ///< learner: the tokens that file records
+  kStopAfterVersion,  ///< syncer (diloco): stop once the merge of this round is applied
+  kSignal,          ///< learner: the stop signal its leader received (0 = none)
+  kControlWords = 24
 };
 
 enum UnitState : int64_t { kStarting = 0, kRunning = 1, kDone = 2 };
@@ -129,6 +136,9 @@ class LearnerWindow {
   /// inbox acknowledgement becomes −1 (nothing taken), so that the syncer delivers nothing
   /// more until the unit has taken the Θ served at its rejoin.
   void lose_outboxes();
+  /// A resumed unit holds Θ_p at `version` from its checkpoint: marks that version taken, so
+  /// that the syncer's flow control delivers the next one.
+  void set_inbox_taken(int p, int64_t version);
   /// The inbox half of lose_outboxes(): a unit that starts over from Θ with its memory intact
   /// (its parameters went non-finite) leaves its outboxes, published before that, for the
   /// syncer to read and merge.

@@ -70,6 +70,7 @@ class UnitTrainer {
   /// step count (decoupled: the job's mean step, so that fast and slow units warm up and
   /// anneal together as the job's token budget runs out). −1: the unit's own steps again.
   void set_schedule_step(int64_t step) { schedule_step_ = step; }
+  int64_t schedule_step() const { return schedule_step_; }
   int64_t tokens_per_step() const;  ///< over the whole unit
 
  private:

@@ -10,6 +10,7 @@
 
 #include "cli/commands.hpp"
 #include "ddiloco/chaos.hpp"
+#include "ddiloco/checkpoint.hpp"
 #include "ddiloco/config.hpp"
 #include "ddiloco/data_loader.hpp"
 #include "ddiloco/error.hpp"
@@ -29,6 +30,7 @@ struct ConfigArgs {
   std::string path;
   std::vector<std::string> overrides;
   bool overwrite = false;
+  std::string resume;
   void add_to(CLI::App* app, bool required) {
     app->add_option("--config,-c", path, "YAML run configuration (configs/*.yaml)")
         ->required(required)
@@ -41,10 +43,12 @@ int cmd_train(const ConfigArgs& args) {
   const Config config =
       mpi::agree(MPI_COMM_WORLD, [&] { return load_config(args.path, args.overrides); });
   if (config.mode == Mode::single) {
+    if (!args.resume.empty())
+      fail("--resume: mode single writes no checkpoints (modes diloco, streaming and decoupled do)");
     const TrainResult r = train_single_unit(config, MPI_COMM_WORLD, args.overwrite);
     return r.signal != 0 ? signal_exit_status(r.signal) : 0;
   }
-  const int signal = run_job(config, MPI_COMM_WORLD, args.overwrite);
+  const int signal = run_job(config, MPI_COMM_WORLD, args.overwrite, args.resume);
   return signal != 0 ? signal_exit_status(signal) : 0;
 }
 
@@ -53,8 +57,31 @@ struct EvalArgs {
   ConfigArgs config;
 };
 
+// A model file, or a checkpoint (its directory or syncer.h5): Θ and the run's configuration.
+struct EvalInput {
+  LoadedModel loaded;
+  std::string config_yaml;  // a checkpoint's effective configuration ("" for a model file)
+};
+EvalInput load_eval_input(const std::filesystem::path& path) {
+  std::filesystem::path file = path;
+  if (std::filesystem::is_directory(path)) {
+    checkpoint::verify(path);
+    file = checkpoint::syncer_file(path);
+  } else if (path.filename() != "syncer.h5") {
+    return {load_model(path), ""};
+  }
+  checkpoint::SyncerState st = checkpoint::read_syncer(file);
+  EvalInput in;
+  in.loaded.config = st.model;
+  in.loaded.params = std::move(st.theta);
+  in.loaded.metadata = {{"checkpoint", st.id}, {"merges", st.merges}, {"tokens", st.tokens}};
+  in.config_yaml = std::move(st.config_yaml);
+  return in;
+}
+
 int cmd_eval(const EvalArgs& args) {
-  // Evaluate as the run did: its config.yaml (beside the model) unless --config is given.
+  // Evaluate as the run did: its config.yaml (beside the model; a checkpoint holds its own)
+  // unless --config is given.
   std::string config_path = args.config.path;
   const auto beside = std::filesystem::path(args.model).parent_path() / "config.yaml";
   if (config_path.empty() && std::filesystem::exists(beside)) config_path = beside.string();
@@ -65,8 +92,14 @@ int cmd_eval(const EvalArgs& args) {
   };
   Setup s = mpi::agree(MPI_COMM_WORLD, [&] {
     Setup r;
-    r.config = load_config(config_path, args.config.overrides);
-    r.loaded = load_model(args.model);
+    EvalInput in = load_eval_input(args.model);
+    if (!in.config_yaml.empty() && args.config.path.empty()) {
+      config_path = args.model + " (its configuration)";
+      r.config = load_config_text(in.config_yaml, config_path, args.config.overrides);
+    } else {
+      r.config = load_config(config_path, args.config.overrides);
+    }
+    r.loaded = std::move(in.loaded);
     r.val = std::make_unique<ValidationSet>(expand_shard_pattern(r.config.data.val, "data.val"),
                                             r.loaded.config.vocab_size, r.loaded.config.seq_len,
                                             r.config.eval.val_tokens);
@@ -226,12 +259,21 @@ int main(int argc, char** argv) {
   train_args.add_to(train, true);
   train->add_flag("--overwrite", train_args.overwrite,
                   "replace the outputs of a previous run in run.dir");
+  train->add_option("--resume", train_args.resume,
+                    "auto: the newest complete checkpoint in checkpoint.dir (a fresh start if "
+                    "none), or a checkpoint directory (ckpt_<id>)");
+
+  std::string inspect_path;
+  auto* inspect = app.add_subcommand(
+      "inspect", "print a checkpoint: a checkpoints directory, one ckpt_<id>, or one of its files");
+  inspect->add_option("path", inspect_path, "checkpoint path")->required()->check(CLI::ExistingPath);
 
   EvalArgs eval_args;
   auto* eval = app.add_subcommand("eval", "validation loss of a saved model");
-  eval->add_option("--model,-m", eval_args.model, "model file (run dir/model.h5)")
+  eval->add_option("--model,-m", eval_args.model,
+                   "model file (run dir/model.h5), or a checkpoint (its directory or syncer.h5)")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingPath);
   eval_args.config.add_to(eval, false);
 
   SampleArgs sample_args;
@@ -304,6 +346,10 @@ int main(int argc, char** argv) {
     if (train->parsed()) return cmd_train(train_args);
     if (eval->parsed()) return cmd_eval(eval_args);
     if (sample->parsed()) return cmd_sample(sample_args);
+    if (inspect->parsed()) {
+      std::fputs(checkpoint::describe(inspect_path).c_str(), stdout);
+      return 0;
+    }
     if (prepare->parsed()) return cli::prepare_data(prep);
     if (bench_model->parsed()) {
       bench_opts.config = bench_args.path;

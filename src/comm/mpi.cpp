@@ -94,6 +94,15 @@ void broadcast(std::span<float> data, int root, MPI_Comm comm) {
   });
 }
 
+std::string broadcast(const std::string& text, int root, MPI_Comm comm) {
+  int64_t n = static_cast<int64_t>(text.size());
+  check(MPI_Bcast(&n, 1, MPI_INT64_T, root, comm), "Bcast(size)");
+  std::string out = text;
+  out.resize(static_cast<size_t>(n));
+  if (n > 0) check(MPI_Bcast(out.data(), static_cast<int>(n), MPI_CHAR, root, comm), "Bcast(text)");
+  return out;
+}
+
 void broadcast(std::span<int64_t> data, int root, MPI_Comm comm) {
   in_chunks(data.size(), [&](size_t off, int n) {
     check(MPI_Bcast(data.data() + off, n, MPI_INT64_T, root, comm), "Bcast");

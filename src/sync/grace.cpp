@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "ddiloco/error.hpp"
+
 namespace ddiloco {
 
 GraceWindow::GraceWindow(double gamma, double cap_steps, int overlap, double smoothing)
@@ -26,6 +28,21 @@ double GraceWindow::seconds() const {
   if (!step_seen_) return 0.0;
   const double slack = overlap_ * step_ - quorum_ - sync_;
   return std::clamp(gamma_ * slack, 0.0, cap_steps_ * median_);
+}
+
+std::vector<double> GraceWindow::state() const {
+  return {step_, median_, quorum_, sync_, double(step_seen_), double(quorum_seen_), double(sync_seen_)};
+}
+
+void GraceWindow::restore(const std::vector<double>& s) {
+  if (s.size() != 7) fail("grace window state: {} values, expected 7", s.size());
+  step_ = s[0];
+  median_ = s[1];
+  quorum_ = s[2];
+  sync_ = s[3];
+  step_seen_ = s[4] != 0;
+  quorum_seen_ = s[5] != 0;
+  sync_seen_ = s[6] != 0;
 }
 
 }  // namespace ddiloco

@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include "ddiloco/chaos.hpp"
+#include "ddiloco/checkpoint.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/fragments.hpp"
 #include "ddiloco/goodput.hpp"
@@ -59,9 +60,10 @@ struct Actions {
   std::vector<int64_t> sent;   // per fragment: 1 = a snapshot was published this step
   std::vector<std::pair<int, int64_t>> apply;  // (fragment, version)
   int64_t schedule_step = -1;                  // the lr schedule's step for the next step
+  int64_t checkpoint = 0;                      // write this checkpoint's unit file now
 
   std::vector<int64_t> encode(int fragments) const {
-    std::vector<int64_t> w(5 + 4 * static_cast<size_t>(fragments), 0);
+    std::vector<int64_t> w(6 + 4 * static_cast<size_t>(fragments), 0);
     w[0] = stop;
     w[1] = crash;
     w[2] = down_ms;
@@ -69,6 +71,7 @@ struct Actions {
     for (size_t p = 0; p < lost.size(); ++p) w[4 + p] = lost[p];
     for (size_t p = 0; p < sent.size(); ++p) w[4 + fragments + p] = sent[p];
     w.back() = schedule_step;
+    w[w.size() - 2] = checkpoint;
     for (size_t i = 0; i < apply.size(); ++i) {
       w[4 + 2 * fragments + 2 * i] = apply[i].first;
       w[5 + 2 * fragments + 2 * i] = apply[i].second;
@@ -79,6 +82,7 @@ struct Actions {
     Actions a;
     a.stop = w[0] != 0;
     a.schedule_step = w.back();
+    a.checkpoint = w[w.size() - 2];
     a.crash = w[1] != 0;
     a.down_ms = w[2];
     a.lost.assign(w.begin() + 4, w.begin() + 4 + fragments);
@@ -93,7 +97,7 @@ struct Actions {
 }  // namespace
 
 TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology& topo,
-                     UnitTrainer& trainer) {
+                     UnitTrainer& trainer, const LearnerResume* resume) {
   const int threads = omp_get_max_threads();  // set by run_job
   if (plan.mode == Mode::ddp) trainer.set_gradient_reducer(hierarchical_reducer(topo, topo.stream_count));
 
@@ -116,7 +120,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   for (int m = 0; m < topo.units; ++m) job_step_tokens += config.unit_tokens_per_step(m);
 
   std::vector<int64_t> c_steps(P, 0), c_tok(P, 0), base_version(P, 0), applied(P, 0),
-      sent_step(P, -1), sends(P, 0), pending_version(P, 0);
+      sent_step(P, -1), sends(P, 0), pending_version(P, 0), last_seq(P, 0);
   size_t largest = 0;
   for (const auto& f : fragments.fragments()) largest = std::max(largest, f.numel);
   std::vector<float> packed(largest), incoming(largest);
@@ -147,16 +151,130 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     window->set_control(sync::kState, sync::kRunning);
   }
 
+  int64_t tokens = 0, skipped = 0, rejoins = 0, first_step = 1;
+  const bool checkpoints = plan.outer_steps && config.checkpoint.enabled();
+  const std::filesystem::path ckpt_root = config.checkpoint.directory(config.run.dir);
+  int64_t ckpt_done = 0;  // leader: the last checkpoint whose unit file we wrote
+
+  // Resume (checkpoint.hpp). The syncer's part of a checkpoint is newer than every unit's:
+  // for each fragment, the syncer's merged_seq says whether Θ_p already holds our last
+  // snapshot (or a later one, sent after our file was written). Then Θ_p is applied as the
+  // merge of that snapshot would have been; otherwise our θ_p and its counters are kept, and
+  // the next snapshot carries that progress. Snapshots and merges in flight at the checkpoint
+  // are thereby accounted for, and every unit resumes holding Θ at the syncer's versions.
+  if (resume) {
+    const checkpoint::UnitState& st = resume->unit;
+    const checkpoint::SyncerState& sy = resume->syncer;
+    auto params = trainer.model().parameters();
+    if (st.lost) {
+      std::copy(sy.theta.begin(), sy.theta.end(), params.begin());
+      trainer.optimizer().reset();
+    } else {
+      std::copy(st.params.begin(), st.params.end(), params.begin());
+      std::copy(st.adam_m.begin(), st.adam_m.end(), trainer.optimizer().first_moment().begin());
+      std::copy(st.adam_v.begin(), st.adam_v.end(), trainer.optimizer().second_moment().begin());
+      trainer.optimizer().set_step_count(st.adam_step);
+    }
+    trainer.set_steps_done(st.step);
+    if (plan.mode == Mode::decoupled) trainer.set_schedule_step(st.schedule_step);
+    trainer.data()->seek(st.cursors[topo.unit_rank]);
+    tokens = st.tokens;
+    rejoins = st.rejoins;
+    first_step = st.step + 1;
+    for (int p = 0; p < P; ++p) {
+      const int64_t merged = sy.merged_seq[static_cast<size_t>(u) * P + p];
+      const bool was_sent = st.sent_step[p] >= 0;
+      std::span<float> theta(incoming.data(), layout.numel(p));
+      fragments.pack(p, sy.theta, theta);
+      c_steps[p] = st.c_steps[p];
+      c_tok[p] = st.c_tok[p];
+      if (st.lost || merged > st.last_seq[p]) {
+        fragments.unpack(p, theta, params);  // Θ_p holds all of our progress
+        c_steps[p] = c_tok[p] = 0;
+      } else if (was_sent && merged == st.last_seq[p]) {
+        std::span<float> mine(packed.data(), theta.size());
+        fragments.pack(p, params, mine);
+        if (blend)
+          for (size_t i = 0; i < theta.size(); ++i) theta[i] = alpha * mine[i] + (1 - alpha) * theta[i];
+        if (carry && st.sent_theta.size() == static_cast<size_t>(P))
+          for (size_t i = 0; i < theta.size(); ++i) theta[i] += mine[i] - st.sent_theta[p][i];
+        fragments.unpack(p, theta, params);
+        if (carry) {
+          c_steps[p] -= st.sent_c_steps[p];
+          c_tok[p] -= st.sent_c_tok[p];
+        } else {
+          c_steps[p] = c_tok[p] = 0;
+        }
+      }
+      base_version[p] = applied[p] = pending_version[p] = sends[p] = sy.versions[p];
+      if (topo.leader) window->set_inbox_taken(p, sy.versions[p]);
+    }
+    if (topo.leader) {
+      window->set_control(sync::kStepsDone, st.step);
+      window->set_control(sync::kTokensDone, tokens);
+      log.write({{"event", "resume"}, {"unit", u}, {"step", st.step}, {"tokens", tokens},
+                 {"path", resume->dir.string()}, {"lost", st.lost}, {"elapsed_s", 0.0}});
+    }
+  }
+
   // Every rank starts its clock when all leave this barrier: the fault schedule's time zero.
   mpi::barrier_patient(topo.world);
   Stopwatch wall;
-  int64_t tokens = 0, skipped = 0, rejoins = 0;
+
+  // Writes this unit's file of checkpoint `id` (collective over the unit: the leader gathers
+  // every rank's data cursor). `lost`: the unit is down after a crash and has no parameters.
+  auto write_checkpoint = [&](int64_t id, int64_t t, bool lost) {
+    const DataCursor mine = trainer.data()->cursor();
+    std::vector<int64_t> cursor = {mine.epoch, mine.batch}, all(2 * static_cast<size_t>(topo.unit_size));
+    mpi::check(MPI_Gather(cursor.data(), 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, 0, topo.unit_comm),
+               "Gather(data cursor)");
+    if (!topo.leader) return;
+    Stopwatch clock;
+    checkpoint::UnitState st;
+    st.id = id;
+    st.unit = u;
+    st.model = config.model;
+    st.lost = lost;
+    st.step = t;
+    st.tokens = tokens;
+    st.schedule_step = trainer.schedule_step();
+    st.rejoins = rejoins;
+    st.run_seed = config.run.seed;
+    if (!lost) {
+      auto copy = [](std::span<const float> x) { return std::vector<float>(x.begin(), x.end()); };
+      st.params = copy(trainer.model().parameters());
+      st.adam_m = copy(trainer.optimizer().first_moment());
+      st.adam_v = copy(trainer.optimizer().second_moment());
+      st.adam_step = trainer.optimizer().step_count();
+    }
+    st.c_steps = c_steps;
+    st.c_tok = c_tok;
+    st.sent_step = sent_step;
+    st.last_seq = last_seq;
+    st.sent_c_steps = sent_c_steps;
+    st.sent_c_tok = sent_c_tok;
+    st.sent_theta = sent_theta;
+    for (int r = 0; r < topo.unit_size; ++r) st.cursors.push_back({all[2 * r], all[2 * r + 1]});
+    const std::filesystem::path dir = checkpoint::directory(ckpt_root, id);
+    std::filesystem::create_directories(dir);
+    checkpoint::write_unit(dir, st);
+    ckpt_done = id;
+    window->set_control(sync::kCheckpointTokens, tokens);
+    window->set_control(sync::kCheckpointDone, id);
+    log.write({{"event", "checkpoint"}, {"unit", u}, {"id", id}, {"step", t}, {"tokens", tokens},
+               {"lost", lost}, {"write_s", clock.seconds()}, {"elapsed_s", wall.seconds()}});
+  };
+
   double step_ema = 0, window_compute = 0, window_wait = 0, window_loss = 0, window_wall = 0;
   int64_t window_steps = 0;
   const int64_t max_steps = plan.mode == Mode::decoupled ? INT64_MAX : config.train.steps;
   mpi::Backoff backoff;
-  // Told to stop: by the syncer (token budget, or it was interrupted) or by a signal.
-  auto stop_requested = [&] { return window->control(sync::kStop) != 0 || stop_signal() != 0; };
+  // Told to stop: by the syncer (token budget, or it was interrupted) or by a signal. A diloco
+  // unit that receives a signal tells the syncer, which names the round every unit ends on.
+  auto stop_requested = [&] {
+    if (stop_signal() != 0) window->set_control(sync::kSignal, stop_signal());
+    return window->control(sync::kStop) != 0 || (stop_signal() != 0 && plan.mode != Mode::diloco);
+  };
 
   // A crashed unit: its ranks lose parameters and optimizer state, stay down, then fetch Θ of
   // every fragment from the syncer and start over from it with fresh counters and moments,
@@ -266,7 +384,13 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     return true;
   };
 
-  for (int64_t t = 1;; ++t) {
+  bool stopped_down = false;  // told to stop while down after a crash
+  // A resumed job that had already finished has nothing left to do.
+  int64_t job_budget = 0;
+  for (int m = 0; m < topo.units; ++m) job_budget += config.train.steps * config.unit_tokens_per_step(m);
+  const bool finished = resume && (plan.mode == Mode::decoupled ? resume->syncer.tokens >= job_budget
+                                                                : resume->unit.step >= max_steps);
+  for (int64_t t = first_step; !finished; ++t) {
     Stopwatch step_clock;
     const StepStats s = trainer.step();
     // A non-finite loss or gradient norm (the same on every rank of the unit: both are
@@ -328,8 +452,8 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
           nan_injected = true;
         }
         fragments.pack(p, trainer.model().parameters(), std::span<float>(packed.data(), layout.numel(p)));
-        window->publish(p, std::span<const float>(packed.data(), layout.numel(p)),
-                        {c_steps[p], c_tok[p], t, base_version[p]});
+        last_seq[p] = window->publish(p, std::span<const float>(packed.data(), layout.numel(p)),
+                                      {c_steps[p], c_tok[p], t, base_version[p]});
         sent_step[p] = t;
         ++sends[p];
         actions.sent[p] = 1;
@@ -371,6 +495,20 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
         if (owed && pending_version[p] > applied[p]) actions.apply.emplace_back(p, pending_version[p]);
       }
       actions.stop = stop_requested() || t >= max_steps;
+      if (const int64_t last_round = window->control(sync::kStopAfterVersion); last_round > 0) {
+        int64_t round = applied[0];  // diloco (P = 1): the round this step ends on
+        for (const auto& [p, version] : actions.apply) round = std::max(round, version);
+        actions.stop |= round >= last_round;
+      }
+      // A checkpoint's unit file: when asked for, and when the job stops (the syncer then
+      // completes that checkpoint once every unit has stopped).
+      if (checkpoints) {
+        const int64_t want = window->control(sync::kCheckpointWant);
+        if (actions.stop && (config.checkpoint.at_stop || want > ckpt_done))
+          actions.checkpoint = std::max(window->control(sync::kCheckpointNext), ckpt_done + 1);
+        else if (want > ckpt_done)
+          actions.checkpoint = want;
+      }
       if (plan.mode == Mode::decoupled)
         actions.schedule_step = window->control(sync::kJobTokens) / job_step_tokens;
       if (non_finite && !actions.stop) {
@@ -393,7 +531,10 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
             static_cast<int64_t>(1e3 * std::max(0.0, crash->end_s() - wall.seconds()));
         for (int p = 0; p < P; ++p) actions.lost[p] = !window->outbox_free(p);
       }
-      if (actions.crash) actions.apply.clear();  // the unit starts over from Θ
+      if (actions.crash) {
+        actions.apply.clear();  // the unit starts over from Θ
+        actions.checkpoint = 0;  // ... and writes its file once it is back
+      }
     }
     if (topo.unit_size > 1) {
       auto words = actions.encode(P);
@@ -436,6 +577,11 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     window_wait += wait_clock.seconds();
     book.wait += wait_clock.seconds();
     window_wall += step_clock.seconds();
+    if (actions.checkpoint > 0) {
+      Stopwatch write_clock;
+      write_checkpoint(actions.checkpoint, t, false);
+      book.other += write_clock.seconds();
+    }
 
     Stopwatch other_clock;
     if (topo.leader && (t % config.run.log_every == 0 || actions.stop)) {
@@ -451,7 +597,10 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
                  // Wall time per inner step, everything included (compute, straggler
                  // emulation, publishing, applying, waiting for merges).
                  {"step_s", window_wall / window_steps},
-                 {"publish_skipped", skipped}});
+                 {"publish_skipped", skipped},
+                 // Where this rank's training stream stands (the leader's): what a resumed
+                 // run must reproduce.
+                 {"data_cursor", {trainer.data()->cursor().epoch, trainer.data()->cursor().batch}}});
       window_compute = window_wait = window_loss = window_wall = 0;
       window_steps = 0;
     }
@@ -461,10 +610,21 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
       Stopwatch down_clock;
       const bool back = crash_and_rejoin(actions, t);
       book.down += down_clock.seconds();
-      if (!back) break;
+      if (!back) {
+        stopped_down = true;
+        break;
+      }
     }
   }
 
+  // Stopped while down: the file says so, and the unit restarts from Θ when resumed.
+  if (stopped_down && checkpoints) {
+    int64_t id = 0;
+    if (topo.leader && (config.checkpoint.at_stop || window->control(sync::kCheckpointWant) > ckpt_done))
+      id = std::max(window->control(sync::kCheckpointNext), ckpt_done + 1);
+    if (topo.unit_size > 1) mpi::check(MPI_Bcast(&id, 1, MPI_INT64_T, 0, topo.unit_comm), "Bcast(checkpoint)");
+    if (id > 0) write_checkpoint(id, trainer.steps_done(), true);
+  }
   // Work never sent: it does not reach the global model.
   for (int p = 0; p < P && tracks_fragments; ++p) book.discarded += unsent[p];
   if (topo.leader) {

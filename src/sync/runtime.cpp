@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "ddiloco/checkpoint.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/mpi.hpp"
 #include "ddiloco/run_dir.hpp"
@@ -51,7 +52,32 @@ OuterPlan OuterPlan::from(const Config& c) {
   return plan;
 }
 
-int run_job(const Config& config, MPI_Comm world, bool overwrite) {
+namespace {
+
+// The checkpoint a job resumes from ("" = a fresh start), chosen on one rank.
+std::string choose_checkpoint(const Config& config, const std::string& resume) {
+  if (config.mode == Mode::ddp)
+    fail("--resume: mode ddp writes no checkpoints (modes diloco, streaming and decoupled do)");
+  if (resume == "auto") {
+    const std::filesystem::path root = config.checkpoint.directory(config.run.dir);
+    std::vector<std::string> warnings;
+    const auto found = checkpoint::find_latest(root, warnings);
+    for (const auto& w : warnings) std::fprintf(stderr, "ddiloco: warning: %s\n", w.c_str());
+    if (!found) {
+      std::printf("--resume auto: no checkpoint in %s: starting fresh\n", root.c_str());
+      return "";
+    }
+    checkpoint::check_compatible(found->manifest, config, found->dir);
+    return found->dir.string();
+  }
+  const nlohmann::json manifest = checkpoint::verify(resume);
+  checkpoint::check_compatible(manifest, config, resume);
+  return resume;
+}
+
+}  // namespace
+
+int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::string& resume_arg) {
   const OuterPlan plan = mpi::agree(world, [&] {
     if (mpi::size(world) != config.world_size())
       fail("mode {} with units.count = {} needs {} MPI ranks (1 syncer + {} learners), got {}: "
@@ -60,31 +86,58 @@ int run_job(const Config& config, MPI_Comm world, bool overwrite) {
            config.world_size() - 1, mpi::size(world), config.world_size());
     return OuterPlan::from(config);
   });
+  const std::string resume = mpi::broadcast(mpi::agree(world, [&] {
+    return mpi::rank(world) == 0 && !resume_arg.empty() ? choose_checkpoint(config, resume_arg)
+                                                        : std::string();
+  }), 0, world);
+  // --resume auto with nothing to resume starts over, replacing an earlier attempt's outputs.
+  const bool replace = overwrite || (resume_arg == "auto" && resume.empty());
   const Topology topology(config, world);
   configure_threads(config.run.threads, world);  // collective: before the roles part ways
   const std::filesystem::path dir = config.run.dir;
   if (topology.role == Topology::Role::syncer) {
+    std::optional<checkpoint::SyncerState> state;
     auto val = mpi::agree(world, [&] {
-      check_run_dir(dir, overwrite);
+      check_run_dir(dir, replace || !resume.empty());
+      if (!resume.empty()) {
+        state = checkpoint::read_syncer(checkpoint::syncer_file(resume));
+        if (state->units != config.units.count || state->fragments != plan.fragments ||
+            !(state->model == config.model))
+          fail("{}: holds {} units, {} fragments and another model shape than this "
+               "configuration's {} units, {} fragments", checkpoint::syncer_file(resume).string(),
+               state->units, state->fragments, config.units.count, plan.fragments);
+      }
       const auto val_files = expand_shard_pattern(config.data.val, "data.val");
       check_disjoint_splits(expand_shard_pattern(config.data.train, "data.train"), val_files);
       return std::make_unique<ValidationSet>(val_files, config.model.vocab_size,
                                              config.model.seq_len, config.eval.val_tokens);
     });
-    if (overwrite) clear_run_outputs(dir);
+    if (replace && resume.empty()) clear_run_outputs(dir);
     install_stop_signals();
-    return run_syncer(config, plan, topology, *val);
+    return run_syncer(config, plan, topology, *val, resume, state ? &*state : nullptr);
   }
+  std::optional<LearnerResume> resumed;
   auto trainer = mpi::agree(world, [&] {
     auto t = std::make_unique<UnitTrainer>(config, topology.unit_comm);
     t->attach_data(std::make_unique<TrainStream>(
         expand_shard_pattern(config.data.train, "data.train"), config.model.vocab_size,
         config.train.batch_size, config.model.seq_len, topology.stream_index,
         topology.stream_count, static_cast<uint64_t>(config.run.seed), config.data.shuffle));
+    if (!resume.empty()) {
+      const std::filesystem::path file = checkpoint::unit_file(resume, topology.unit);
+      LearnerResume r{resume, checkpoint::read_unit(file, OuterPlan::from(config).fragments),
+                      checkpoint::read_syncer(checkpoint::syncer_file(resume))};
+      if (r.unit.unit != topology.unit || static_cast<int>(r.unit.cursors.size()) != topology.unit_size)
+        fail("{}: holds unit {} with {} ranks, expected unit {} with {}", file.string(), r.unit.unit,
+             r.unit.cursors.size(), topology.unit, topology.unit_size);
+      if (!(r.unit.model == config.model) || !(r.syncer.model == config.model))
+        fail("{}: the model shape differs from model.* of this configuration", resume);
+      resumed = std::move(r);
+    }
     return t;
   });
   install_stop_signals();
-  const TimeBook book = run_learner(config, plan, topology, *trainer);
+  const TimeBook book = run_learner(config, plan, topology, *trainer, resumed ? &*resumed : nullptr);
   gather_time_books(book, topology.world);  // the syncer reports them
   return 0;
 }

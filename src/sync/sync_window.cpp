@@ -138,6 +138,12 @@ void LearnerWindow::lose_outboxes() {
   hold_inboxes();
 }
 
+void LearnerWindow::set_inbox_taken(int p, int64_t version) {
+  std::atomic_ref<int64_t>(word(layout_->header_offset(p) + kInAck * 8))
+      .store(version, std::memory_order_release);
+  MPI_Win_sync(win_);
+}
+
 void LearnerWindow::hold_inboxes() {
   for (int p = 0; p < layout_->fragments(); ++p)
     std::atomic_ref<int64_t>(word(layout_->header_offset(p) + kInAck * 8))

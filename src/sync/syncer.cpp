@@ -12,6 +12,7 @@
 #include <omp.h>
 
 #include "ddiloco/chaos.hpp"
+#include "ddiloco/checkpoint.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/fragments.hpp"
 #include "ddiloco/goodput.hpp"
@@ -38,6 +39,7 @@ struct Slot {
   int64_t acked = 0;                  // last sequence number consumed
   bool fresh = false;                 // a snapshot waits to be merged
   sync::SnapshotMeta meta;            // ... its counters
+  int64_t seq = 0;                    // ... its sequence number
   std::vector<float> data;            // ... its values
   int64_t delivered = 0;              // last version written to the unit's inbox
   double arrives_at = 0;              // degraded link: the snapshot counts from then on
@@ -52,7 +54,7 @@ struct Round {
 class Syncer {
  public:
   Syncer(const Config& config, const OuterPlan& plan, const Topology& topo,
-         const ValidationSet& val)
+         const ValidationSet& val, const checkpoint::SyncerState* resumed)
       : config_(config),
         plan_(plan),
         M_(topo.units),
@@ -95,9 +97,18 @@ class Syncer {
       budget_ += config.train.steps * tokens_per_step(u);
       progress_step_ = std::min(progress_step_, tokens_per_step(u));
     }
+    merged_seq_.assign(M_, std::vector<int64_t>(P, 0));
+    ckpt_root_ = config.checkpoint.directory(config.run.dir);
+    if (resumed) restore(*resumed);
+    ckpt_next_ = std::max(resumed ? resumed->id : 0, checkpoint::highest_id(ckpt_root_)) + 1;
+    ckpt_due_at_ = total_merges() + config.checkpoint.every;
   }
 
   int run();  // the stop signal that ended the job early, or 0
+  void resumed(std::string path, int64_t tokens) {
+    resumed_from_ = std::move(path);
+    resumed_tokens_ = tokens;
+  }
 
  private:
   int64_t tokens_per_step(int u) const { return config_.unit_tokens_per_step(u); }
@@ -146,6 +157,11 @@ class Syncer {
   double silence_after_s(int u) const;
   void hear(int u, int64_t beat);  // alive now; back in the quorum if it was silent
   void serve_rejoins();
+  // Checkpoints (checkpoint.hpp): ask the units for their files, then write ours last.
+  bool checkpoints_on() const { return plan_.outer_steps && config_.checkpoint.enabled(); }
+  void request_checkpoint();
+  bool try_complete_checkpoint(bool final);
+  void restore(const checkpoint::SyncerState& state);
 
   const Config& config_;
   const OuterPlan plan_;
@@ -189,6 +205,15 @@ class Syncer {
   Stopwatch wall_;
   JsonlWriter log_;
   std::unique_ptr<GlobalEvaluator> evaluator_;
+  std::vector<std::vector<int64_t>> merged_seq_;  // [unit][fragment]: last snapshot merged
+  std::filesystem::path ckpt_root_;
+  int64_t ckpt_next_ = 1;       // id of the checkpoint being (or next to be) written
+  bool ckpt_wanted_ = false;    // the units were asked for checkpoint ckpt_next_
+  int64_t ckpt_due_at_ = 0;     // merges at which the next periodic checkpoint is asked for
+  int64_t stop_after_version_ = 0;  // diloco, interrupted: the round every unit ends on
+  double resumed_elapsed_s_ = 0;    // wall time of the runs this one resumes
+  std::string resumed_from_;        // the checkpoint this run resumed from ("" = none)
+  int64_t resumed_tokens_ = 0;
   ProgressBar bar_{config_.run.progress};
 };
 
@@ -242,6 +267,7 @@ bool Syncer::collect() {
         s.arrives_at = now() + link_delay_s(u, s.data.size() * sizeof(float));
       s.fresh = true;
       s.meta = meta;
+      s.seq = seq;
       window_.ack(u, p, seq);
       s.acked = seq;
       if (rounds_[p].first_at < 0) rounds_[p].first_at = now();
@@ -415,6 +441,11 @@ void Syncer::merge(int p, const std::vector<int>& units) {
   rounds_[p] = Round{};
   if (!merged) return;  // every weight zero: nothing learned, nothing to send
   ++version_[p];
+  for (int u : units) merged_seq_[u][p] = slots_[u][p].seq;
+  // Asked for before this merge is delivered: a diloco unit then writes its file on the round
+  // boundary where it applies this merge.
+  if (config_.checkpoint.every > 0 && total_merges() >= ckpt_due_at_ && !ckpt_wanted_ && !stopping_)
+    request_checkpoint();
   if (anchor_base_) {
     history_[p].emplace(version_[p], theta_[p]);
     prune_history(p);
@@ -495,6 +526,104 @@ bool Syncer::deliver_pending() {
   return any;
 }
 
+void Syncer::restore(const checkpoint::SyncerState& c) {
+  const int P = fragments_.size();
+  for (int p = 0; p < P; ++p) {
+    fragments_.pack(p, c.theta, theta_[p]);
+    fragments_.pack(p, c.momentum, outer_.momentum(p));
+    version_[p] = c.versions[p];
+    if (anchor_base_) history_[p] = {{version_[p], theta_[p]}};
+    // The units resume holding Θ_p at this version (they read it from the checkpoint).
+    for (int u = 0; u < M_; ++u) {
+      slots_[u][p].delivered = version_[p];
+      slots_[u][p].meta.base_version = version_[p];
+    }
+  }
+  // merged_seq_ stays 0: the units used the checkpoint's to resume, and a new job numbers
+  // its snapshots from 1 again.
+  grace_.restore(c.grace);
+  resumed_elapsed_s_ = c.elapsed_s;
+}
+
+// Every unit writes its file at its next step boundary (diloco: round boundary) and says so
+// in kCheckpointDone; merging and delivering go on meanwhile.
+void Syncer::request_checkpoint() {
+  ckpt_wanted_ = true;
+  for (int u = 0; u < M_; ++u)
+    if (!unit_done(u)) window_.set_control(u, sync::kCheckpointWant, ckpt_next_);
+}
+
+// Once every unit has written its file of checkpoint ckpt_next_, the syncer writes its own —
+// its state is then newer than every unit's, which is what resuming assumes (learner.cpp,
+// "resume") — and the manifest last. A unit that finished earlier and wrote an older
+// checkpoint has not changed since: its file is linked in. `final`: the job is over and every
+// unit has stopped.
+bool Syncer::try_complete_checkpoint(bool final) {
+  if (!checkpoints_on() || (!ckpt_wanted_ && !final)) return false;
+  const std::filesystem::path dir = checkpoint::directory(ckpt_root_, ckpt_next_);
+  for (int u = 0; u < M_; ++u) {
+    const int64_t done = headers_[u].control(sync::kCheckpointDone);
+    if (done == ckpt_next_) continue;
+    if (!unit_done(u)) return false;  // not written yet
+    if (done == 0) {
+      log_.write({{"event", "checkpoint_skipped"}, {"id", ckpt_next_}, {"unit", u},
+                  {"reason", "the unit ended without writing a checkpoint file"},
+                  {"elapsed_s", now()}});
+      return false;
+    }
+    std::filesystem::create_directories(dir);
+    const auto from = checkpoint::unit_file(checkpoint::directory(ckpt_root_, done), u);
+    const auto to = checkpoint::unit_file(dir, u);
+    std::error_code ec;
+    std::filesystem::remove(to, ec);
+    std::filesystem::create_hard_link(from, to, ec);
+    if (ec) std::filesystem::copy_file(from, to);
+  }
+  Stopwatch clock;
+  checkpoint::SyncerState st;
+  st.id = ckpt_next_;
+  st.mode = mode_name(plan_.mode);
+  st.config_yaml = to_yaml(config_);
+  st.model = config_.model;
+  st.units = M_;
+  st.fragments = fragments_.size();
+  st.h = plan_.h;
+  st.theta = flat_theta();
+  st.momentum.resize(st.theta.size());
+  for (int p = 0; p < fragments_.size(); ++p) fragments_.unpack(p, outer_.momentum(p), st.momentum);
+  st.versions = version_;
+  for (const auto& row : merged_seq_) st.merged_seq.insert(st.merged_seq.end(), row.begin(), row.end());
+  st.grace = grace_.state();
+  st.merges = total_merges();
+  // What the units' files record (a resumed job starts from these), not what they have done
+  // since.
+  for (const auto& h : headers_) st.tokens += h.control(sync::kCheckpointTokens);
+  st.next_eval = next_eval_;
+  st.elapsed_s = resumed_elapsed_s_ + now();
+  st.run_seed = config_.run.seed;
+  st.chaos_seed = config_.chaos.seed;
+  checkpoint::write_syncer(dir, st, config_.debug.checkpoint_write_delay_ms);
+  checkpoint::write_manifest(dir, ckpt_next_, config_,
+                             {{"merges", st.merges}, {"tokens", st.tokens},
+                              {"versions", version_}, {"elapsed_s", st.elapsed_s},
+                              {"final", final}});
+  checkpoint::prune(ckpt_root_, config_.checkpoint.keep);
+  log_.write({{"event", "checkpoint"}, {"id", ckpt_next_}, {"path", dir.string()},
+              {"version", st.merges}, {"tokens", st.tokens}, {"write_s", clock.seconds()},
+              {"final", final}, {"elapsed_s", now()}});
+  if (bar_.enabled()) bar_.clear();
+  std::printf("checkpoint %lld: %lld merges, %.2fM tokens -> %s (%.2f s)\n",
+              static_cast<long long>(ckpt_next_), static_cast<long long>(st.merges),
+              st.tokens / 1e6, dir.c_str(), clock.seconds());
+  std::fflush(stdout);
+  ++ckpt_next_;
+  ckpt_wanted_ = false;
+  ckpt_due_at_ = total_merges() + config_.checkpoint.every;
+  for (int u = 0; u < M_; ++u)
+    if (!unit_done(u)) window_.set_control(u, sync::kCheckpointNext, ckpt_next_);
+  return true;
+}
+
 std::vector<float> Syncer::flat_theta() {
   std::vector<float> flat(model_.layout().size());
   for (int p = 0; p < fragments_.size(); ++p) fragments_.unpack(p, theta_[p], flat);
@@ -533,17 +662,25 @@ int Syncer::run() {
   write_text_atomically(dir / "config.yaml", yaml);
   std::printf("ddiloco %s: effective configuration (saved to %s)\n%s", DDILOCO_VERSION,
               (dir / "config.yaml").c_str(), yaml.c_str());
-  log_ = JsonlWriter(dir / "metrics.jsonl", true);
+  log_ = JsonlWriter(dir / "metrics.jsonl", resumed_from_.empty());
   evaluator_ = std::make_unique<GlobalEvaluator>(config_.model, val_, config_.train.batch_size,
                                                  omp_get_max_threads());
-  next_eval_ = eval_stride();
+  next_eval_ = total_merges() + eval_stride();
   nlohmann::json unit_ranks = nlohmann::json::array();
   for (int u = 0; u < M_; ++u) unit_ranks.push_back(config_.unit_ranks(u));
   log_.write({{"event", "start"}, {"step", 0}, {"tokens", 0}, {"elapsed_s", 0.0},
               {"mode", mode_name(plan_.mode)}, {"units", M_}, {"unit_ranks", unit_ranks},
               {"fragments", fragments_.size()}, {"h", plan_.h}, {"overlap", plan_.overlap},
               {"quorum", plan_.quorum}, {"parameters", model_.layout().size()},
-              {"token_budget", budget_}});
+              {"token_budget", budget_}, {"checkpoints", checkpoints_on() ? ckpt_root_.string() : ""}});
+  if (!resumed_from_.empty()) {
+    log_.write({{"event", "resume"}, {"path", resumed_from_}, {"version", total_merges()},
+                {"versions", version_}, {"tokens", resumed_tokens_}, {"elapsed_before_s", resumed_elapsed_s_},
+                {"elapsed_s", 0.0}});
+    std::printf("resumed from %s: %lld merges, %.2fM tokens\n", resumed_from_.c_str(),
+                static_cast<long long>(total_merges()), resumed_tokens_ / 1e6);
+  }
+  for (int u = 0; u < M_; ++u) window_.set_control(u, sync::kCheckpointNext, ckpt_next_);
   std::printf("syncer: mode %s, %d units, P=%d fragments, H=%d, tau=%d, K=%d, budget %.2fM tokens\n",
               mode_name(plan_.mode), M_, fragments_.size(), plan_.h, plan_.overlap, plan_.quorum,
               budget_ / 1e6);
@@ -575,8 +712,20 @@ int Syncer::run() {
       downtime_.update(now(), nominal_period());
     }
     const int64_t tokens = tokens_total();
-    const int signal = stop_signal();
-    if (!stopping_ && (signal != 0 || (plan_.mode == Mode::decoupled && tokens >= budget_))) {
+    int signal = stop_signal();
+    for (int u = 0; u < M_ && signal == 0; ++u) signal = static_cast<int>(headers_[u].control(sync::kSignal));
+    if (signal != 0 && plan_.mode == Mode::diloco && stop_after_version_ == 0) {
+      // diloco ends on a round boundary, where every unit holds Θ and nothing is in flight:
+      // the round now under way (no merge of it can have happened yet) is the last.
+      stop_after_version_ = version_[0] + 1;
+      interrupted_by_ = signal;
+      for (int u = 0; u < M_; ++u)
+        if (!unit_done(u)) window_.set_control(u, sync::kStopAfterVersion, stop_after_version_);
+      log_.write({{"event", "interrupted"}, {"signal", signal}, {"stop_after_version", stop_after_version_},
+                  {"tokens", tokens}, {"elapsed_s", now()}});
+    }
+    if (!stopping_ && plan_.mode != Mode::diloco &&
+        (signal != 0 || (plan_.mode == Mode::decoupled && tokens >= budget_))) {
       // Token budget reached (decoupled) or told to stop: every unit stops at its next step
       // boundary (units waiting for a merge stop waiting). Set before this round's deliveries,
       // so that a unit taking its last merge also sees the stop.
@@ -587,6 +736,9 @@ int Syncer::run() {
                   {"tokens", tokens}, {"elapsed_s", now()}});
     }
     publish_progress(tokens);
+    // Before this iteration's merges: the syncer's part of a checkpoint must be newer than
+    // every unit's, and a merge made now may already include a snapshot sent after a unit's.
+    try_complete_checkpoint(false);
     bool work = collect();
     work |= merge_ready_fragments();
     work |= deliver_pending();
@@ -607,6 +759,10 @@ int Syncer::run() {
       backoff.idle();
   }
   bar_.finish();
+  if (checkpoints_on() && (config_.checkpoint.at_stop || ckpt_wanted_)) {
+    window_.poll(headers_);  // every unit's last kCheckpointDone
+    try_complete_checkpoint(true);
+  }
   const double train_end = now();
   mpi::barrier_patient(topo_.sync_comm);  // the learners free their windows after this
   const uint64_t bytes_read = window_.bytes_read(), bytes_written = window_.bytes_written();
@@ -684,8 +840,10 @@ int Syncer::run() {
 }  // namespace
 
 int run_syncer(const Config& config, const OuterPlan& plan, const Topology& topology,
-               const ValidationSet& val) {
-  Syncer syncer(config, plan, topology, val);
+               const ValidationSet& val, const std::filesystem::path& resume,
+               const checkpoint::SyncerState* resumed) {
+  Syncer syncer(config, plan, topology, val, resumed);
+  if (resumed) syncer.resumed(resume.string(), resumed->tokens);
   return syncer.run();
 }
 

@@ -5,7 +5,9 @@
 
 namespace ddiloco {
 
-uint64_t checksum(std::span<const float> data) {
+uint64_t checksum(std::span<const float> data) { return checksum(std::as_bytes(data)); }
+
+uint64_t checksum(std::span<const std::byte> data) {
   const auto* bytes = reinterpret_cast<const unsigned char*>(data.data());
   const size_t n = data.size_bytes();
   uint64_t h = 0x243F6A8885A308D3ULL ^ n;

@@ -385,6 +385,18 @@ const std::vector<Entry>& entries() {
       DDILOCO_FIELD(std::string, "chaos.schedule_file", chaos.schedule_file,
                     "YAML fault schedule to replay instead of drawing one (see "
                     "chaos_schedule.yaml in a run directory)"),
+      // checkpoint
+      DDILOCO_FIELD(int64_t, "checkpoint.every", checkpoint.every,
+                    "outer updates (merges) between two checkpoints; 0 = only when the job "
+                    "stops", at_least<int64_t>(0)),
+      DDILOCO_FIELD(std::string, "checkpoint.dir", checkpoint.dir,
+                    "where checkpoints go (ckpt_<id>/ per checkpoint); empty = "
+                    "<run.dir>/checkpoints"),
+      DDILOCO_FIELD(int, "checkpoint.keep", checkpoint.keep,
+                    "complete checkpoints kept; older ones are deleted", positive<int>()),
+      DDILOCO_FIELD(bool, "checkpoint.at_stop", checkpoint.at_stop,
+                    "write a checkpoint when the job stops (SIGTERM, SIGUSR1, SIGINT, token "
+                    "budget, last step)"),
       // debug (test hooks)
       DDILOCO_FIELD(int, "debug.stall_unit", debug.stall_unit,
                     "test hook: this unit stalls (−1 = none)", at_least(-1)),
@@ -405,6 +417,9 @@ const std::vector<Entry>& entries() {
       DDILOCO_FIELD(bool, "debug.crash_during_read", debug.crash_during_read,
                     "test hook: a due crash waits until the syncer begins reading one of the "
                     "unit's snapshots (with syncer_read_delay_ms it lands inside that read)"),
+      DDILOCO_FIELD(int, "debug.checkpoint_write_delay_ms", debug.checkpoint_write_delay_ms,
+                    "test hook: the syncer pauses this long inside the write of its checkpoint "
+                    "file (a kill then lands mid-write)", at_least(0)),
   };
   return table;
 }
@@ -584,9 +599,27 @@ void validate(const Config& c, const std::string& source) {
     // Elsewhere every merge needs every unit: the refused snapshot would stall the job.
     if (c.debug.nan_unit >= 0 && c.mode != Mode::decoupled)
       fail("debug.nan_unit: needs mode decoupled, got mode {}", mode_name(c.mode));
+    if (c.checkpoint.every > 0 && (c.mode == Mode::ddp || c.mode == Mode::single))
+      fail("checkpoint.every: checkpoints are written in modes diloco, streaming and decoupled, "
+           "got mode {}", mode_name(c.mode));
   } catch (const Error& err) {
     fail("{}: {}", source, err.what());
   }
+}
+
+Config load_config_text(const std::string& yaml, const std::string& source,
+                        const std::vector<std::string>& overrides) {
+  Config config;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& ex) {
+    fail("{}: line {}: {}", source, ex.mark.line + 1, ex.msg);
+  }
+  load_node(config, root, "", source);
+  for (const auto& o : overrides) apply_override(config, o, "--set");
+  validate(config, overrides.empty() ? source : source + " with --set");
+  return config;
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -18,6 +18,7 @@ void install_stop_signals() {
   action.sa_flags = SA_RESTART;
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGUSR1, &action, nullptr);  // Slurm's warning before pre-emption (--signal)
 }
 
 int stop_signal() { return g_signal; }

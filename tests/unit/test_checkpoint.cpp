@@ -1,0 +1,249 @@
+// Checkpoint files and directories: round trips, and every way a checkpoint can be incomplete,
+// corrupt or of another job, each refused with its message while an older complete one is
+// still found.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "ddiloco/checkpoint.hpp"
+#include "ddiloco/error.hpp"
+#include "ddiloco/rng.hpp"
+#include "io/h5.hpp"
+#include "temp_dir.hpp"
+
+namespace ddiloco {
+namespace {
+
+namespace fs = std::filesystem;
+using checkpoint::SyncerState;
+using checkpoint::UnitState;
+
+Config job() {
+  Config c;
+  c.mode = Mode::decoupled;
+  c.model = GptConfig{256, 16, 1, 2, 16};
+  c.units.count = 2;
+  c.outer.fragments = 2;
+  return c;
+}
+
+std::vector<float> values(size_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(rng.normal());
+  return v;
+}
+
+SyncerState syncer_state(const Config& c, int64_t id) {
+  const size_t n = ParameterLayout::gpt2(c.model).size();
+  SyncerState s;
+  s.id = id;
+  s.mode = "decoupled";
+  s.config_yaml = to_yaml(c);
+  s.model = c.model;
+  s.units = 2;
+  s.fragments = 2;
+  s.h = 50;
+  s.theta = values(n, 1 + id);
+  s.momentum = values(n, 100 + id);
+  s.versions = {3, 4};
+  s.merges = 7;
+  s.merged_seq = {1, 2, 3, 4};
+  s.grace = {0.1, 0.09, 0.02, 0.01, 1, 1, 0};
+  s.tokens = 12345;
+  s.next_eval = 10;
+  s.elapsed_s = 12.5;
+  s.run_seed = 1337;
+  s.chaos_seed = 1;
+  return s;
+}
+
+UnitState unit_state(const Config& c, int unit, int64_t id) {
+  const size_t n = ParameterLayout::gpt2(c.model).size();
+  UnitState s;
+  s.id = id;
+  s.unit = unit;
+  s.model = c.model;
+  s.step = 40 + unit;
+  s.tokens = 5000;
+  s.schedule_step = 39;
+  s.params = values(n, 7 + unit);
+  s.adam_m = values(n, 8 + unit);
+  s.adam_v = values(n, 9 + unit);
+  for (auto& x : s.adam_v) x = x * x;
+  s.adam_step = 40;
+  s.c_steps = {3, 5};
+  s.c_tok = {96, 160};
+  s.sent_step = {-1, 38};
+  s.last_seq = {4, 6};
+  s.sent_c_steps = {0, 3};
+  s.sent_c_tok = {0, 96};
+  s.sent_theta = {values(10, 1), values(12, 2)};
+  s.cursors = {{0, 40}, {1, 2}};
+  return s;
+}
+
+// A complete checkpoint `id` of job() under root.
+fs::path write_checkpoint(const fs::path& root, int64_t id) {
+  const Config c = job();
+  const fs::path dir = checkpoint::directory(root, id);
+  fs::create_directories(dir);
+  for (int u = 0; u < 2; ++u) checkpoint::write_unit(dir, unit_state(c, u, id));
+  checkpoint::write_syncer(dir, syncer_state(c, id));
+  checkpoint::write_manifest(dir, id, c, {{"merges", 7}, {"tokens", 12345}});
+  return dir;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Checkpoint, FilesRoundTripEveryField) {
+  test::TempDir tmp;
+  const fs::path dir = write_checkpoint(tmp.path(), 3);
+  EXPECT_EQ(dir.filename(), "ckpt_00000003");
+  EXPECT_FALSE(fs::exists(dir / "syncer.h5.tmp"));
+  const Config c = job();
+  const SyncerState want = syncer_state(c, 3);
+  const SyncerState s = checkpoint::read_syncer(checkpoint::syncer_file(dir));
+  EXPECT_EQ(s.theta, want.theta);
+  EXPECT_EQ(s.momentum, want.momentum);
+  EXPECT_EQ(s.versions, want.versions);
+  EXPECT_EQ(s.merged_seq, want.merged_seq);
+  EXPECT_EQ(s.grace, want.grace);
+  EXPECT_EQ(s.config_yaml, want.config_yaml);
+  EXPECT_EQ(s.model, c.model);
+  EXPECT_EQ(s.tokens, 12345);
+  EXPECT_EQ(s.elapsed_s, 12.5);
+  const UnitState w = unit_state(c, 1, 3);
+  const UnitState u = checkpoint::read_unit(checkpoint::unit_file(dir, 1), 2);
+  EXPECT_EQ(u.unit, 1);
+  EXPECT_EQ(u.step, w.step);
+  EXPECT_EQ(u.params, w.params);
+  EXPECT_EQ(u.adam_m, w.adam_m);
+  EXPECT_EQ(u.adam_v, w.adam_v);
+  EXPECT_EQ(u.adam_step, 40);
+  EXPECT_EQ(u.sent_step, w.sent_step);
+  EXPECT_EQ(u.last_seq, w.last_seq);
+  EXPECT_EQ(u.sent_c_tok, w.sent_c_tok);
+  EXPECT_EQ(u.sent_theta, w.sent_theta);
+  ASSERT_EQ(u.cursors.size(), 2u);
+  EXPECT_EQ(u.cursors[1], (DataCursor{1, 2}));
+  EXPECT_EQ(u.schedule_step, 39);
+  EXPECT_NO_THROW(checkpoint::verify(dir));
+  EXPECT_NE(checkpoint::describe(dir).find("unit 1, checkpoint 3, 2 ranks, step 41"), std::string::npos);
+}
+
+TEST(Checkpoint, LostUnitHasNoParameters) {
+  test::TempDir tmp;
+  UnitState s = unit_state(job(), 0, 1);
+  s.lost = true;
+  checkpoint::write_unit(tmp.path(), s);
+  const UnitState back = checkpoint::read_unit(checkpoint::unit_file(tmp.path(), 0), 2);
+  EXPECT_TRUE(back.lost);
+  EXPECT_TRUE(back.params.empty());
+  EXPECT_EQ(back.step, 40);
+}
+
+TEST(Checkpoint, IncompleteOrCorruptOnesAreRefusedAndTheNewestCompleteIsFound) {
+  test::TempDir tmp;
+  const fs::path root = tmp.path();
+  write_checkpoint(root, 1);
+  const fs::path truncated = write_checkpoint(root, 2);
+  const fs::path unlisted = write_checkpoint(root, 3);
+  const fs::path no_manifest = write_checkpoint(root, 4);
+  // 2: a unit file cut short.
+  fs::resize_file(checkpoint::unit_file(truncated, 1), fs::file_size(checkpoint::unit_file(truncated, 1)) / 2);
+  EXPECT_NE(error_of([&] { checkpoint::verify(truncated); }).find("unit_1.h5: "), std::string::npos);
+  EXPECT_NE(error_of([&] { checkpoint::verify(truncated); }).find("truncated"), std::string::npos);
+  // 3: a file missing.
+  fs::remove(checkpoint::syncer_file(unlisted));
+  EXPECT_NE(error_of([&] { checkpoint::verify(unlisted); }).find("syncer.h5: missing"), std::string::npos);
+  // 4: stopped before its manifest.
+  fs::remove(no_manifest / "manifest.json");
+  EXPECT_NE(error_of([&] { checkpoint::verify(no_manifest); }).find("no manifest.json"), std::string::npos);
+  // A partial directory of a later checkpoint.
+  fs::create_directories(checkpoint::directory(root, 5));
+  std::vector<std::string> warnings;
+  const auto found = checkpoint::find_latest(root, warnings);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->dir, checkpoint::directory(root, 1));
+  EXPECT_EQ(found->manifest["id"], 1);
+  ASSERT_EQ(warnings.size(), 4u);
+  EXPECT_NE(warnings[0].find("ckpt_00000005"), std::string::npos);
+  EXPECT_NE(warnings[3].find("ckpt_00000002"), std::string::npos);
+  EXPECT_EQ(checkpoint::highest_id(root), 5);
+  EXPECT_NE(checkpoint::describe(root).find("ckpt_00000002  INCOMPLETE OR CORRUPT"), std::string::npos);
+  // A flipped byte keeps the size: the checksum catches it.
+  const fs::path one = checkpoint::unit_file(checkpoint::directory(root, 1), 0);
+  {
+    std::fstream f(one, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(one) / 2));
+    f.put('\x5a');
+  }
+  EXPECT_NE(error_of([&] { checkpoint::verify(checkpoint::directory(root, 1)); }).find("checksum"),
+            std::string::npos);
+  warnings.clear();
+  EXPECT_FALSE(checkpoint::find_latest(root, warnings).has_value());
+}
+
+TEST(Checkpoint, AnotherJobsCheckpointIsRefusedNamingTheField) {
+  test::TempDir tmp;
+  const fs::path dir = write_checkpoint(tmp.path(), 1);
+  const nlohmann::json m = checkpoint::verify(dir);
+  EXPECT_NO_THROW(checkpoint::check_compatible(m, job(), dir));
+  Config c = job();
+  c.model.n_embd = 32;
+  EXPECT_NE(error_of([&] { checkpoint::check_compatible(m, c, dir); }).find("model.n_embd is 16 there, 32 in this configuration"),
+            std::string::npos);
+  c = job();
+  c.units.count = 3;
+  EXPECT_NE(error_of([&] { checkpoint::check_compatible(m, c, dir); }).find("units.count is 2 there, 3"),
+            std::string::npos);
+  c = job();
+  c.units.ranks = {1, 2};
+  EXPECT_NE(error_of([&] { checkpoint::check_compatible(m, c, dir); }).find("the ranks of unit 1 is 1 there, 2"),
+            std::string::npos);
+  c = job();
+  c.mode = Mode::diloco;
+  EXPECT_NE(error_of([&] { checkpoint::check_compatible(m, c, dir); }).find("mode is decoupled there, diloco"),
+            std::string::npos);
+  // A file whose tensor has another shape than its /model says, and one with fewer fragments.
+  const fs::path file = checkpoint::unit_file(dir, 0);
+  {
+    h5::Handle f(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    ASSERT_GE(f.get(), 0);
+    h5::Handle params = h5::open_group(f, "params", "test");
+    ASSERT_GE(H5Ldelete(params, "wpe", H5P_DEFAULT), 0);
+    const std::vector<float> wpe(8 * 16, 0.0f);
+    h5::write_dataset(params, "wpe", wpe.data(), {8, 16});
+  }
+  std::string e = error_of([&] { checkpoint::read_unit(file, 2); });
+  EXPECT_NE(e.find("unit_0.h5:/params: dataset 'wpe'"), std::string::npos) << e;
+  EXPECT_NE(e.find("(16, 16)"), std::string::npos) << e;
+  e = error_of([&] { checkpoint::read_unit(checkpoint::unit_file(dir, 1), 3); });
+  EXPECT_NE(e.find("c_steps"), std::string::npos) << e;
+}
+
+TEST(Checkpoint, PruneKeepsTheNewestCompleteOnesAndDropsAbandonedPartialOnes) {
+  test::TempDir tmp;
+  const fs::path root = tmp.path();
+  for (int id = 1; id <= 4; ++id) write_checkpoint(root, id);
+  fs::create_directories(checkpoint::directory(root, 2) / "x");
+  fs::remove(checkpoint::directory(root, 3) / "manifest.json");  // abandoned
+  fs::create_directories(checkpoint::directory(root, 5));          // being written
+  checkpoint::prune(root, 2);
+  EXPECT_FALSE(fs::exists(checkpoint::directory(root, 1)));
+  EXPECT_TRUE(fs::exists(checkpoint::directory(root, 2)));
+  EXPECT_FALSE(fs::exists(checkpoint::directory(root, 3)));
+  EXPECT_TRUE(fs::exists(checkpoint::directory(root, 4)));
+  EXPECT_TRUE(fs::exists(checkpoint::directory(root, 5)));
+}
+
+}  // namespace
+}  // namespace ddiloco
