@@ -141,7 +141,8 @@ struct DebugConfig {
   bool crash_during_read = false;  ///< a due crash waits until the syncer begins a read of ours
   int nan_unit = -1;               ///< unit whose leader's parameters turn NaN (−1: none) ...
   int64_t nan_at_step = 0;         ///< ... before its first snapshot from this step on
-  int checkpoint_write_delay_ms = 0;  ///< the syncer pauses inside its checkpoint file's write
+  int checkpoint_write_delay_ms = 0;  ///< the syncer pauses inside its checkpoint file's
+                                      ///< write, from the run's second checkpoint on
 };
 
 struct Config {

@@ -144,7 +144,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
 
   JsonlWriter log;
   if (topo.leader) {
-    log = JsonlWriter(std::filesystem::path(config.run.dir) / fmt::format("unit_{}.jsonl", u), true);
+    log = JsonlWriter(std::filesystem::path(config.run.dir) / fmt::format("unit_{}.jsonl", u), resume == nullptr);
     log.write({{"event", "start"}, {"step", 0}, {"tokens", 0}, {"elapsed_s", 0.0},
                {"unit", u}, {"ranks", topo.unit_size}, {"threads_per_rank", threads},
                {"slowdown", base_slowdown}, {"mode", mode_name(plan.mode)}});

@@ -209,6 +209,7 @@ class Syncer {
   std::filesystem::path ckpt_root_;
   int64_t ckpt_next_ = 1;       // id of the checkpoint being (or next to be) written
   bool ckpt_wanted_ = false;    // the units were asked for checkpoint ckpt_next_
+  int64_t ckpts_written_ = 0;   // by this run
   int64_t ckpt_due_at_ = 0;     // merges at which the next periodic checkpoint is asked for
   int64_t stop_after_version_ = 0;  // diloco, interrupted: the round every unit ends on
   double resumed_elapsed_s_ = 0;    // wall time of the runs this one resumes
@@ -602,7 +603,8 @@ bool Syncer::try_complete_checkpoint(bool final) {
   st.elapsed_s = resumed_elapsed_s_ + now();
   st.run_seed = config_.run.seed;
   st.chaos_seed = config_.chaos.seed;
-  checkpoint::write_syncer(dir, st, config_.debug.checkpoint_write_delay_ms);
+  checkpoint::write_syncer(dir, st, ckpts_written_ > 0 ? config_.debug.checkpoint_write_delay_ms : 0);
+  ++ckpts_written_;
   checkpoint::write_manifest(dir, ckpt_next_, config_,
                              {{"merges", st.merges}, {"tokens", st.tokens},
                               {"versions", version_}, {"elapsed_s", st.elapsed_s},

@@ -419,7 +419,7 @@ const std::vector<Entry>& entries() {
                     "unit's snapshots (with syncer_read_delay_ms it lands inside that read)"),
       DDILOCO_FIELD(int, "debug.checkpoint_write_delay_ms", debug.checkpoint_write_delay_ms,
                     "test hook: the syncer pauses this long inside the write of its checkpoint "
-                    "file (a kill then lands mid-write)", at_least(0)),
+                    "file, from the second checkpoint of the run on (a kill then lands mid-write)", at_least(0)),
   };
   return table;
 }

@@ -1,0 +1,90 @@
+# Exact resume (diloco): a run straight through, the same run resumed from a periodic
+# checkpoint, and the same run stopped by SIGTERM (it ends the round under way and writes a
+# checkpoint) then resumed with --resume auto all end on bit-identical parameters, with the
+# same losses and data positions at every logged step (no batch skipped or repeated). Unit 1
+# has two ranks: each rank's own data cursor is saved and restored.
+source "$(dirname "$0")/lib/common.sh"
+source "$(dirname "$0")/lib/text_data.sh"
+cd "$WORK"
+make_text_shards text
+cat > d.yaml <<'YAML'
+mode: diloco
+run: {dir: A, log_every: 10, progress: false}
+model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16}
+data: {train: text/train_*.bin, val: text/val_*.bin}
+train: {batch_size: 2, steps: 6000, warmup_steps: 2}
+eval: {val_tokens: 512, sample_tokens: 0}
+units: {count: 2, ranks: [1, 2]}
+outer: {h: 4}
+syncer: {eval_every: 100000}
+checkpoint: {every: 300, keep: 100}
+YAML
+run() { "${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config d.yaml "$@"; }
+run > A.log 2>&1 || { cat A.log; fail "straight run failed"; }
+mid=A/checkpoints/ckpt_00000002
+[[ -f $mid/manifest.json ]] || { ls A/checkpoints; fail "no periodic checkpoint $mid"; }
+"$DDILOCO" inspect "$mid" > inspect.txt || fail "inspect $mid failed"
+grep -q "unit 1, checkpoint 2, 2 ranks" inspect.txt || { cat inspect.txt; fail "inspect: unit 1 not shown"; }
+run --set run.dir=B --resume "$mid" > B.log 2>&1 || { cat B.log; fail "resume from $mid failed"; }
+
+# SIGTERM while it runs, then --resume auto (mpirun in the background, not a shell function,
+# so that $! is mpirun, which forwards the signal to every rank).
+"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config d.yaml --set run.dir=C --set checkpoint.every=0 > C1.log 2>&1 &
+pid=$!
+wait_for C/unit_0.jsonl '"step":400,' $pid
+kill -TERM $pid
+rc=0; wait $pid || rc=$?
+[[ $rc != 0 ]] || fail "mpirun exited 0 after SIGTERM"
+run --set run.dir=C --set checkpoint.every=0 --resume auto > C2.log 2>&1 || { cat C2.log; fail "resume auto failed"; }
+
+/usr/bin/python3 - <<'PY' || fail "resumed runs differ from the straight one"
+import json, h5py, numpy as np
+def events(path):
+    return [json.loads(l) for l in open(path)]
+def params(run):
+    with h5py.File(f"{run}/model.h5", "r") as f:
+        return {k: f["params"][k][()] for k in f["params"]}
+a = params("A")
+for run in ("B", "C"):
+    p = params(run)
+    same = all(np.array_equal(a[k], p[k]) for k in a)
+    assert same, f"{run}/model.h5 differs from A/model.h5"
+# C was stopped mid-run on a round boundary and resumed from that checkpoint.
+c = events("C/metrics.jsonl")
+stop = [e for e in c if e["event"] == "interrupted"]
+assert len(stop) == 1 and stop[0]["signal"] == 15, stop
+resume = [e for e in c if e["event"] == "resume"]
+assert len(resume) == 1 and resume[0]["version"] == stop[0]["stop_after_version"], (resume, stop)
+assert 100 <= resume[0]["version"] < 1500, resume
+done = [e for e in c if e["event"] == "done"]
+assert [d["interrupted"] for d in done] == [True, False] and done[-1]["tokens"] == 6000 * 2 * 16 * 3, done
+b = events("B/metrics.jsonl")
+assert [e["path"] for e in b if e["event"] == "resume"] == ["A/checkpoints/ckpt_00000002"], b[:3]
+# Every logged step: the same data position as the straight run (the leader's cursor) and the
+# same loss (the mean since the previous log line: but for the first line after a resume and
+# the line of the stop, whose windows are cut), for both units; each step is logged once.
+for u in (0, 1):
+    def steps(run):
+        out, cut = {}, True
+        for e in events(f"{run}/unit_{u}.jsonl"):
+            if e["event"] == "resume":
+                cut = True
+            if e["event"] != "train":
+                continue
+            assert e["step"] not in out, (run, u, e["step"])
+            cut |= e["step"] % 10 != 0
+            out[e["step"]] = (None if cut else e["train_loss"], e["data_cursor"])
+            cut = e["step"] % 10 != 0
+        return out
+    sa = steps("A")
+    for run in ("B", "C"):
+        s = steps(run)
+        bad = [k for k in s if k in sa and (s[k][1] != sa[k][1] or s[k][0] not in (None, sa[k][0]))]
+        assert s and not bad, (run, u, [(k, s[k], sa[k]) for k in bad[:3]])
+        assert sum(v[0] is not None for v in s.values()) > 100, (run, u)  # losses compared
+    assert set(steps("C")) - set(sa) <= {stop[0]["stop_after_version"] * 4}, u
+    assert set(sa) <= set(steps("C")), (u, sorted(set(sa) - set(steps("C")))[:5])
+print(f"bit-identical after resuming from ckpt 2 and from the SIGTERM checkpoint at round "
+      f"{resume[0]['version']} of 1500")
+PY
+echo "checkpoint_exact_resume: passed"

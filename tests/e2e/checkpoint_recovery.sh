@@ -1,0 +1,82 @@
+# Checkpoints that cannot be used (decoupled): a job killed with SIGKILL while the syncer writes
+# its file leaves an incomplete checkpoint beside the previous complete one; --resume auto
+# skips it with a warning and the job completes its token budget from the previous one. A
+# truncated file and a missing manifest are skipped the same way; a checkpoint of another
+# model shape or unit count is refused with the mismatch named. The final checkpoint opens in
+# h5py and its Θ gives, in NumPy, the validation loss `ddiloco eval` prints for it.
+source "$(dirname "$0")/lib/common.sh"
+source "$(dirname "$0")/lib/text_data.sh"
+cd "$WORK"
+make_text_shards text
+cat > k.yaml <<'YAML'
+mode: decoupled
+run: {dir: K, log_every: 50, progress: false}
+model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16}
+data: {train: text/train_*.bin, val: text/val_*.bin}
+train: {batch_size: 2, steps: 3000, warmup_steps: 2}
+eval: {val_tokens: 512, sample_tokens: 0}
+units: {count: 2}
+outer: {h: 8, fragments: 2, overlap: 2, apply: carry}
+syncer: {eval_every: 100000, quorum: 1}
+checkpoint: {every: 100, keep: 10}
+YAML
+budget=$((3000 * 2 * 2 * 16))
+root=K/checkpoints
+
+# 1. SIGKILL while the syncer writes checkpoint 2 (a test hook holds it 60 s inside the write
+#    of syncer.h5.tmp from the run's second checkpoint on).
+"${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config k.yaml --set debug.checkpoint_write_delay_ms=60000 \
+  --set checkpoint.every=200 > k1.log 2>&1 &
+pid=$!
+wait_for K/metrics.jsonl '"event":"checkpoint"' $pid
+deadline=$((SECONDS + 60))
+until [[ -f $root/ckpt_00000002/syncer.h5.tmp ]]; do
+  kill -0 $pid 2>/dev/null || { cat k1.log; fail "the job ended before writing checkpoint 2"; }
+  ((SECONDS < deadline)) || fail "checkpoint 2 never started"
+  sleep 0.1
+done
+pkill -KILL -f "ddiloco train --config k.yaml" || true
+wait $pid 2>/dev/null || true
+[[ -f $root/ckpt_00000001/manifest.json && ! -f $root/ckpt_00000002/manifest.json ]] || fail "expected ckpt 1 complete, ckpt 2 incomplete"
+"$DDILOCO" inspect $root > inspect.txt
+grep -q "ckpt_00000001  complete" inspect.txt && grep -q "ckpt_00000002  INCOMPLETE" inspect.txt || { cat inspect.txt; fail "inspect: wrong statuses"; }
+"$DDILOCO" inspect $root/ckpt_00000001 > /dev/null || fail "ckpt 1 does not load after the kill"
+# A unit 0 file may sit in ckpt 2 without its syncer.h5: the directory stays incomplete.
+"${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config k.yaml --set checkpoint.every=200 --resume auto > k2.log 2>&1 ||
+  { cat k2.log; fail "resume after SIGKILL failed"; }
+grep -q "warning: skipping checkpoint $root/ckpt_00000002: .*no manifest.json" k2.log || { cat k2.log; fail "no warning for ckpt 2"; }
+[[ $(json_field K/metrics.jsonl resume path) == "$root/ckpt_00000001" ]] || fail "did not resume from ckpt 1"
+[[ $(json_field K/metrics.jsonl done interrupted) == False ]] || fail "resumed job did not complete"
+tokens=$(json_field K/metrics.jsonl done tokens)
+((tokens >= budget && tokens < budget + 2 * 64)) || fail "resumed job made $tokens tokens, budget $budget"
+echo "ok: killed mid-write, resumed from ckpt 1, completed with $tokens tokens (budget $budget)"
+
+# 2. Truncated newest file, then a missing manifest: each skipped, with its reason.
+ids=($(ls $root | sort))
+n=${#ids[@]}
+((n >= 3)) || fail "expected at least 3 checkpoints, got ${ids[*]}"
+newest=$root/${ids[n-1]} previous=$root/${ids[n-2]} third=$root/${ids[n-3]}
+truncate -s 2000 $newest/unit_1.h5
+rm $previous/manifest.json
+"${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config k.yaml --resume auto > k3.log 2>&1 || { cat k3.log; fail "resume auto failed"; }
+grep -q "warning: skipping checkpoint $newest: $newest/unit_1.h5: 2000 bytes, the manifest records" k3.log || { cat k3.log; fail "no truncation warning"; }
+grep -q "warning: skipping checkpoint $previous: .*no manifest.json" k3.log || { cat k3.log; fail "no missing-manifest warning"; }
+[[ $(json_field K/metrics.jsonl resume path) == "$third" ]] || fail "did not resume from $third"
+echo "ok: truncated and manifest-less checkpoints skipped; resumed from $third"
+
+# 3. Another job's checkpoint: refused, naming the field (every rank stops, one reports).
+expect_error "model.n_embd is 16 there, 32 in this configuration" \
+  "${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config k.yaml --set model.n_embd=32 --resume "$third"
+expect_error "units.count is 2 there, 3 in this configuration" \
+  "${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config k.yaml --set units.count=3 --resume "$third"
+expect_error "$root/nothing: no manifest.json" \
+  "${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config k.yaml --resume $root/nothing
+
+# 4. h5py + NumPy reproduce `ddiloco eval` on the final checkpoint.
+final=$root/$(ls $root | sort | tail -1)
+ours=$("$DDILOCO" eval --model "$final" | sed -n 's/^val_loss=//p')
+theirs=$(/usr/bin/python3 "$SRC/scripts/checkpoint_eval.py" "$final" | sed -n 's/^val_loss=//p')
+/usr/bin/python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); assert abs(a - b) < 1e-5 * max(1, a), (a, b)" "$ours" "$theirs" ||
+  fail "ddiloco eval $ours, NumPy from h5py $theirs"
+echo "ok: $final: ddiloco eval val_loss=$ours, h5py + NumPy val_loss=$theirs"
+echo "checkpoint_recovery: passed"
