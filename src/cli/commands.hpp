@@ -26,4 +26,14 @@ struct BenchModelOptions {
 /// Forward + backward + AdamW throughput on random tokens; last line "tokens_per_s=<n>".
 int bench_model(const BenchModelOptions& options);
 
+struct BenchCheckpointOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string dir;  // default: checkpoint.dir of the config
+  int repeats = 3;
+};
+/// Checkpoint write/verify/read times of the config's model beside one inner step; last line
+/// "unit_pause_steps=<n>" (a unit's pause to write its file, in inner steps).
+int bench_checkpoint(const BenchCheckpointOptions& options);
+
 }  // namespace ddiloco::cli

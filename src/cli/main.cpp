@@ -304,6 +304,14 @@ int main(int argc, char** argv) {
   bench_model->add_option("--steps", bench_opts.steps, "timed steps")->check(CLI::PositiveNumber);
   bench_model->add_option("--warmup", bench_opts.warmup, "untimed steps first")
       ->check(CLI::NonNegativeNumber);
+  cli::BenchCheckpointOptions bench_ckpt;
+  ConfigArgs bench_ckpt_args;
+  auto* bench_checkpoint = bench->add_subcommand(
+      "checkpoint", "checkpoint write/verify/read time of the config's model against one inner step");
+  bench_ckpt_args.add_to(bench_checkpoint, false);
+  bench_checkpoint->add_option("--dir", bench_ckpt.dir, "where to write (default checkpoint.dir)");
+  bench_checkpoint->add_option("--repeats", bench_ckpt.repeats, "timed repeats")
+      ->check(CLI::PositiveNumber);
 
   ConfigArgs config_args;
   bool list_keys = false;
@@ -355,6 +363,11 @@ int main(int argc, char** argv) {
       bench_opts.config = bench_args.path;
       bench_opts.overrides = bench_args.overrides;
       return cli::bench_model(bench_opts);
+    }
+    if (bench_checkpoint->parsed()) {
+      bench_ckpt.config = bench_ckpt_args.path;
+      bench_ckpt.overrides = bench_ckpt_args.overrides;
+      return cli::bench_checkpoint(bench_ckpt);
     }
     if (chaos_cmd->parsed()) return cmd_chaos(chaos_args, chaos_out);
     if (config->parsed()) return cmd_config(config_args, list_keys, get_key, print_ranks, markdown);

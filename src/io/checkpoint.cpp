@@ -299,7 +299,7 @@ void write_manifest(const fs::path& dir, int64_t id, const Config& config,
                       {"unit_ranks", unit_ranks},
                       {"fragments", config.mode == Mode::diloco ? 1 : config.outer.fragments},
                       {"files", files}};
-  m.update(summary);
+  if (summary.is_object()) m.update(summary);
   write_text_atomically(dir / "manifest.json", m.dump(2) + "\n");
 }
 

@@ -215,6 +215,7 @@ class Syncer {
   double resumed_elapsed_s_ = 0;    // wall time of the runs this one resumes
   std::string resumed_from_;        // the checkpoint this run resumed from ("" = none)
   int64_t resumed_tokens_ = 0;
+  int64_t resumed_next_eval_ = 0;
   ProgressBar bar_{config_.run.progress};
 };
 
@@ -544,6 +545,7 @@ void Syncer::restore(const checkpoint::SyncerState& c) {
   // its snapshots from 1 again.
   grace_.restore(c.grace);
   resumed_elapsed_s_ = c.elapsed_s;
+  resumed_next_eval_ = c.next_eval;
 }
 
 // Every unit writes its file at its next step boundary (diloco: round boundary) and says so
@@ -667,7 +669,7 @@ int Syncer::run() {
   log_ = JsonlWriter(dir / "metrics.jsonl", resumed_from_.empty());
   evaluator_ = std::make_unique<GlobalEvaluator>(config_.model, val_, config_.train.batch_size,
                                                  omp_get_max_threads());
-  next_eval_ = total_merges() + eval_stride();
+  next_eval_ = resumed_next_eval_ > 0 ? resumed_next_eval_ : total_merges() + eval_stride();
   nlohmann::json unit_ranks = nlohmann::json::array();
   for (int u = 0; u < M_; ++u) unit_ranks.push_back(config_.unit_ranks(u));
   log_.write({{"event", "start"}, {"step", 0}, {"tokens", 0}, {"elapsed_s", 0.0},

@@ -79,4 +79,8 @@ theirs=$(/usr/bin/python3 "$SRC/scripts/checkpoint_eval.py" "$final" | sed -n 's
 /usr/bin/python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); assert abs(a - b) < 1e-5 * max(1, a), (a, b)" "$ours" "$theirs" ||
   fail "ddiloco eval $ours, NumPy from h5py $theirs"
 echo "ok: $final: ddiloco eval val_loss=$ours, h5py + NumPy val_loss=$theirs"
+# 5. The checkpoint benchmark runs and reports the pause it costs a unit.
+"$DDILOCO" bench checkpoint --config k.yaml --repeats 1 > bench.txt || { cat bench.txt; fail "bench checkpoint failed"; }
+grep -Eq '^unit_pause_steps=[0-9.]+$' bench.txt || { cat bench.txt; fail "bench checkpoint: no unit_pause_steps line"; }
+[[ -z $(ls $root | grep -v '^ckpt_') ]] || fail "bench checkpoint left files in $root"
 echo "checkpoint_recovery: passed"
