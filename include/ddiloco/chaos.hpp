@@ -90,6 +90,8 @@ class UnitTimeline {
   /// A crash whose start was passed while the unit was down (impossible in a generated
   /// schedule) is still returned, once.
   const Fault* crash_due(double now_s);
+  /// Drops the crashes that start before `t_s`: a job resumed at job time t_s has lived them.
+  void skip_crashes_before(double t_s);
   /// Is a crash due at `now_s` (without taking it)? Lets a unit that is waiting crash on time.
   bool crash_pending(double now_s) const;
 

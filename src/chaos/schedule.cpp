@@ -212,6 +212,10 @@ const Fault* UnitTimeline::crash_due(double now_s) {
   return nullptr;
 }
 
+void UnitTimeline::skip_crashes_before(double t_s) {
+  while (next_crash_ < crashes_.size() && crashes_[next_crash_].start_s < t_s) ++next_crash_;
+}
+
 bool UnitTimeline::crash_pending(double now_s) const {
   return next_crash_ < crashes_.size() && crashes_[next_crash_].start_s <= now_s;
 }

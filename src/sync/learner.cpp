@@ -220,6 +220,10 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   // Every rank starts its clock when all leave this barrier: the fault schedule's time zero.
   mpi::barrier_patient(topo.world);
   Stopwatch wall;
+  // The fault schedule runs on the job's time: a resumed job goes on where its checkpoint was.
+  const double resumed_s = resume ? resume->syncer.elapsed_s : 0.0;
+  auto job_time = [&] { return resumed_s + wall.seconds(); };
+  faults.skip_crashes_before(resumed_s);
 
   // Writes this unit's file of checkpoint `id` (collective over the unit: the leader gathers
   // every rank's data cursor). `lost`: the unit is down after a crash and has no parameters.
@@ -305,7 +309,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   };
   // A crash is due and is taken now (debug.crash_during_read: once it lands in a read).
   auto crash_now = [&] {
-    if (!faults.crash_pending(wall.seconds())) return false;
+    if (!faults.crash_pending(job_time())) return false;
     return !config.debug.crash_during_read || !plan.outer_steps || syncer_reading();
   };
   // Fragment p of the Θ the leader took from its inbox, on every rank of the unit.
@@ -403,7 +407,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
            s.grad_norm, t);
     const double busy = step_clock.seconds() - s.allreduce_s;
     // Straggler emulation: this unit's computation takes `slowdown` times longer.
-    const double slowdown = std::max(base_slowdown, faults.slowdown_at(wall.seconds()));
+    const double slowdown = std::max(base_slowdown, faults.slowdown_at(job_time()));
     if (slowdown > 1.0)
       std::this_thread::sleep_for(std::chrono::duration<double>((slowdown - 1.0) * busy));
     const double step_s = step_clock.seconds();
@@ -521,14 +525,13 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
         crash_cause = "non_finite";
         crash_late_s = 0;
       } else if (!actions.stop && (crash_ready || crash_now())) {
-        const chaos::Fault* crash = faults.crash_due(wall.seconds());
+        const chaos::Fault* crash = faults.crash_due(job_time());
         crash_cause = "chaos";
         actions.crash = true;
         // Steps and waits are not interrupted: in ddp a crash due inside the all-reduce takes
         // effect after it, with the down-time it has left (logged as late_s).
-        crash_late_s = wall.seconds() - crash->start_s;
-        actions.down_ms =
-            static_cast<int64_t>(1e3 * std::max(0.0, crash->end_s() - wall.seconds()));
+        crash_late_s = job_time() - crash->start_s;
+        actions.down_ms = static_cast<int64_t>(1e3 * std::max(0.0, crash->end_s() - job_time()));
         for (int p = 0; p < P; ++p) actions.lost[p] = !window->outbox_free(p);
       }
       if (actions.crash) {

@@ -132,7 +132,7 @@ class Syncer {
   // than on its nominal link of chaos.link_mbps. The syncer does not wait it out: the
   // snapshot counts, or the merged fragment lands, only once it is over.
   double link_delay_s(int u, size_t bytes) const {
-    const double factor = links_[u].link_factor_at(now());
+    const double factor = links_[u].link_factor_at(resumed_elapsed_s_ + now());  // job time
     if (factor >= 1.0) return 0.0;
     return static_cast<double>(bytes) * (1.0 / factor - 1.0) / (config_.chaos.link_mbps * 1e6);
   }

@@ -195,6 +195,15 @@ TEST(ChaosTimeline, CrashesOnceEachAndEpisodeFactors) {
   EXPECT_EQ(t.link_factor_at(24), 1);
 }
 
+TEST(ChaosTimeline, AResumedJobSkipsTheCrashesItHasLived) {
+  Schedule s;
+  s.faults = {{0, FaultKind::crash, 10, 5, 1}, {0, FaultKind::crash, 30, 5, 1}};
+  UnitTimeline t(s, 0);
+  t.skip_crashes_before(12);  // resumed 12 s into the job: the first crash is history
+  EXPECT_FALSE(t.crash_pending(20));
+  EXPECT_EQ(t.crash_due(31)->start_s, 30);
+}
+
 TEST(ChaosConfig, ValidatedWithTheRest) {
   EXPECT_THROW(load_config("", {"mode=decoupled", "units.count=2", "chaos.units=[2]"}), Error);
   EXPECT_THROW(load_config("", {"mode=decoupled", "units.count=2", "chaos.down_min_s=9",
