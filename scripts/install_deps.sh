@@ -27,6 +27,8 @@ packages=(
   libcli11-dev libfmt-dev libopenblas-openmp-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev
+  # tests: a one-node Slurm cluster (scripts/slurm_local.sh, e2e slurm_requeue)
+  slurm-wlm munge
   # data: the King James Bible (default corpus); npm fetches the Brown Corpus on request
   bible-kjv
   # plots, checkpoint inspection from Python (Debian's /usr/bin/python3)
