@@ -48,7 +48,9 @@ grep -q "warning: skipping checkpoint $root/ckpt_00000002: .*no manifest.json" k
 [[ $(json_field K/metrics.jsonl resume path) == "$root/ckpt_00000001" ]] || fail "did not resume from ckpt 1"
 [[ $(json_field K/metrics.jsonl done interrupted) == False ]] || fail "resumed job did not complete"
 tokens=$(json_field K/metrics.jsonl done tokens)
-((tokens >= budget && tokens < budget + 2 * 64)) || fail "resumed job made $tokens tokens, budget $budget"
+# The budget once: a start from scratch, or tokens counted twice, would be far off; units stop
+# a few of their (fast) steps after the syncer sees the budget reached.
+((tokens >= budget && tokens <= budget * 102 / 100)) || fail "resumed job made $tokens tokens, budget $budget"
 echo "ok: killed mid-write, resumed from ckpt 1, completed with $tokens tokens (budget $budget)"
 
 # 2. Truncated newest file, then a missing manifest: each skipped, with its reason.

@@ -83,7 +83,8 @@ for b in books:
     assert abs(b["booked_s"] - b["allocated_s"]) <= 0.01 * b["allocated_s"], b
 for b in books:
     if b["rank"] in (2, 3):  # unit 1's ranks
-        assert b["down_s"] >= crash["down_s"] - 0.01, b
+        # Rank 3 hears of the crash from its leader, a broadcast later (ms on a loaded machine).
+        assert b["down_s"] >= crash["down_s"] - 0.05, b
         assert b["discarded_s"] > 0, b
     else:
         assert b["down_s"] == 0, b
