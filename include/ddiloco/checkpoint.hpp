@@ -85,7 +85,11 @@ struct UnitState {
 /// test hook) pauses halfway through. Throw Error naming the file on failure.
 void write_syncer(const std::filesystem::path& dir, const SyncerState& state,
                   int write_delay_ms = 0);
-void write_unit(const std::filesystem::path& dir, const UnitState& state);
+/// A unit file is written once: returns false, writing nothing, when `dir` already holds this
+/// unit's file (the syncer linked in an older one while the unit was silent).
+bool write_unit(const std::filesystem::path& dir, const UnitState& state);
+/// The tokens a unit file records (its `tokens` attribute).
+int64_t unit_tokens(const std::filesystem::path& file);
 
 /// Read and validate a file (format, version, role, every shape against /model and the
 /// fragment count). Throw Error naming the file and what is wrong.

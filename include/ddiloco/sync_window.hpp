@@ -57,7 +57,6 @@ enum Control : int {
   kCheckpointWant,  ///< syncer: write checkpoint kCheckpointNext at the next step boundary
                     ///< (diloco: at the next round boundary)
   kCheckpointDone,  ///< learner: id of the last checkpoint whose unit file it wrote
-  kCheckpointTokens,  ///< learner: the tokens that file records
   kStopAfterVersion,  ///< syncer (diloco): stop once the merge of this round is applied
   kSignal,          ///< learner: the stop signal its leader received (0 = none)
   kControlWords = 24

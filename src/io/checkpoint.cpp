@@ -181,11 +181,16 @@ SyncerState read_syncer(const fs::path& path) {
   return s;
 }
 
-void write_unit(const fs::path& dir, const UnitState& s) {
+int64_t unit_tokens(const fs::path& file) {
+  h5::Handle f = h5::open_file(file);
+  return h5::read_attr_int(f, "tokens", file.string());
+}
+
+bool write_unit(const fs::path& dir, const UnitState& s) {
   const ParameterLayout layout = ParameterLayout::gpt2(s.model);
   const fs::path path = unit_file(dir, s.unit);
   const std::string label = path.string();
-  h5::write_atomically(path, [&](hid_t file) {
+  return h5::write_atomically(path, [&](hid_t file) {
     write_header(file, "unit", s.id, s.model, label);
     h5::write_attr(file, "unit", int64_t{s.unit});
     h5::write_attr(file, "ranks", static_cast<int64_t>(s.cursors.size()));
@@ -215,7 +220,7 @@ void write_unit(const fs::path& dir, const UnitState& s) {
     for (const auto& c : s.cursors) cursors.insert(cursors.end(), {c.epoch, c.batch});
     h5::Handle data = h5::create_group(file, "data", label);
     h5::write_dataset(data, "cursor", cursors.data(), {static_cast<hsize_t>(s.cursors.size()), 2});
-  });
+  }, /*replace=*/false);
 }
 
 UnitState read_unit(const fs::path& path, int fragments) {

@@ -265,16 +265,27 @@ std::vector<hsize_t> dataset_dims(hid_t loc, const std::string& name, const std:
   return dims;
 }
 
-void fsync_and_rename(const std::filesystem::path& tmp, const std::filesystem::path& path) {
+bool fsync_and_publish(const std::filesystem::path& tmp, const std::filesystem::path& path,
+                       bool replace) {
   const int fd = ::open(tmp.c_str(), O_RDONLY);
   if (fd < 0) fail("{}: cannot reopen to sync: {}", tmp.string(), std::strerror(errno));
   const int rc = ::fsync(fd);
   ::close(fd);
   if (rc != 0) fail("{}: fsync failed: {}", tmp.string(), std::strerror(errno));
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) fail("{}: cannot rename from {}: {}", path.string(), tmp.string(), ec.message());
+  if (replace) {
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) fail("{}: cannot rename from {}: {}", path.string(), tmp.string(), ec.message());
+  } else {
+    // link() never replaces: of two writers, the first complete file stays.
+    const bool linked = ::link(tmp.c_str(), path.c_str()) == 0;
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    if (!linked && err == EEXIST) return false;
+    if (!linked) fail("{}: cannot link from {}: {}", path.string(), tmp.string(), std::strerror(err));
+  }
   sync_directory(path.parent_path());
+  return true;
 }
 
 }  // namespace ddiloco::h5

@@ -69,22 +69,27 @@ void read_dataset(hid_t loc, const std::string& name, int64_t* data,
 std::vector<hsize_t> dataset_dims(hid_t loc, const std::string& name, const std::string& label);
 
 /// Writes `write(file)` into `<path>.tmp`, closes and fsyncs it, then renames it over `path`:
-/// readers see the old file or the complete new one, never a partial one.
+/// readers see the old file or the complete new one, never a partial one. With `replace`
+/// false an existing `path` wins: nothing is written and false is returned (write-once files:
+/// the first complete one stays).
 template <typename Fn>
-void write_atomically(const std::filesystem::path& path, Fn&& write);
-void fsync_and_rename(const std::filesystem::path& tmp, const std::filesystem::path& path);
+bool write_atomically(const std::filesystem::path& path, Fn&& write, bool replace = true);
+/// fsync, then rename over `path` (or, without `replace`, link to `path` unless it exists:
+/// false then), then fsync of the directory.
+bool fsync_and_publish(const std::filesystem::path& tmp, const std::filesystem::path& path,
+                       bool replace);
 
 /// Closes a file, reporting a failed final flush (which the destructor cannot).
 void close_file(Handle& file, const std::filesystem::path& path);
 
 template <typename Fn>
-void write_atomically(const std::filesystem::path& path, Fn&& write) {
+bool write_atomically(const std::filesystem::path& path, Fn&& write, bool replace) {
   const std::filesystem::path tmp = path.string() + ".tmp";
   try {
     Handle file = create_file(tmp);
     write(file.get());
     close_file(file, tmp);
-    fsync_and_rename(tmp, path);
+    return fsync_and_publish(tmp, path, replace);
   } catch (...) {
     std::error_code ec;
     std::filesystem::remove(tmp, ec);  // never leave a partial file behind

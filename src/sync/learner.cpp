@@ -261,12 +261,13 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     for (int r = 0; r < topo.unit_size; ++r) st.cursors.push_back({all[2 * r], all[2 * r + 1]});
     const std::filesystem::path dir = checkpoint::directory(ckpt_root, id);
     std::filesystem::create_directories(dir);
-    checkpoint::write_unit(dir, st);
+    // False: too late, the syncer completed this checkpoint with our previous file.
+    const bool written = checkpoint::write_unit(dir, st);
     ckpt_done = id;
-    window->set_control(sync::kCheckpointTokens, tokens);
     window->set_control(sync::kCheckpointDone, id);
     log.write({{"event", "checkpoint"}, {"unit", u}, {"id", id}, {"step", t}, {"tokens", tokens},
-               {"lost", lost}, {"write_s", clock.seconds()}, {"elapsed_s", wall.seconds()}});
+               {"lost", lost}, {"written", written}, {"write_s", clock.seconds()},
+               {"elapsed_s", wall.seconds()}});
   };
 
   double step_ema = 0, window_compute = 0, window_wait = 0, window_loss = 0, window_wall = 0;

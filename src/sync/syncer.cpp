@@ -54,7 +54,8 @@ struct Round {
 class Syncer {
  public:
   Syncer(const Config& config, const OuterPlan& plan, const Topology& topo,
-         const ValidationSet& val, const checkpoint::SyncerState* resumed)
+         const ValidationSet& val, const checkpoint::SyncerState* resumed,
+         const std::filesystem::path& resumed_dir)
       : config_(config),
         plan_(plan),
         M_(topo.units),
@@ -98,17 +99,18 @@ class Syncer {
       progress_step_ = std::min(progress_step_, tokens_per_step(u));
     }
     merged_seq_.assign(M_, std::vector<int64_t>(P, 0));
+    last_unit_file_.resize(M_);
     ckpt_root_ = config.checkpoint.directory(config.run.dir);
-    if (resumed) restore(*resumed);
+    if (resumed) {
+      resumed_from_ = resumed_dir.string();
+      resumed_tokens_ = resumed->tokens;
+      restore(*resumed);
+    }
     ckpt_next_ = std::max(resumed ? resumed->id : 0, checkpoint::highest_id(ckpt_root_)) + 1;
     ckpt_due_at_ = total_merges() + config.checkpoint.every;
   }
 
   int run();  // the stop signal that ended the job early, or 0
-  void resumed(std::string path, int64_t tokens) {
-    resumed_from_ = std::move(path);
-    resumed_tokens_ = tokens;
-  }
 
  private:
   int64_t tokens_per_step(int u) const { return config_.unit_tokens_per_step(u); }
@@ -210,6 +212,7 @@ class Syncer {
   int64_t ckpt_next_ = 1;       // id of the checkpoint being (or next to be) written
   bool ckpt_wanted_ = false;    // the units were asked for checkpoint ckpt_next_
   int64_t ckpts_written_ = 0;   // by this run
+  std::vector<std::filesystem::path> last_unit_file_;  // per unit: its newest checkpoint file
   int64_t ckpt_due_at_ = 0;     // merges at which the next periodic checkpoint is asked for
   int64_t stop_after_version_ = 0;  // diloco, interrupted: the round every unit ends on
   double resumed_elapsed_s_ = 0;    // wall time of the runs this one resumes
@@ -544,6 +547,7 @@ void Syncer::restore(const checkpoint::SyncerState& c) {
   // merged_seq_ stays 0: the units used the checkpoint's to resume, and a new job numbers
   // its snapshots from 1 again.
   grace_.restore(c.grace);
+  for (int u = 0; u < M_; ++u) last_unit_file_[u] = checkpoint::unit_file(resumed_from_, u);
   resumed_elapsed_s_ = c.elapsed_s;
   resumed_next_eval_ = c.next_eval;
 }
@@ -564,23 +568,31 @@ void Syncer::request_checkpoint() {
 bool Syncer::try_complete_checkpoint(bool final) {
   if (!checkpoints_on() || (!ckpt_wanted_ && !final)) return false;
   const std::filesystem::path dir = checkpoint::directory(ckpt_root_, ckpt_next_);
+  // A unit that finished, or is silent (hung, or down after a crash), is not waited for:
+  // its newest file (older than this checkpoint's syncer part, which is all resuming needs)
+  // is linked in, so that one lost unit does not stop checkpoints.
+  std::vector<int> linked;
   for (int u = 0; u < M_; ++u) {
-    const int64_t done = headers_[u].control(sync::kCheckpointDone);
-    if (done == ckpt_next_) continue;
-    if (!unit_done(u)) return false;  // not written yet
-    if (done == 0) {
-      log_.write({{"event", "checkpoint_skipped"}, {"id", ckpt_next_}, {"unit", u},
-                  {"reason", "the unit ended without writing a checkpoint file"},
-                  {"elapsed_s", now()}});
+    if (headers_[u].control(sync::kCheckpointDone) == ckpt_next_) continue;
+    if (!unit_done(u) && !silent_[u]) return false;  // not written yet
+    if (last_unit_file_[u].empty()) {
+      if (unit_done(u) || final)
+        log_.write({{"event", "checkpoint_skipped"}, {"id", ckpt_next_}, {"unit", u},
+                    {"reason", "the unit stopped without ever writing a checkpoint file"},
+                    {"elapsed_s", now()}});
       return false;
     }
+    linked.push_back(u);
+  }
+  for (int u : linked) {
+    // Never over a file the unit wrote meanwhile (it is newer, and written before our part);
+    // nor will the unit's write replace the link (unit files are written once).
     std::filesystem::create_directories(dir);
-    const auto from = checkpoint::unit_file(checkpoint::directory(ckpt_root_, done), u);
     const auto to = checkpoint::unit_file(dir, u);
     std::error_code ec;
-    std::filesystem::remove(to, ec);
-    std::filesystem::create_hard_link(from, to, ec);
-    if (ec) std::filesystem::copy_file(from, to);
+    std::filesystem::create_hard_link(last_unit_file_[u], to, ec);
+    if (ec && !std::filesystem::exists(to))
+      std::filesystem::copy_file(last_unit_file_[u], to, std::filesystem::copy_options::skip_existing);
   }
   Stopwatch clock;
   checkpoint::SyncerState st;
@@ -600,7 +612,7 @@ bool Syncer::try_complete_checkpoint(bool final) {
   st.merges = total_merges();
   // What the units' files record (a resumed job starts from these), not what they have done
   // since.
-  for (const auto& h : headers_) st.tokens += h.control(sync::kCheckpointTokens);
+  for (int u = 0; u < M_; ++u) st.tokens += checkpoint::unit_tokens(checkpoint::unit_file(dir, u));
   st.next_eval = next_eval_;
   st.elapsed_s = resumed_elapsed_s_ + now();
   st.run_seed = config_.run.seed;
@@ -612,14 +624,15 @@ bool Syncer::try_complete_checkpoint(bool final) {
                               {"versions", version_}, {"elapsed_s", st.elapsed_s},
                               {"final", final}});
   checkpoint::prune(ckpt_root_, config_.checkpoint.keep);
-  log_.write({{"event", "checkpoint"}, {"id", ckpt_next_}, {"path", dir.string()},
-              {"version", st.merges}, {"tokens", st.tokens}, {"write_s", clock.seconds()},
-              {"final", final}, {"elapsed_s", now()}});
   if (bar_.enabled()) bar_.clear();
   std::printf("checkpoint %lld: %lld merges, %.2fM tokens -> %s (%.2f s)\n",
               static_cast<long long>(ckpt_next_), static_cast<long long>(st.merges),
               st.tokens / 1e6, dir.c_str(), clock.seconds());
   std::fflush(stdout);
+  for (int u = 0; u < M_; ++u) last_unit_file_[u] = checkpoint::unit_file(dir, u);
+  log_.write({{"event", "checkpoint"}, {"id", ckpt_next_}, {"path", dir.string()},
+              {"version", st.merges}, {"tokens", st.tokens}, {"write_s", clock.seconds()},
+              {"linked_units", linked}, {"final", final}, {"elapsed_s", now()}});
   ++ckpt_next_;
   ckpt_wanted_ = false;
   ckpt_due_at_ = total_merges() + config_.checkpoint.every;
@@ -846,8 +859,7 @@ int Syncer::run() {
 int run_syncer(const Config& config, const OuterPlan& plan, const Topology& topology,
                const ValidationSet& val, const std::filesystem::path& resume,
                const checkpoint::SyncerState* resumed) {
-  Syncer syncer(config, plan, topology, val, resumed);
-  if (resumed) syncer.resumed(resume.string(), resumed->tokens);
+  Syncer syncer(config, plan, topology, val, resumed, resume);
   return syncer.run();
 }
 

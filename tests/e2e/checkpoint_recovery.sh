@@ -81,7 +81,43 @@ theirs=$(/usr/bin/python3 "$SRC/scripts/checkpoint_eval.py" "$final" | sed -n 's
 /usr/bin/python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); assert abs(a - b) < 1e-5 * max(1, a), (a, b)" "$ours" "$theirs" ||
   fail "ddiloco eval $ours, NumPy from h5py $theirs"
 echo "ok: $final: ddiloco eval val_loss=$ours, h5py + NumPy val_loss=$theirs"
-# 5. The checkpoint benchmark runs and reports the pause it costs a unit.
+# 5. A silent unit (a test hook stalls unit 1, without heartbeat, until the syncer has made
+#    1500 merges) does not stop checkpoints: they complete with its newest file linked in,
+#    and a job resumed from one completes its budget.
+cat > s.yaml <<'YAML'
+mode: decoupled
+run: {dir: S, log_every: 50, progress: false}
+model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16}
+data: {train: text/train_*.bin, val: text/val_*.bin}
+train: {batch_size: 2, steps: 3000, warmup_steps: 2}
+eval: {val_tokens: 512, sample_tokens: 0}
+units: {count: 3}
+outer: {h: 8, fragments: 2, overlap: 2}
+syncer: {eval_every: 100000, quorum: 1, heartbeat_timeout_s: 0.3}
+checkpoint: {every: 50, keep: 100}
+debug: {stall_unit: 1, stall_at_step: 300, stall_until_merges: 1500}
+YAML
+"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config s.yaml > s.log 2>&1 || { cat s.log; fail "stalled-unit run failed"; }
+linked=$(/usr/bin/python3 - <<'PY'
+import json
+ev = [json.loads(l) for l in open("S/metrics.jsonl")]
+silent = [e["elapsed_s"] for e in ev if e["event"] == "unit_silent"]
+back = [e["elapsed_s"] for e in ev if e["event"] == "unit_back"]
+ck = [e for e in ev if e["event"] == "checkpoint"]
+assert len(silent) == 1 and len(back) == 1, (silent, back)
+during = [c for c in ck if silent[0] <= c["elapsed_s"] <= back[0]]
+assert len(during) >= 3 and all(c["linked_units"] == [1] for c in during), during
+assert all(c["linked_units"] == [] for c in ck if c["elapsed_s"] > back[0] + 0.5), ck
+print(during[-1]["path"])
+PY
+) || fail "checkpoints did not go on while unit 1 was silent"
+"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config s.yaml --set run.dir=S2 --resume "$linked" > s2.log 2>&1 ||
+  { cat s2.log; fail "resume from $linked failed"; }
+tokens=$(json_field S2/metrics.jsonl done tokens)
+((tokens >= 3000 * 3 * 32 && tokens <= 3000 * 3 * 32 * 102 / 100)) || fail "resumed from $linked: $tokens tokens"
+echo "ok: checkpoints went on with silent unit 1 linked in; resumed from $linked to $tokens tokens"
+
+# 6. The checkpoint benchmark runs and reports the pause it costs a unit.
 "$DDILOCO" bench checkpoint --config k.yaml --repeats 1 > bench.txt || { cat bench.txt; fail "bench checkpoint failed"; }
 grep -Eq '^unit_pause_steps=[0-9.]+$' bench.txt || { cat bench.txt; fail "bench checkpoint: no unit_pause_steps line"; }
 [[ -z $(ls $root | grep -v '^ckpt_') ]] || fail "bench checkpoint left files in $root"
