@@ -15,7 +15,7 @@
 //              /outer_momentum/<tensor> v of outer Nesterov SGD (float32)
 //              /outer/versions int64 (P): merges per fragment
 //              /outer/merged_seq int64 (M, P): sequence number of the last snapshot of unit u
-//                merged into Θ_p (0: none)
+//                merged into Θ_p (0: none); numbers go on across resumed jobs
 //              /outer/grace float64 (7): grace-window averages (GraceWindow::state)
 //   unit_<u>.h5 attrs format, format_version, role = "unit", id, unit, ranks, step, tokens,
 //              schedule_step, rejoins, lost (1: down after a crash, no parameters), run_seed
@@ -90,6 +90,8 @@ void write_syncer(const std::filesystem::path& dir, const SyncerState& state,
 bool write_unit(const std::filesystem::path& dir, const UnitState& state);
 /// The tokens a unit file records (its `tokens` attribute).
 int64_t unit_tokens(const std::filesystem::path& file);
+/// Its /outer/last_seq (P values).
+std::vector<int64_t> unit_last_seq(const std::filesystem::path& file, int fragments);
 
 /// Read and validate a file (format, version, role, every shape against /model and the
 /// fragment count). Throw Error naming the file and what is wrong.

@@ -186,6 +186,12 @@ int64_t unit_tokens(const fs::path& file) {
   return h5::read_attr_int(f, "tokens", file.string());
 }
 
+std::vector<int64_t> unit_last_seq(const fs::path& file, int fragments) {
+  h5::Handle f = h5::open_file(file);
+  h5::Handle outer = h5::open_group(f, "outer", file.string());
+  return read_ints(outer, "last_seq", fragments, file.string() + ":/outer");
+}
+
 bool write_unit(const fs::path& dir, const UnitState& s) {
   const ParameterLayout layout = ParameterLayout::gpt2(s.model);
   const fs::path path = unit_file(dir, s.unit);

@@ -120,7 +120,8 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   for (int m = 0; m < topo.units; ++m) job_step_tokens += config.unit_tokens_per_step(m);
 
   std::vector<int64_t> c_steps(P, 0), c_tok(P, 0), base_version(P, 0), applied(P, 0),
-      sent_step(P, -1), sends(P, 0), pending_version(P, 0), last_seq(P, 0);
+      sent_step(P, -1), sends(P, 0), pending_version(P, 0), last_seq(P, 0),
+      seq_base(P, 0);  // snapshot numbers go on across resumed jobs: base + the window's
   size_t largest = 0;
   for (const auto& f : fragments.fragments()) largest = std::max(largest, f.numel);
   std::vector<float> packed(largest), incoming(largest);
@@ -207,6 +208,8 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
         }
       }
       base_version[p] = applied[p] = pending_version[p] = sends[p] = sy.versions[p];
+      // Above every number either side has used (the syncer computes the same).
+      last_seq[p] = seq_base[p] = std::max(st.last_seq[p], merged);
       if (topo.leader) window->set_inbox_taken(p, sy.versions[p]);
     }
     if (topo.leader) {
@@ -457,8 +460,8 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
           nan_injected = true;
         }
         fragments.pack(p, trainer.model().parameters(), std::span<float>(packed.data(), layout.numel(p)));
-        last_seq[p] = window->publish(p, std::span<const float>(packed.data(), layout.numel(p)),
-                                      {c_steps[p], c_tok[p], t, base_version[p]});
+        last_seq[p] = seq_base[p] + window->publish(p, std::span<const float>(packed.data(), layout.numel(p)),
+                                                    {c_steps[p], c_tok[p], t, base_version[p]});
         sent_step[p] = t;
         ++sends[p];
         actions.sent[p] = 1;

@@ -99,6 +99,7 @@ class Syncer {
       progress_step_ = std::min(progress_step_, tokens_per_step(u));
     }
     merged_seq_.assign(M_, std::vector<int64_t>(P, 0));
+    seq_base_.assign(M_, std::vector<int64_t>(P, 0));
     last_unit_file_.resize(M_);
     ckpt_root_ = config.checkpoint.directory(config.run.dir);
     if (resumed) {
@@ -208,6 +209,7 @@ class Syncer {
   JsonlWriter log_;
   std::unique_ptr<GlobalEvaluator> evaluator_;
   std::vector<std::vector<int64_t>> merged_seq_;  // [unit][fragment]: last snapshot merged
+  std::vector<std::vector<int64_t>> seq_base_;    // [unit][fragment]: added to window numbers
   std::filesystem::path ckpt_root_;
   int64_t ckpt_next_ = 1;       // id of the checkpoint being (or next to be) written
   bool ckpt_wanted_ = false;    // the units were asked for checkpoint ckpt_next_
@@ -446,7 +448,7 @@ void Syncer::merge(int p, const std::vector<int>& units) {
   rounds_[p] = Round{};
   if (!merged) return;  // every weight zero: nothing learned, nothing to send
   ++version_[p];
-  for (int u : units) merged_seq_[u][p] = slots_[u][p].seq;
+  for (int u : units) merged_seq_[u][p] = seq_base_[u][p] + slots_[u][p].seq;
   // Asked for before this merge is delivered: a diloco unit then writes its file on the round
   // boundary where it applies this merge.
   if (config_.checkpoint.every > 0 && total_merges() >= ckpt_due_at_ && !ckpt_wanted_ && !stopping_)
@@ -544,10 +546,19 @@ void Syncer::restore(const checkpoint::SyncerState& c) {
       slots_[u][p].meta.base_version = version_[p];
     }
   }
-  // merged_seq_ stays 0: the units used the checkpoint's to resume, and a new job numbers
-  // its snapshots from 1 again.
   grace_.restore(c.grace);
-  for (int u = 0; u < M_; ++u) last_unit_file_[u] = checkpoint::unit_file(resumed_from_, u);
+  // Snapshot numbers go on across jobs: the new job's window counts from 1 again, after a base
+  // above every number used before, the larger of the unit's last and the last merged (the
+  // learner computes the same). A unit file linked from an earlier job then still compares
+  // with merged_seq_ in one numbering.
+  for (int u = 0; u < M_; ++u) {
+    last_unit_file_[u] = checkpoint::unit_file(resumed_from_, u);
+    const std::vector<int64_t> last = checkpoint::unit_last_seq(last_unit_file_[u], P);
+    for (int p = 0; p < P; ++p) {
+      merged_seq_[u][p] = c.merged_seq[static_cast<size_t>(u) * P + p];
+      seq_base_[u][p] = std::max(last[p], merged_seq_[u][p]);
+    }
+  }
   resumed_elapsed_s_ = c.elapsed_s;
   resumed_next_eval_ = c.next_eval;
 }
