@@ -607,39 +607,37 @@ void validate(const Config& c, const std::string& source) {
   }
 }
 
-Config load_config_text(const std::string& yaml, const std::string& source,
-                        const std::vector<std::string>& overrides) {
+namespace {
+
+// `root` (null: defaults only) with the overrides applied, validated; errors name `source`.
+Config load_root(const YAML::Node& root, const std::string& source,
+                 const std::vector<std::string>& overrides) {
   Config config;
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml);
-  } catch (const YAML::Exception& ex) {
-    fail("{}: line {}: {}", source, ex.mark.line + 1, ex.msg);
-  }
-  load_node(config, root, "", source);
+  if (root) load_node(config, root, "", source);
   for (const auto& o : overrides) apply_override(config, o, "--set");
   validate(config, overrides.empty() ? source : source + " with --set");
   return config;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  Config config;
-  std::string source = "defaults";
-  if (!path.empty()) {
-    source = path;
-    if (!std::filesystem::exists(path)) fail("{}: config file not found", path);
-    YAML::Node root;
-    try {
-      root = YAML::LoadFile(path);
-    } catch (const YAML::Exception& ex) {
-      fail("{}: line {}: {}", path, ex.mark.line + 1, ex.msg);
-    }
-    load_node(config, root, "", path);
+YAML::Node parse_yaml(const std::function<YAML::Node()>& parse, const std::string& source) {
+  try {
+    return parse();
+  } catch (const YAML::Exception& ex) {
+    fail("{}: line {}: {}", source, ex.mark.line + 1, ex.msg);
   }
-  for (const auto& o : overrides) apply_override(config, o, "--set");
-  if (!overrides.empty()) source += " with --set";
-  validate(config, source);
-  return config;
+}
+
+}  // namespace
+
+Config load_config_text(const std::string& yaml, const std::string& source,
+                        const std::vector<std::string>& overrides) {
+  return load_root(parse_yaml([&] { return YAML::Load(yaml); }, source), source, overrides);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  if (path.empty()) return load_root(YAML::Node(), "defaults", overrides);
+  if (!std::filesystem::exists(path)) fail("{}: config file not found", path);
+  return load_root(parse_yaml([&] { return YAML::LoadFile(path); }, path), path, overrides);
 }
 
 std::string to_yaml(const Config& config) {
