@@ -125,6 +125,10 @@ std::optional<Found> find_latest(const std::filesystem::path& root, std::vector<
 /// older than the newest complete one.
 void prune(const std::filesystem::path& root, int keep);
 
+/// Creates `root` if needed and checks that files can be written there; throws Error naming
+/// checkpoint.dir otherwise (called at set-up, before training).
+void check_directory(const std::filesystem::path& root);
+
 /// Highest id of any ckpt_<id> directory under `root` (complete or not), 0 if none.
 int64_t highest_id(const std::filesystem::path& root);
 

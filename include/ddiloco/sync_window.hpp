@@ -57,6 +57,7 @@ enum Control : int {
   kCheckpointWant,  ///< syncer: write checkpoint kCheckpointNext at the next step boundary
                     ///< (diloco: at the next round boundary)
   kCheckpointDone,  ///< learner: id of the last checkpoint whose unit file it wrote
+  kCheckpointFailed,  ///< learner: id of a checkpoint whose unit file it could not write
   kStopAfterVersion,  ///< syncer (diloco): stop once the merge of this round is applied
   kSignal,          ///< learner: the stop signal its leader received (0 = none)
   kControlWords = 24

@@ -1,5 +1,7 @@
 #include "ddiloco/topology.hpp"
 
+#include <exception>
+
 #include "ddiloco/error.hpp"
 #include "ddiloco/mpi.hpp"
 
@@ -46,7 +48,8 @@ Topology::Topology(const Config& config, MPI_Comm world_comm) : world(world_comm
 Topology::~Topology() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (finalized) return;
+  // Collective: not while an error unwinds this rank alone (main then aborts the job).
+  if (finalized || std::uncaught_exceptions() > 0) return;
   for (MPI_Comm* c : {&unit_comm, &sync_comm, &leaders_comm})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }

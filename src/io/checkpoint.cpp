@@ -1,6 +1,7 @@
 #include "ddiloco/checkpoint.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -410,6 +411,22 @@ void prune(const fs::path& root, int keep) {
       fs::remove_all(dir, ec);
     }
   }
+}
+
+void check_directory(const fs::path& root) {
+  std::error_code ec;
+  if (fs::exists(root, ec) && !fs::is_directory(root, ec))
+    fail("checkpoint.dir: '{}' exists and is not a directory", root.string());
+  fs::create_directories(root, ec);
+  if (ec) fail("checkpoint.dir: cannot create '{}': {}", root.string(), ec.message());
+  const fs::path probe = root / fmt::format(".write_test_{}", ::getpid());
+  {
+    std::ofstream out(probe);
+    out << "ddiloco";
+    out.flush();
+    if (!out) fail("checkpoint.dir: '{}' is not writable", root.string());
+  }
+  fs::remove(probe, ec);
 }
 
 int64_t highest_id(const fs::path& root) {

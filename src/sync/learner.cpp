@@ -263,10 +263,22 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     st.sent_theta = sent_theta;
     for (int r = 0; r < topo.unit_size; ++r) st.cursors.push_back({all[2 * r], all[2 * r + 1]});
     const std::filesystem::path dir = checkpoint::directory(ckpt_root, id);
-    std::filesystem::create_directories(dir);
-    // False: too late, the syncer completed this checkpoint with our previous file.
-    const bool written = checkpoint::write_unit(dir, st);
     ckpt_done = id;
+    bool written = false;
+    try {
+      std::filesystem::create_directories(dir);
+      // False: too late, the syncer completed this checkpoint with our previous file.
+      written = checkpoint::write_unit(dir, st);
+    } catch (const std::exception& e) {
+      // A checkpoint that cannot be written (disk full, ...) is abandoned, not the job: the
+      // syncer hears of it, and the next one is tried at its time.
+      std::fprintf(stderr, "ddiloco: warning: unit %d: checkpoint %lld not written: %s\n", u,
+                   static_cast<long long>(id), e.what());
+      log.write({{"event", "checkpoint_failed"}, {"unit", u}, {"id", id}, {"error", e.what()},
+                 {"step", t}, {"tokens", tokens}, {"elapsed_s", wall.seconds()}});
+      window->set_control(sync::kCheckpointFailed, id);
+      return;
+    }
     window->set_control(sync::kCheckpointDone, id);
     log.write({{"event", "checkpoint"}, {"unit", u}, {"id", id}, {"step", t}, {"tokens", tokens},
                {"lost", lost}, {"written", written}, {"write_s", clock.seconds()},

@@ -99,6 +99,8 @@ int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::str
     std::optional<checkpoint::SyncerState> state;
     auto val = mpi::agree(world, [&] {
       check_run_dir(dir, replace || !resume.empty());
+      if (plan.outer_steps && config.checkpoint.enabled())
+        checkpoint::check_directory(config.checkpoint.directory(config.run.dir));
       if (!resume.empty()) {
         state = checkpoint::read_syncer(checkpoint::syncer_file(resume));
         if (state->units != config.units.count || state->fragments != plan.fragments ||
@@ -123,6 +125,8 @@ int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::str
         expand_shard_pattern(config.data.train, "data.train"), config.model.vocab_size,
         config.train.batch_size, config.model.seq_len, topology.stream_index,
         topology.stream_count, static_cast<uint64_t>(config.run.seed), config.data.shuffle));
+    if (topology.leader && plan.outer_steps && config.checkpoint.enabled())
+      checkpoint::check_directory(config.checkpoint.directory(config.run.dir));
     if (!resume.empty()) {
       const std::filesystem::path file = checkpoint::unit_file(resume, topology.unit);
       LearnerResume r{resume, checkpoint::read_unit(file, OuterPlan::from(config).fragments),

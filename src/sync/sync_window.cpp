@@ -1,5 +1,7 @@
 #include "ddiloco/sync_window.hpp"
 
+#include <exception>
+
 #include <atomic>
 #include <algorithm>
 #include <cstring>
@@ -47,7 +49,9 @@ LearnerWindow::LearnerWindow(MPI_Comm sync_comm, const WindowLayout& layout) : l
 }
 
 LearnerWindow::~LearnerWindow() {
-  if (win_ != MPI_WIN_NULL) {
+  // Freeing a window is collective: while an error unwinds the stack on this rank alone, the
+  // others would never join, and the job would hang instead of reporting it (main aborts).
+  if (win_ != MPI_WIN_NULL && std::uncaught_exceptions() == 0) {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) close();
@@ -163,7 +167,9 @@ SyncerWindow::SyncerWindow(MPI_Comm sync_comm, const WindowLayout& layout, int u
 }
 
 SyncerWindow::~SyncerWindow() {
-  if (win_ != MPI_WIN_NULL) {
+  // Freeing a window is collective: while an error unwinds the stack on this rank alone, the
+  // others would never join, and the job would hang instead of reporting it (main aborts).
+  if (win_ != MPI_WIN_NULL && std::uncaught_exceptions() == 0) {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) close();

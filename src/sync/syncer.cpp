@@ -164,6 +164,8 @@ class Syncer {
   bool checkpoints_on() const { return plan_.outer_steps && config_.checkpoint.enabled(); }
   void request_checkpoint();
   bool try_complete_checkpoint(bool final);
+  void abandon_checkpoint(const std::string& why);
+  void next_checkpoint();
   void restore(const checkpoint::SyncerState& state);
 
   const Config& config_;
@@ -584,6 +586,10 @@ bool Syncer::try_complete_checkpoint(bool final) {
   // is linked in, so that one lost unit does not stop checkpoints.
   std::vector<int> linked;
   for (int u = 0; u < M_; ++u) {
+    if (headers_[u].control(sync::kCheckpointFailed) == ckpt_next_) {
+      abandon_checkpoint(fmt::format("unit {} could not write its file (see unit_{}.jsonl)", u, u));
+      return false;
+    }
     if (headers_[u].control(sync::kCheckpointDone) == ckpt_next_) continue;
     if (!unit_done(u) && !silent_[u]) return false;  // not written yet
     if (last_unit_file_[u].empty()) {
@@ -595,46 +601,52 @@ bool Syncer::try_complete_checkpoint(bool final) {
     }
     linked.push_back(u);
   }
-  for (int u : linked) {
-    // Never over a file the unit wrote meanwhile (it is newer, and written before our part);
-    // nor will the unit's write replace the link (unit files are written once).
-    std::filesystem::create_directories(dir);
-    const auto to = checkpoint::unit_file(dir, u);
-    std::error_code ec;
-    std::filesystem::create_hard_link(last_unit_file_[u], to, ec);
-    if (ec && !std::filesystem::exists(to))
-      std::filesystem::copy_file(last_unit_file_[u], to, std::filesystem::copy_options::skip_existing);
-  }
   Stopwatch clock;
   checkpoint::SyncerState st;
-  st.id = ckpt_next_;
-  st.mode = mode_name(plan_.mode);
-  st.config_yaml = to_yaml(config_);
-  st.model = config_.model;
-  st.units = M_;
-  st.fragments = fragments_.size();
-  st.h = plan_.h;
-  st.theta = flat_theta();
-  st.momentum.resize(st.theta.size());
-  for (int p = 0; p < fragments_.size(); ++p) fragments_.unpack(p, outer_.momentum(p), st.momentum);
-  st.versions = version_;
-  for (const auto& row : merged_seq_) st.merged_seq.insert(st.merged_seq.end(), row.begin(), row.end());
-  st.grace = grace_.state();
-  st.merges = total_merges();
-  // What the units' files record (a resumed job starts from these), not what they have done
-  // since.
-  for (int u = 0; u < M_; ++u) st.tokens += checkpoint::unit_tokens(checkpoint::unit_file(dir, u));
-  st.next_eval = next_eval_;
-  st.elapsed_s = resumed_elapsed_s_ + now();
-  st.run_seed = config_.run.seed;
-  st.chaos_seed = config_.chaos.seed;
-  checkpoint::write_syncer(dir, st, ckpts_written_ > 0 ? config_.debug.checkpoint_write_delay_ms : 0);
-  ++ckpts_written_;
-  checkpoint::write_manifest(dir, ckpt_next_, config_,
-                             {{"merges", st.merges}, {"tokens", st.tokens},
-                              {"versions", version_}, {"elapsed_s", st.elapsed_s},
-                              {"final", final}});
-  checkpoint::prune(ckpt_root_, config_.checkpoint.keep);
+  try {
+    for (int u : linked) {
+      // Never over a file the unit wrote meanwhile (it is newer, and written before our
+      // part); nor will the unit's write replace the link (unit files are written once).
+      std::filesystem::create_directories(dir);
+      const auto to = checkpoint::unit_file(dir, u);
+      std::error_code ec;
+      std::filesystem::create_hard_link(last_unit_file_[u], to, ec);
+      if (ec && !std::filesystem::exists(to))
+        std::filesystem::copy_file(last_unit_file_[u], to, std::filesystem::copy_options::skip_existing);
+    }
+    st.id = ckpt_next_;
+    st.mode = mode_name(plan_.mode);
+    st.config_yaml = to_yaml(config_);
+    st.model = config_.model;
+    st.units = M_;
+    st.fragments = fragments_.size();
+    st.h = plan_.h;
+    st.theta = flat_theta();
+    st.momentum.resize(st.theta.size());
+    for (int p = 0; p < fragments_.size(); ++p) fragments_.unpack(p, outer_.momentum(p), st.momentum);
+    st.versions = version_;
+    for (const auto& row : merged_seq_) st.merged_seq.insert(st.merged_seq.end(), row.begin(), row.end());
+    st.grace = grace_.state();
+    st.merges = total_merges();
+    // What the units' files record (a resumed job starts from these), not what they have
+    // done since.
+    for (int u = 0; u < M_; ++u) st.tokens += checkpoint::unit_tokens(checkpoint::unit_file(dir, u));
+    st.next_eval = next_eval_;
+    st.elapsed_s = resumed_elapsed_s_ + now();
+    st.run_seed = config_.run.seed;
+    st.chaos_seed = config_.chaos.seed;
+    checkpoint::write_syncer(dir, st, ckpts_written_ > 0 ? config_.debug.checkpoint_write_delay_ms : 0);
+    ++ckpts_written_;
+    checkpoint::write_manifest(dir, ckpt_next_, config_,
+                               {{"merges", st.merges}, {"tokens", st.tokens},
+                                {"versions", version_}, {"elapsed_s", st.elapsed_s},
+                                {"final", final}});
+    checkpoint::prune(ckpt_root_, config_.checkpoint.keep);
+  } catch (const std::exception& e) {
+    // Disk full, a file system gone: this checkpoint is abandoned, not the job.
+    abandon_checkpoint(e.what());
+    return false;
+  }
   if (bar_.enabled()) bar_.clear();
   std::printf("checkpoint %lld: %lld merges, %.2fM tokens -> %s (%.2f s)\n",
               static_cast<long long>(ckpt_next_), static_cast<long long>(st.merges),
@@ -644,12 +656,27 @@ bool Syncer::try_complete_checkpoint(bool final) {
   log_.write({{"event", "checkpoint"}, {"id", ckpt_next_}, {"path", dir.string()},
               {"version", st.merges}, {"tokens", st.tokens}, {"write_s", clock.seconds()},
               {"linked_units", linked}, {"final", final}, {"elapsed_s", now()}});
+  next_checkpoint();
+  return true;
+}
+
+// The checkpoint being written stays incomplete (pruned once a later one is complete); the
+// next is asked for at its time.
+void Syncer::abandon_checkpoint(const std::string& why) {
+  if (bar_.enabled()) bar_.clear();
+  std::fprintf(stderr, "ddiloco: warning: checkpoint %lld abandoned: %s\n",
+               static_cast<long long>(ckpt_next_), why.c_str());
+  log_.write({{"event", "checkpoint_failed"}, {"id", ckpt_next_}, {"error", why},
+              {"tokens", tokens_total()}, {"elapsed_s", now()}});
+  next_checkpoint();
+}
+
+void Syncer::next_checkpoint() {
   ++ckpt_next_;
   ckpt_wanted_ = false;
   ckpt_due_at_ = total_merges() + config_.checkpoint.every;
   for (int u = 0; u < M_; ++u)
     if (!unit_done(u)) window_.set_control(u, sync::kCheckpointNext, ckpt_next_);
-  return true;
 }
 
 std::vector<float> Syncer::flat_theta() {
