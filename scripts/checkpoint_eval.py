@@ -28,8 +28,26 @@ import numpy as np
 import yaml
 
 
+def check_manifest(directory):
+    """The cheap half of `ddiloco inspect`: manifest present, every listed file of its size."""
+    manifest = os.path.join(directory, "manifest.json")
+    if not os.path.exists(manifest):
+        if any(n.startswith("ckpt_") for n in os.listdir(directory)):
+            sys.exit(f"{directory}: holds checkpoints (ckpt_<id>): pass one of them")
+        sys.exit(f"{directory}: no manifest.json: not a complete checkpoint")
+    try:
+        files = json.load(open(manifest))["files"]
+        for f in files:
+            size = os.path.getsize(os.path.join(directory, f["name"]))
+            if size != f["bytes"]:
+                sys.exit(f"{directory}/{f['name']}: {size} bytes, the manifest records {f['bytes']}")
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        sys.exit(f"{manifest}: invalid manifest: {e}")
+
+
 def load(path):
     if os.path.isdir(path):
+        check_manifest(path)
         path = os.path.join(path, "syncer.h5")
     f = h5py.File(path, "r")
     model = {k: int(v) for k, v in f["model"].attrs.items()}

@@ -100,6 +100,24 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& root)
   return out;
 }
 
+// The cheap half of verify(): the manifest parses and every file it lists has its size (no
+// checksums: prune runs after every checkpoint).
+bool sizes_match(const fs::path& dir) {
+  try {
+    std::ifstream in(dir / "manifest.json");
+    if (!in) return false;
+    const nlohmann::json m = nlohmann::json::parse(in);
+    for (const auto& f : m.at("files")) {
+      std::error_code ec;
+      if (fs::file_size(dir / f.at("name").get<std::string>(), ec) != f.at("bytes").get<uint64_t>() || ec)
+        return false;
+    }
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 double norm(std::span<const float> x) {
   double s = 0;
   for (float v : x) s += static_cast<double>(v) * v;
@@ -310,6 +328,7 @@ void write_manifest(const fs::path& dir, int64_t id, const Config& config,
                       {"units", config.units.count},
                       {"unit_ranks", unit_ranks},
                       {"fragments", config.mode == Mode::diloco ? 1 : config.outer.fragments},
+                      {"h", config.outer.h},
                       {"files", files}};
   if (summary.is_object()) m.update(summary);
   write_text_atomically(dir / "manifest.json", m.dump(2) + "\n");
@@ -317,6 +336,15 @@ void write_manifest(const fs::path& dir, int64_t id, const Config& config,
 
 nlohmann::json verify(const fs::path& dir) {
   const fs::path path = dir / "manifest.json";
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) fail("{}: no such checkpoint directory", dir.string());
+  if (!fs::is_directory(dir, ec))
+    fail("{}: is a file; a checkpoint is the directory ckpt_<id> that holds it", dir.string());
+  if (!fs::exists(path) && !list_checkpoints(dir).empty())
+    fail("{}: holds checkpoints (ckpt_<id>): pass one of them, or use --resume auto",
+         dir.string());
+  if (!fs::exists(path) && parse_id(dir) < 0)
+    fail("{}: not a checkpoint directory (no manifest.json, not named ckpt_<id>)", dir.string());
   if (!fs::exists(path)) fail("{}: no manifest.json (incomplete: the job stopped while writing it)", dir.string());
   nlohmann::json m;
   try {
@@ -376,6 +404,10 @@ void check_compatible(const nlohmann::json& m, const Config& config, const fs::p
     const int fragments = config.mode == Mode::diloco ? 1 : config.outer.fragments;
     if (m.at("fragments").get<int>() != fragments)
       mismatch("outer.fragments", m.at("fragments").get<int>(), fragments);
+    // diloco counts rounds in steps (a unit back from a crash redoes its round from step
+    // round·H): H cannot change under it.
+    if (config.mode == Mode::diloco && m.at("h").get<int>() != config.outer.h)
+      mismatch("outer.h (diloco counts its rounds in steps)", m.at("h").get<int>(), config.outer.h);
   } catch (const nlohmann::json::exception& e) {
     fail("{}/manifest.json: invalid manifest: {}", where, e.what());
   }
@@ -397,7 +429,7 @@ void prune(const fs::path& root, int keep) {
   const auto all = list_checkpoints(root);
   std::vector<int64_t> complete;
   for (const auto& [id, dir] : all)
-    if (fs::exists(dir / "manifest.json")) complete.push_back(id);
+    if (sizes_match(dir)) complete.push_back(id);
   if (complete.empty()) return;
   const int64_t newest = complete.back();
   const int64_t oldest_kept =
@@ -461,6 +493,10 @@ std::string describe(const fs::path& path) {
   }
   for (const auto& file : files) {
     h5::Handle h = h5::open_file(file);
+    const std::string format = h5::read_attr_string(h, "format", file.string());
+    if (format != kFormat)
+      fail("{}: format '{}' is not a checkpoint's ('{}'); a model file is read by ddiloco eval",
+           file.string(), format, kFormat);
     const std::string role = h5::read_attr_string(h, "role", file.string());
     h.reset();
     if (role == "syncer") {

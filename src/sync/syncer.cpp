@@ -734,6 +734,9 @@ int Syncer::run() {
                 {"elapsed_s", 0.0}});
     std::printf("resumed from %s: %lld merges, %.2fM tokens\n", resumed_from_.c_str(),
                 static_cast<long long>(total_merges()), resumed_tokens_ / 1e6);
+    if (plan_.mode == Mode::decoupled && resumed_tokens_ >= budget_)
+      std::printf("the checkpoint's job had completed its token budget (%.2fM): nothing left to "
+                  "train\n", budget_ / 1e6);
   }
   for (int u = 0; u < M_; ++u) window_.set_control(u, sync::kCheckpointNext, ckpt_next_);
   std::printf("syncer: mode %s, %d units, P=%d fragments, H=%d, tau=%d, K=%d, budget %.2fM tokens\n",
@@ -863,7 +866,8 @@ int Syncer::run() {
               {"elapsed_s", now()},
               {"train_s", train_end},
               {"val_loss", val_loss},
-              {"tokens_per_s", tokens / train_end},
+              // This run's: a resumed run started from the checkpoint's tokens.
+              {"tokens_per_s", (tokens - resumed_tokens_) / train_end},
               {"merges", total_merges()},
               {"bytes_across_units", bytes},
               {"snapshots_rejected", rejected_},
@@ -879,11 +883,13 @@ int Syncer::run() {
               {"longest_update_gap_s", downtime_.longest_gap_s()},
               {"rejoins", std::accumulate(rejoin_served_.begin(), rejoin_served_.end(), int64_t{0})},
               {"model", model_path.string()}});
-  std::printf("%s: mode %s, %.2fM tokens in %.1fs (%.0f tokens/s), %lld merges, %.1f MB across "
+  const std::string resumed_part =
+      resumed_from_.empty() ? "" : fmt::format(", {:.2f}M of them in this run", (tokens - resumed_tokens_) / 1e6);
+  std::printf("%s: mode %s, %.2fM tokens%s in %.1fs (%.0f tokens/s), %lld merges, %.1f MB across "
               "units, final global val_loss %.4f; model saved to %s\n",
               interrupted_by_ != 0 ? "interrupted" : "done", mode_name(plan_.mode), tokens / 1e6,
-              train_end, tokens / train_end, static_cast<long long>(total_merges()), bytes / 1e6,
-              val_loss, model_path.c_str());
+              resumed_part.c_str(), train_end, (tokens - resumed_tokens_) / train_end,
+              static_cast<long long>(total_merges()), bytes / 1e6, val_loss, model_path.c_str());
   std::printf("goodput %.1f%% (learner rank-time %.0fs: compute %.0fs of which discarded %.0fs, "
               "waiting %.0fs, down %.0fs, other %.0fs); global downtime %.1fs\n",
               100 * learners.goodput(), learners.allocated, learners.compute, learners.discarded,
