@@ -71,7 +71,7 @@ expect_error "model.n_embd is 16 there, 32 in this configuration" \
   "${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config k.yaml --set model.n_embd=32 --resume "$third"
 expect_error "units.count is 2 there, 3 in this configuration" \
   "${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config k.yaml --set units.count=3 --resume "$third"
-expect_error "$root/nothing: no manifest.json" \
+expect_error "$root/nothing: no such checkpoint directory" \
   "${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config k.yaml --resume $root/nothing
 
 # 4. h5py + NumPy reproduce `ddiloco eval` on the final checkpoint.
