@@ -304,6 +304,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   double crash_late_s = 0;  // leader: how long after its scheduled start the crash took effect
   std::string_view crash_cause = "chaos";  // leader: ... or "non_finite" (a diverged step)
   bool nan_injected = false;          // leader: debug.nan_unit has struck
+  bool stalled = false;               // leader: debug.stall_unit has stalled
   // Leader: alive (only a crashed or hung process stops its heartbeat).
   auto beat = [&] { window->set_control(sync::kHeartbeat, window->control(sync::kHeartbeat) + 1); };
   auto any_unread = [&] {
@@ -452,8 +453,10 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
       window->set_control(sync::kStepsDone, t);
       window->set_control(sync::kTokensDone, tokens);
       window->set_control(sync::kStepTimeNs, static_cast<int64_t>(step_ema * 1e9));
-      if (config.debug.stall_unit == u && t == config.debug.stall_at_step) {
+      if (config.debug.stall_unit == u && !stalled && t >= config.debug.stall_at_step &&
+          ckpt_done >= config.debug.stall_after_checkpoints) {
         // Test hook: hold this unit, silent, until the others have moved the syncer on.
+        stalled = true;
         while (window->control(sync::kGlobalVersion) < config.debug.stall_until_merges &&
                !stop_requested())
           backoff.idle();

@@ -405,6 +405,9 @@ const std::vector<Entry>& entries() {
       DDILOCO_FIELD(int64_t, "debug.stall_until_merges", debug.stall_until_merges,
                     "test hook: ... until the syncer has made this many merges",
                     at_least<int64_t>(0)),
+      DDILOCO_FIELD(int64_t, "debug.stall_after_checkpoints", debug.stall_after_checkpoints,
+                    "test hook: ... at its first step from stall_at_step on at which it has "
+                    "written checkpoint files up to this id", at_least<int64_t>(0)),
       DDILOCO_FIELD(int, "debug.syncer_read_delay_ms", debug.syncer_read_delay_ms,
                     "test hook: syncer pause between a snapshot's header and reading its data",
                     at_least(0)),

@@ -25,8 +25,9 @@ root=K/checkpoints
 
 # 1. SIGKILL while the syncer writes checkpoint 2 (a test hook holds it 60 s inside the write
 #    of syncer.h5.tmp from the run's second checkpoint on).
+# (A budget it cannot reach first: on a loaded machine merges come fewer per token.)
 "${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config k.yaml --set debug.checkpoint_write_delay_ms=60000 \
-  --set checkpoint.every=200 > k1.log 2>&1 &
+  --set checkpoint.every=200 --set train.steps=1000000 > k1.log 2>&1 &
 pid=$!
 wait_for K/metrics.jsonl '"event":"checkpoint"' $pid
 deadline=$((SECONDS + 60))
@@ -35,7 +36,7 @@ until [[ -f $root/ckpt_00000002/syncer.h5.tmp ]]; do
   ((SECONDS < deadline)) || fail "checkpoint 2 never started"
   sleep 0.1
 done
-pkill -KILL -f "ddiloco train --config k.yaml" || true
+pkill -KILL -P $pid || true  # the ranks (mpirun's children here), then mpirun
 wait $pid 2>/dev/null || true
 [[ -f $root/ckpt_00000001/manifest.json && ! -f $root/ckpt_00000002/manifest.json ]] || fail "expected ckpt 1 complete, ckpt 2 incomplete"
 "$DDILOCO" inspect $root > inspect.txt
@@ -48,9 +49,12 @@ grep -q "warning: skipping checkpoint $root/ckpt_00000002: .*no manifest.json" k
 [[ $(json_field K/metrics.jsonl resume path) == "$root/ckpt_00000001" ]] || fail "did not resume from ckpt 1"
 [[ $(json_field K/metrics.jsonl done interrupted) == False ]] || fail "resumed job did not complete"
 tokens=$(json_field K/metrics.jsonl done tokens)
-# The budget once: a start from scratch, or tokens counted twice, would be far off; units stop
-# a few of their (fast) steps after the syncer sees the budget reached.
-((tokens >= budget && tokens <= budget * 102 / 100)) || fail "resumed job made $tokens tokens, budget $budget"
+# The budget, counted once: this run made what the checkpoint lacked, not the whole budget
+# again; units stop some of their (fast) steps after the syncer sees the budget reached (more
+# on a loaded machine, where the syncer waits for a core).
+from=$(json_field K/metrics.jsonl resume tokens)
+((tokens >= budget && tokens <= budget * 110 / 100)) || fail "resumed job made $tokens tokens, budget $budget"
+((tokens - from < budget)) || fail "the resumed run made $((tokens - from)) tokens itself: a start from scratch?"
 echo "ok: killed mid-write, resumed from ckpt 1, completed with $tokens tokens (budget $budget)"
 
 # 2. Truncated newest file, then a missing manifest: each skipped, with its reason.
@@ -81,8 +85,9 @@ theirs=$(/usr/bin/python3 "$SRC/scripts/checkpoint_eval.py" "$final" | sed -n 's
 /usr/bin/python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); assert abs(a - b) < 1e-5 * max(1, a), (a, b)" "$ours" "$theirs" ||
   fail "ddiloco eval $ours, NumPy from h5py $theirs"
 echo "ok: $final: ddiloco eval val_loss=$ours, h5py + NumPy val_loss=$theirs"
-# 5. A silent unit (a test hook stalls unit 1, without heartbeat, until the syncer has made
-#    1500 merges) does not stop checkpoints: they complete with its newest file linked in,
+# 5. A silent unit (a test hook stalls unit 1, without heartbeat, from its step 300 once it
+#    has written a checkpoint file, until the syncer has made 800 merges, or the end on a
+#    loaded machine) does not stop checkpoints: they complete with its newest file linked in,
 #    and a job resumed from one completes its budget.
 cat > s.yaml <<'YAML'
 mode: decoupled
@@ -94,8 +99,8 @@ eval: {val_tokens: 512, sample_tokens: 0}
 units: {count: 3}
 outer: {h: 8, fragments: 2, overlap: 2}
 syncer: {eval_every: 100000, quorum: 1, heartbeat_timeout_s: 0.3}
-checkpoint: {every: 50, keep: 100}
-debug: {stall_unit: 1, stall_at_step: 300, stall_until_merges: 1500}
+checkpoint: {every: 20, keep: 100}
+debug: {stall_unit: 1, stall_at_step: 300, stall_after_checkpoints: 1, stall_until_merges: 800}
 YAML
 "${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config s.yaml > s.log 2>&1 || { cat s.log; fail "stalled-unit run failed"; }
 linked=$(/usr/bin/python3 - <<'PY'
@@ -104,17 +109,17 @@ ev = [json.loads(l) for l in open("S/metrics.jsonl")]
 silent = [e["elapsed_s"] for e in ev if e["event"] == "unit_silent"]
 back = [e["elapsed_s"] for e in ev if e["event"] == "unit_back"]
 ck = [e for e in ev if e["event"] == "checkpoint"]
-assert len(silent) == 1 and len(back) == 1, (silent, back)
-during = [c for c in ck if silent[0] <= c["elapsed_s"] <= back[0]]
-assert len(during) >= 3 and all(c["linked_units"] == [1] for c in during), during
-assert all(c["linked_units"] == [] for c in ck if c["elapsed_s"] > back[0] + 0.5), ck
+assert len(silent) == 1 and len(back) <= 1, (silent, back)
+during = [c for c in ck if silent[0] <= c["elapsed_s"] <= (back + [1e9])[0] and not c["final"]]
+assert len(during) >= 3 and all(c["linked_units"] == [1] for c in during), (silent, back, [(c["elapsed_s"], c["version"], c["linked_units"]) for c in ck])
+assert ck[-1]["final"] and ck[-1]["linked_units"] == [], ck[-1]  # back: writes its own
 print(during[-1]["path"])
 PY
 ) || fail "checkpoints did not go on while unit 1 was silent"
 "${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config s.yaml --set run.dir=S2 --resume "$linked" > s2.log 2>&1 ||
   { cat s2.log; fail "resume from $linked failed"; }
 tokens=$(json_field S2/metrics.jsonl done tokens)
-((tokens >= 3000 * 3 * 32 && tokens <= 3000 * 3 * 32 * 102 / 100)) || fail "resumed from $linked: $tokens tokens"
+((tokens >= 3000 * 3 * 32 && tokens <= 3000 * 3 * 32 * 110 / 100)) || fail "resumed from $linked: $tokens tokens"
 echo "ok: checkpoints went on with silent unit 1 linked in; resumed from $linked to $tokens tokens"
 
 # 6. A checkpoint that cannot be written (here a file stands where its directory goes) is
