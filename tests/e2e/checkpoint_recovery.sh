@@ -86,9 +86,9 @@ theirs=$(/usr/bin/python3 "$SRC/scripts/checkpoint_eval.py" "$final" | sed -n 's
   fail "ddiloco eval $ours, NumPy from h5py $theirs"
 echo "ok: $final: ddiloco eval val_loss=$ours, h5py + NumPy val_loss=$theirs"
 # 5. A silent unit (a test hook stalls unit 1, without heartbeat, from its step 300 once it
-#    has written a checkpoint file, until the syncer has made 800 merges, or the end on a
-#    loaded machine) does not stop checkpoints: they complete with its newest file linked in,
-#    and a job resumed from one completes its budget.
+#    has written a checkpoint file, to the end of the job: the others make the budget) does
+#    not stop checkpoints: they complete with its newest file linked in, it writes its own at
+#    the stop, and a job resumed from one of them completes its budget.
 cat > s.yaml <<'YAML'
 mode: decoupled
 run: {dir: S, log_every: 50, progress: false}
@@ -98,20 +98,21 @@ train: {batch_size: 2, steps: 3000, warmup_steps: 2}
 eval: {val_tokens: 512, sample_tokens: 0}
 units: {count: 3}
 outer: {h: 8, fragments: 2, overlap: 2}
-syncer: {eval_every: 100000, quorum: 1, heartbeat_timeout_s: 0.3}
+syncer: {eval_every: 100000, quorum: 1, heartbeat_timeout_s: 1}
 checkpoint: {every: 20, keep: 100}
-debug: {stall_unit: 1, stall_at_step: 300, stall_after_checkpoints: 1, stall_until_merges: 800}
+debug: {stall_unit: 1, stall_at_step: 300, stall_after_checkpoints: 1, stall_until_merges: 1000000}
 YAML
 "${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config s.yaml > s.log 2>&1 || { cat s.log; fail "stalled-unit run failed"; }
 linked=$(/usr/bin/python3 - <<'PY'
 import json
 ev = [json.loads(l) for l in open("S/metrics.jsonl")]
-silent = [e["elapsed_s"] for e in ev if e["event"] == "unit_silent"]
-back = [e["elapsed_s"] for e in ev if e["event"] == "unit_back"]
+# (On a loaded machine another unit may miss its heartbeat for a moment too.)
+silent = [e["elapsed_s"] for e in ev if e["event"] == "unit_silent" and e["unit"] == 1]
+back = [e["elapsed_s"] for e in ev if e["event"] == "unit_back" and e["unit"] == 1]
 ck = [e for e in ev if e["event"] == "checkpoint"]
-assert len(silent) == 1 and len(back) <= 1, (silent, back)
+assert silent and len(back) <= len(silent), (silent, back)
 during = [c for c in ck if silent[0] <= c["elapsed_s"] <= (back + [1e9])[0] and not c["final"]]
-assert len(during) >= 3 and all(c["linked_units"] == [1] for c in during), (silent, back, [(c["elapsed_s"], c["version"], c["linked_units"]) for c in ck])
+assert len(during) >= 3 and all(1 in c["linked_units"] for c in during), (silent, back, [(c["elapsed_s"], c["version"], c["linked_units"]) for c in ck])
 assert ck[-1]["final"] and ck[-1]["linked_units"] == [], ck[-1]  # back: writes its own
 print(during[-1]["path"])
 PY
