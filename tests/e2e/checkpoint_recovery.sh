@@ -94,11 +94,11 @@ mode: decoupled
 run: {dir: S, log_every: 50, progress: false}
 model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16}
 data: {train: text/train_*.bin, val: text/val_*.bin}
-train: {batch_size: 2, steps: 3000, warmup_steps: 2}
+train: {batch_size: 2, steps: 6000, warmup_steps: 2}
 eval: {val_tokens: 512, sample_tokens: 0}
 units: {count: 3}
 outer: {h: 8, fragments: 2, overlap: 2}
-syncer: {eval_every: 100000, quorum: 1, heartbeat_timeout_s: 1}
+syncer: {eval_every: 100000, quorum: 1, heartbeat_timeout_s: 0.5}
 checkpoint: {every: 20, keep: 100}
 debug: {stall_unit: 1, stall_at_step: 300, stall_after_checkpoints: 1, stall_until_merges: 1000000}
 YAML
@@ -120,7 +120,7 @@ PY
 "${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config s.yaml --set run.dir=S2 --resume "$linked" > s2.log 2>&1 ||
   { cat s2.log; fail "resume from $linked failed"; }
 tokens=$(json_field S2/metrics.jsonl done tokens)
-((tokens >= 3000 * 3 * 32 && tokens <= 3000 * 3 * 32 * 110 / 100)) || fail "resumed from $linked: $tokens tokens"
+((tokens >= 6000 * 3 * 32 && tokens <= 6000 * 3 * 32 * 110 / 100)) || fail "resumed from $linked: $tokens tokens"
 echo "ok: checkpoints went on with silent unit 1 linked in; resumed from $linked to $tokens tokens"
 
 # 6. A checkpoint that cannot be written (here a file stands where its directory goes) is
