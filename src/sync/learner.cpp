@@ -230,7 +230,9 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
 
   // Writes this unit's file of checkpoint `id` (collective over the unit: the leader gathers
   // every rank's data cursor). `lost`: the unit is down after a crash and has no parameters.
-  auto write_checkpoint = [&](int64_t id, int64_t t, bool lost) {
+  // `stopping`: the unit's last file; when the syncer completed `id` without it meanwhile (it
+  // was silent), it goes into the next checkpoint, the one the syncer completes at the end.
+  auto write_checkpoint = [&](int64_t id, int64_t t, bool lost, bool stopping) {
     const DataCursor mine = trainer.data()->cursor();
     std::vector<int64_t> cursor = {mine.epoch, mine.batch}, all(2 * static_cast<size_t>(topo.unit_size));
     mpi::check(MPI_Gather(cursor.data(), 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, 0, topo.unit_comm),
@@ -262,13 +264,17 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     st.sent_c_tok = sent_c_tok;
     st.sent_theta = sent_theta;
     for (int r = 0; r < topo.unit_size; ++r) st.cursors.push_back({all[2 * r], all[2 * r + 1]});
-    const std::filesystem::path dir = checkpoint::directory(ckpt_root, id);
-    ckpt_done = id;
     bool written = false;
     try {
-      std::filesystem::create_directories(dir);
-      // False: too late, the syncer completed this checkpoint with our previous file.
-      written = checkpoint::write_unit(dir, st);
+      for (int attempt = 0; attempt < (stopping ? 2 : 1) && !written; ++attempt, ++id) {
+        st.id = id;
+        ckpt_done = id;
+        const std::filesystem::path dir = checkpoint::directory(ckpt_root, id);
+        std::filesystem::create_directories(dir);
+        // False: too late, the syncer completed this checkpoint with our previous file.
+        written = checkpoint::write_unit(dir, st);
+      }
+      id = ckpt_done;
     } catch (const std::exception& e) {
       // A checkpoint that cannot be written (disk full, ...) is abandoned, not the job: the
       // syncer hears of it, and the next one is tried at its time.
@@ -601,7 +607,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     window_wall += step_clock.seconds();
     if (actions.checkpoint > 0) {
       Stopwatch write_clock;
-      write_checkpoint(actions.checkpoint, t, false);
+      write_checkpoint(actions.checkpoint, t, false, actions.stop);
       book.other += write_clock.seconds();
     }
 
@@ -645,7 +651,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     if (topo.leader && (config.checkpoint.at_stop || window->control(sync::kCheckpointWant) > ckpt_done))
       id = std::max(window->control(sync::kCheckpointNext), ckpt_done + 1);
     if (topo.unit_size > 1) mpi::check(MPI_Bcast(&id, 1, MPI_INT64_T, 0, topo.unit_comm), "Bcast(checkpoint)");
-    if (id > 0) write_checkpoint(id, trainer.steps_done(), true);
+    if (id > 0) write_checkpoint(id, trainer.steps_done(), true, true);
   }
   // Work never sent: it does not reach the global model.
   for (int p = 0; p < P && tracks_fragments; ++p) book.discarded += unsent[p];
