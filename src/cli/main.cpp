@@ -40,6 +40,9 @@ struct ConfigArgs {
 };
 
 int cmd_train(const ConfigArgs& args) {
+  // From the start: a stop signal during set-up (Slurm's warning may come early) then ends the
+  // job at its first step boundary, with a checkpoint, instead of killing it unsaved.
+  install_stop_signals();
   const Config config =
       mpi::agree(MPI_COMM_WORLD, [&] { return load_config(args.path, args.overrides); });
   if (config.mode == Mode::single) {
