@@ -164,6 +164,10 @@ struct Config {
   int unit_ranks(int u) const;
   /// Tokens one inner step of unit u processes: batch_size · seq_len · its ranks.
   int64_t unit_tokens_per_step(int u) const;
+  /// Tokens one inner step of every unit makes together (Σ_u unit_tokens_per_step(u)).
+  int64_t job_tokens_per_step() const;
+  /// A multi-unit job's token budget: train.steps · job_tokens_per_step().
+  int64_t token_budget() const { return train.steps * job_tokens_per_step(); }
   /// World ranks the configuration needs: 1 syncer + Σ unit ranks; −1 for mode single, which
   /// runs on any number of ranks (they form the one unit).
   int world_size() const;

@@ -116,8 +116,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   const int64_t eval_period = static_cast<int64_t>(plan.h) * config.syncer.eval_every;
   // Decoupled: the lr schedule runs on the job's mean inner step, job tokens ÷ the tokens one
   // step of every unit makes (units of different speed warm up and anneal together).
-  int64_t job_step_tokens = 0;
-  for (int m = 0; m < topo.units; ++m) job_step_tokens += config.unit_tokens_per_step(m);
+  const int64_t job_step_tokens = config.job_tokens_per_step();
 
   std::vector<int64_t> c_steps(P, 0), c_tok(P, 0), base_version(P, 0), applied(P, 0),
       sent_step(P, -1), sends(P, 0), pending_version(P, 0), last_seq(P, 0),
@@ -413,9 +412,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
 
   bool stopped_down = false;  // told to stop while down after a crash
   // A resumed job that had already finished has nothing left to do.
-  int64_t job_budget = 0;
-  for (int m = 0; m < topo.units; ++m) job_budget += config.train.steps * config.unit_tokens_per_step(m);
-  const bool finished = resume && (plan.mode == Mode::decoupled ? resume->syncer.tokens >= job_budget
+  const bool finished = resume && (plan.mode == Mode::decoupled ? resume->syncer.tokens >= config.token_budget()
                                                                 : resume->unit.step >= max_steps);
   for (int64_t t = first_step; !finished; ++t) {
     Stopwatch step_clock;

@@ -94,10 +94,8 @@ class Syncer {
     reads_started_.assign(M_, 0);
     schedule_ = chaos::Schedule::from_config(config.chaos, M_);
     for (int u = 0; u < M_; ++u) links_.emplace_back(schedule_, u);
-    for (int u = 0; u < M_; ++u) {
-      budget_ += config.train.steps * tokens_per_step(u);
-      progress_step_ = std::min(progress_step_, tokens_per_step(u));
-    }
+    budget_ = config.token_budget();
+    for (int u = 0; u < M_; ++u) progress_step_ = std::min(progress_step_, tokens_per_step(u));
     merged_seq_.assign(M_, std::vector<int64_t>(P, 0));
     seq_base_.assign(M_, std::vector<int64_t>(P, 0));
     last_unit_file_.resize(M_);

@@ -524,6 +524,12 @@ int64_t Config::unit_tokens_per_step(int u) const {
   return static_cast<int64_t>(train.batch_size) * model.seq_len * unit_ranks(u);
 }
 
+int64_t Config::job_tokens_per_step() const {
+  int64_t sum = 0;
+  for (int u = 0; u < units.count; ++u) sum += unit_tokens_per_step(u);
+  return sum;
+}
+
 int Config::world_size() const {
   if (mode == Mode::single) return -1;  // any: the world is the unit
   int n = 1;
