@@ -22,6 +22,9 @@
 //              /model  /params/<tensor> θ  /adamw/m/<tensor>  /adamw/v/<tensor> (attr step)
 //              /outer/{c_steps, c_tok, sent_step, last_seq, sent_c_steps, sent_c_tok} int64 (P)
 //              /outer/sent_theta_<p> float32 (numel of fragment p; outer.apply = carry only)
+//              /outer/wire_ref_version int64 (P), /outer/wire_ref_<p> float32: the unit's
+//                wire-format reference R of each fragment and its version (−1: none; lossy
+//                wan.format only; sync_window.hpp)
 //              /data/cursor int64 (ranks, 2): epoch and batch of each rank's training stream
 // Random state: nothing random during training keeps hidden state. The data order is a
 // function of (run.seed, epoch, position) — the cursor restores it exactly — the model's
@@ -78,6 +81,10 @@ struct UnitState {
   /// counters that snapshot carried.
   std::vector<int64_t> c_steps, c_tok, sent_step, last_seq, sent_c_steps, sent_c_tok;
   std::vector<std::vector<float>> sent_theta;  ///< carry: each fragment as last sent
+  /// Lossy wire formats: each fragment's reference R as the unit holds it and its version
+  /// (−1: none); empty when the file has none.
+  std::vector<int64_t> wire_ref_version;
+  std::vector<std::vector<float>> wire_ref;
   std::vector<DataCursor> cursors;             ///< per rank of the unit
 };
 
@@ -92,6 +99,11 @@ bool write_unit(const std::filesystem::path& dir, const UnitState& state);
 int64_t unit_tokens(const std::filesystem::path& file);
 /// Its /outer/last_seq (P values).
 std::vector<int64_t> unit_last_seq(const std::filesystem::path& file, int fragments);
+
+/// Does the unit's file hold its wire-format reference of fragment p at `version` (the
+/// checkpoint's version of Θ_p)? Then a resumed unit and the syncer both take it as R;
+/// otherwise both take the checkpoint's Θ_p.
+bool has_reference(const UnitState& unit, int p, int64_t version);
 
 /// Read and validate a file (format, version, role, every shape against /model and the
 /// fragment count). Throw Error naming the file and what is wrong.

@@ -117,6 +117,22 @@ struct ChaosConfig {
   }
 };
 
+/// Emulated WAN links between each unit and the rest of the job (include/ddiloco/wan.hpp), and
+/// the wire format of what crosses them (include/ddiloco/wire_format.hpp).
+struct WanConfig {
+  double bandwidth_mbit_s = 0;   ///< each unit's link, each direction, Mbit/s; 0 = unlimited
+  double latency_ms = 0;         ///< one-way latency of each unit's link
+  double jitter_ms = 0;          ///< extra one-way delay, uniform in [0, jitter_ms]
+  double burst_kb = 64;          ///< token-bucket depth, KiB
+  std::vector<double> unit_bandwidth_mbit_s;  ///< per-unit bandwidth (overrides; empty = all)
+  std::vector<double> unit_latency_ms;        ///< per-unit latency (overrides; empty = all)
+  /// What crosses the links: fp32 | bf16 | int8 | int4. Outer modes send θ − base and the
+  /// merged Θ − what the unit holds (quantized against a base both sides hold); ddp sends its
+  /// gradients (fp32 or bf16 only).
+  std::string format = "bf16";
+  int block = 64;                ///< values per scale (int8, int4)
+};
+
 /// Checkpoints (README "Checkpoints and resume"): HDF5 files per role under
 /// <dir>/ckpt_<id>/, manifest.json written last. Modes diloco, streaming and decoupled.
 struct CheckpointConfig {
@@ -158,6 +174,7 @@ struct Config {
   SyncerConfig syncer;
   ChaosConfig chaos;
   CheckpointConfig checkpoint;
+  WanConfig wan;
   DebugConfig debug;
 
   /// Ranks of unit u (units.ranks[u], or units.ranks_per_unit).

@@ -13,6 +13,7 @@
 #include "ddiloco/goodput.hpp"
 #include "ddiloco/topology.hpp"
 #include "ddiloco/trainer.hpp"
+#include "ddiloco/wan.hpp"
 
 namespace ddiloco {
 
@@ -56,9 +57,11 @@ struct LearnerResume {
 };
 
 /// The two roles; called by run_job once set-up succeeded everywhere.
-/// run_learner returns where this rank's wall time went (goodput accounting).
+/// run_learner returns where this rank's wall time went (goodput accounting); a ddp leader
+/// also what crossed its WAN link (`link`, unit −1 elsewhere).
 TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology& topology,
-                     UnitTrainer& trainer, const LearnerResume* resume = nullptr);
+                     UnitTrainer& trainer, const LearnerResume* resume = nullptr,
+                     wan::LinkCounters* link = nullptr);
 /// Returns the stop signal that ended the job early, or 0. `resumed`: the state read from
 /// the checkpoint directory `resume` (nullptr: a fresh start).
 int run_syncer(const Config& config, const OuterPlan& plan, const Topology& topology,

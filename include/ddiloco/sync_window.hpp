@@ -25,7 +25,18 @@
 // learner) or MPI_Accumulate(MPI_REPLACE) (the syncer); the windows are in MPI's unified
 // memory model on every transport we use (osc/sm, osc/rdma).
 //
-// Wire format: fp32 elements (4 bytes).
+// Wire format (wire_format.hpp): what a fragment's outbox and inbox carry. With fp32 they hold
+// the values themselves. With bf16, int8 or int4 they hold a DIFFERENCE against a reference
+// both sides hold, so that only small numbers are rounded:
+//   inbox  (syncer → learner): Θ_p − R, where R is the learner's reconstruction of the last
+//          version it took; the learner sets R ← R + decode(...) and uses R as Θ_p. The
+//          syncer computes the same R (same code, same fp32 operations), so the rounding error
+//          of one delivery is part of the next difference and never accumulates.
+//   outbox (learner → syncer): θ_p − R at the version it names (kOutRef); the syncer keeps
+//          its copy of R for every version the learner may still name and reconstructs θ_p.
+// Raw fp32 values travel where no reference is shared: the Θ served at a rejoin, and a
+// snapshot with non-finite values (the syncer refuses it). Both sides start from R = Θ₀ (the
+// common initialisation) or, on resume, from the checkpoint's Θ.
 #pragma once
 
 #include <mpi.h>
@@ -34,8 +45,12 @@
 #include <span>
 #include <vector>
 
+#include <map>
+#include <string>
+
 #include "ddiloco/checksum.hpp"
 #include "ddiloco/fragments.hpp"
+#include "ddiloco/wire_format.hpp"
 
 namespace ddiloco::sync {
 
@@ -77,15 +92,26 @@ enum Header : int {
   kInVersion,        ///< syncer: version of the merged Θ_p in the inbox (0 = none yet)
   kInChecksum,       ///< syncer: checksum(data)
   kInAck,            ///< learner: last version taken
+  kOutRef,           ///< learner: version of the reference the snapshot is against (−1: raw)
+  kOutBytes,         ///< learner: bytes of the snapshot in the outbox
+  kInRaw,            ///< syncer: 1 = the inbox holds raw fp32 values, 0 = a difference
+  kInBytes,          ///< syncer: bytes of what the inbox holds
   kHeaderWords = 16
 };
 
 using ddiloco::checksum;
 
-/// Byte offsets of everything in a leader's window, the same on both sides.
+/// Byte offsets of everything in a leader's window, the same on both sides, and the wire
+/// format. Outboxes and inboxes hold up to numel·4 bytes (raw fp32 fits); what crosses is
+/// what is written, kOutBytes / kInBytes.
 class WindowLayout {
  public:
-  explicit WindowLayout(const FragmentPlan& plan);
+  explicit WindowLayout(const FragmentPlan& plan, wire::Format format = wire::Format::fp32,
+                        size_t block = 64);
+  wire::Format format() const { return format_; }
+  size_t block() const { return block_; }
+  /// Bytes a difference (or fp32 values) of fragment p takes on the wire.
+  size_t wire_bytes(int p) const { return wire::encoded_bytes(format_, numel_[p], block_); }
   size_t bytes() const { return bytes_; }
   size_t header_block_bytes() const { return header_block_; }  ///< control + all headers
   static constexpr size_t control_offset() { return 0; }
@@ -98,6 +124,8 @@ class WindowLayout {
  private:
   std::vector<size_t> outbox_, inbox_, numel_;
   size_t header_block_ = 0, bytes_ = 0;
+  wire::Format format_;
+  size_t block_;
 };
 
 /// Snapshot metadata a learner publishes with its fragment.
@@ -120,14 +148,22 @@ class LearnerWindow {
 
   /// May fragment p's outbox be written (the syncer consumed the previous snapshot)?
   bool outbox_free(int p) const;
-  /// Writes a snapshot of fragment p (packed, numel(p) floats) and publishes it. Requires
-  /// outbox_free(p). Returns the snapshot's sequence number.
+  /// Writes a snapshot of fragment p (packed, numel(p) floats) in the wire format and publishes
+  /// it. Requires outbox_free(p). Returns the snapshot's sequence number.
   int64_t publish(int p, std::span<const float> packed, const SnapshotMeta& meta);
+  /// Bytes the last publish(p) put on the wire.
+  size_t published_bytes(int p) const;
+  /// Sets the reference R of fragment p (wire format; the syncer must set the same).
+  void set_reference(int p, int64_t version, std::span<const float> values);
+  /// R of fragment p and its version (−1 and empty: none, or fp32).
+  int64_t reference_version(int p) const;
+  std::span<const float> reference(int p) const;
 
   /// Version of the merged Θ_p in the inbox (0: none yet).
   int64_t inbox_version(int p) const;
-  /// Copies the inbox of fragment p into `out` and marks it taken. Returns false when the
-  /// data does not match its checksum (the inbox is then left unacknowledged).
+  /// Decodes the inbox of fragment p into `out` (Θ_p as this unit holds it) and marks it taken.
+  /// Returns false when the data does not match its checksum (the inbox is then left
+  /// unacknowledged and the reference unchanged).
   bool take_inbox(int p, std::span<float> out);
 
   /// Crash emulation: the unit's memory is gone, so its outboxes now hold garbage (NaN) —
@@ -149,6 +185,9 @@ class LearnerWindow {
   MPI_Win win_ = MPI_WIN_NULL;
   char* base_ = nullptr;
   const WindowLayout* layout_;
+  std::vector<std::vector<float>> ref_;  // per fragment: R (lossy wire formats)
+  std::vector<int64_t> ref_version_;
+  std::vector<float> scratch_;
 };
 
 /// What the syncer sees of one unit after a poll: its control block and fragment headers.
@@ -172,14 +211,27 @@ class SyncerWindow {
 
   /// Reads every unit's control block and headers (one MPI_Rget per unit, completed together).
   void poll(std::vector<UnitHeaders>& out);
-  /// Reads unit u's snapshot of fragment p into `dst` and re-reads its sequence number.
-  /// Returns the sequence number found after the read (equal to `seq` unless the learner broke
-  /// flow control).
-  int64_t fetch(int u, int p, std::span<float> dst);
+  /// What fetch() found.
+  struct Fetched {
+    int64_t seq_after = 0;  ///< the sequence number after the read (≠ the polled one: torn)
+    size_t wire_bytes = 0;  ///< bytes read
+    std::string problem;    ///< why the snapshot is refused ("" = none; torn is the caller's)
+  };
+  /// Reads unit u's snapshot of fragment p as announced by the polled `headers` (kOutBytes,
+  /// kOutRef, kOutChecksum), re-reads its sequence number, checks the checksum and decodes it
+  /// into `dst` (θ_p, numel(p) floats). A snapshot against a reference no longer held, of the
+  /// wrong size, or failing its checksum is refused with a problem.
+  Fetched fetch(int u, int p, const UnitHeaders& headers, std::span<float> dst);
   /// Marks snapshot `seq` of (u, p) consumed, freeing the outbox.
   void ack(int u, int p, int64_t seq);
-  /// Writes merged Θ_p with `version` into unit u's inbox (the caller checked in_ack).
-  void deliver(int u, int p, int64_t version, std::span<const float> data);
+  /// Writes merged Θ_p with `version` into unit u's inbox (the caller checked in_ack): in the
+  /// wire format against the unit's reference, or as raw fp32 values when `raw` (a rejoin) or
+  /// when no reference is shared. Returns the bytes written.
+  size_t deliver(int u, int p, int64_t version, std::span<const float> data, bool raw = false);
+  /// Bytes the next deliver(u, p) will write.
+  size_t delivery_bytes(int u, int p) const;
+  /// Sets unit u's reference R of fragment p (as the learner does).
+  void set_reference(int u, int p, int64_t version, std::span<const float> values);
   /// Tells unit u to stop at its next step boundary.
   void request_stop(int u);
   /// Tells unit u how many merges the syncer has made.
@@ -194,10 +246,16 @@ class SyncerWindow {
 
  private:
   void put_word(int u, size_t byte_offset, int64_t value);
+  void prune_references(const std::vector<UnitHeaders>& headers);
   MPI_Win win_ = MPI_WIN_NULL;
   const WindowLayout* layout_;
   int units_;
   uint64_t bytes_read_ = 0, bytes_written_ = 0;
+  // [unit][fragment]: the unit's reference R at every version it may still name (lossy
+  // formats): from the older of its last taken version and the one its unread snapshot names.
+  std::vector<std::vector<std::map<int64_t, std::vector<float>>>> refs_;
+  std::vector<std::byte> scratch_;
+  std::vector<float> delta_;
 };
 
 }  // namespace ddiloco::sync

@@ -241,11 +241,22 @@ bool write_unit(const fs::path& dir, const UnitState& s) {
     for (size_t p = 0; p < s.sent_theta.size(); ++p)
       h5::write_dataset(outer, fmt::format("sent_theta_{}", p), s.sent_theta[p].data(),
                         dims1(s.sent_theta[p].size()));
+    if (!s.wire_ref_version.empty()) {
+      h5::write_dataset(outer, "wire_ref_version", s.wire_ref_version.data(), dims1(s.wire_ref_version.size()));
+      for (size_t p = 0; p < s.wire_ref.size(); ++p)
+        if (s.wire_ref_version[p] >= 0)
+          h5::write_dataset(outer, fmt::format("wire_ref_{}", p), s.wire_ref[p].data(), dims1(s.wire_ref[p].size()));
+    }
     std::vector<int64_t> cursors;
     for (const auto& c : s.cursors) cursors.insert(cursors.end(), {c.epoch, c.batch});
     h5::Handle data = h5::create_group(file, "data", label);
     h5::write_dataset(data, "cursor", cursors.data(), {static_cast<hsize_t>(s.cursors.size()), 2});
   }, /*replace=*/false);
+}
+
+bool has_reference(const UnitState& unit, int p, int64_t version) {
+  return static_cast<size_t>(p) < unit.wire_ref_version.size() && unit.wire_ref_version[p] == version &&
+         !unit.lost && !unit.wire_ref[p].empty();
 }
 
 UnitState read_unit(const fs::path& path, int fragments) {
@@ -290,6 +301,18 @@ UnitState read_unit(const fs::path& path, int fragments) {
     if (d.size() != 1) fail("{}: {} must be one-dimensional", where, name);
     s.sent_theta.emplace_back(d[0]);
     h5::read_dataset(outer, name, s.sent_theta.back().data(), d, where);
+  }
+  if (h5::exists(outer, "wire_ref_version")) {
+    s.wire_ref_version = read_ints(outer, "wire_ref_version", fragments, where);
+    s.wire_ref.resize(fragments);
+    for (int p = 0; p < fragments; ++p) {
+      if (s.wire_ref_version[p] < 0) continue;
+      const std::string name = fmt::format("wire_ref_{}", p);
+      const auto d = h5::dataset_dims(outer, name, where);
+      if (d.size() != 1) fail("{}: {} must be one-dimensional", where, name);
+      s.wire_ref[p].resize(d[0]);
+      h5::read_dataset(outer, name, s.wire_ref[p].data(), d, where);
+    }
   }
   h5::Handle data = h5::open_group(file, "data", label);
   std::vector<int64_t> cursors(static_cast<size_t>(ranks) * 2);

@@ -21,23 +21,31 @@
 #include "ddiloco/signals.hpp"
 #include "ddiloco/sync_window.hpp"
 #include "ddiloco/trainer.hpp"
+#include "ddiloco/wan.hpp"
 
 namespace ddiloco {
 
 namespace {
 
 // ddp: the unit's gradients are summed to its leader, summed across leaders over the WAN
-// (the leaders' communicator), averaged over every learner rank, and broadcast in the unit.
-UnitTrainer::GradientReducer hierarchical_reducer(const Topology& topo, int total_ranks) {
-  return [&topo, total_ranks](std::span<float> grads, double loss) {
+// links (the leaders' ring, wan.hpp), averaged over every learner rank, and broadcast in the
+// unit.
+UnitTrainer::GradientReducer hierarchical_reducer(const Topology& topo, int total_ranks,
+                                                  std::shared_ptr<wan::WanRing> ring) {
+  return [&topo, total_ranks, ring](std::span<float> grads, double loss) {
     mpi::reduce_sum(grads, 0, topo.unit_comm);
     double loss_sum = loss;
     if (topo.unit_size > 1)
       mpi::check(MPI_Allreduce(MPI_IN_PLACE, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, topo.unit_comm),
                  "Allreduce(loss)");
     if (topo.leader) {
-      mpi::allreduce_sum_patient(grads, topo.leaders_comm);
-      loss_sum = mpi::allreduce_sum_patient(loss_sum, topo.leaders_comm);
+      // The loss first, NaN from a leader whose gradients are not finite: every leader then
+      // knows whether the gradients can travel in the wire format (which refuses non-finite
+      // values) or must go raw, and the step fails as diverged on every unit.
+      const bool finite = std::all_of(grads.begin(), grads.end(), [](float g) { return std::isfinite(g); });
+      loss_sum = mpi::allreduce_sum_patient(finite ? loss_sum : std::numeric_limits<double>::quiet_NaN(),
+                                            topo.leaders_comm);
+      ring->allreduce_sum(grads, !std::isfinite(loss_sum));
       const float inv = 1.0f / static_cast<float>(total_ranks);
       const long n = static_cast<long>(grads.size());
 #pragma omp parallel for schedule(static)
@@ -97,12 +105,19 @@ struct Actions {
 }  // namespace
 
 TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology& topo,
-                     UnitTrainer& trainer, const LearnerResume* resume) {
+                     UnitTrainer& trainer, const LearnerResume* resume, wan::LinkCounters* link) {
   const int threads = omp_get_max_threads();  // set by run_job
-  if (plan.mode == Mode::ddp) trainer.set_gradient_reducer(hierarchical_reducer(topo, topo.stream_count));
+  std::shared_ptr<wan::WanRing> ring;
+  if (plan.mode == Mode::ddp) {
+    if (topo.leader) ring = std::make_shared<wan::WanRing>(topo.leaders_comm, config);
+    trainer.set_gradient_reducer(hierarchical_reducer(topo, topo.stream_count, ring));
+  }
 
   const FragmentPlan fragments(trainer.model().layout(), plan.fragments, plan.h);
-  const sync::WindowLayout layout(fragments);
+  // In ddp the window only ships θ to the syncer for evaluation, not across the WAN: fp32.
+  const sync::WindowLayout layout(fragments, plan.outer_steps ? wire::parse_format(config.wan.format)
+                                                              : wire::Format::fp32,
+                                  static_cast<size_t>(config.wan.block));
   std::optional<sync::LearnerWindow> window;
   if (topo.leader) window.emplace(topo.sync_comm, layout);
 
@@ -219,6 +234,20 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     }
   }
 
+  // The wire format's references (sync_window.hpp): Θ₀, the common initialisation; or, on
+  // resume, the one in our file when it is at the checkpoint's version, else the checkpoint's
+  // Θ (checkpoint::resumed_reference; the syncer applies the same rule to the same file).
+  if (topo.leader && plan.outer_steps)
+    for (int p = 0; p < P; ++p) {
+      std::span<float> theta(incoming.data(), layout.numel(p));
+      if (resume && checkpoint::has_reference(resume->unit, p, resume->syncer.versions[p])) {
+        window->set_reference(p, resume->syncer.versions[p], resume->unit.wire_ref[p]);
+        continue;
+      }
+      fragments.pack(p, resume ? std::span<const float>(resume->syncer.theta) : trainer.model().parameters(), theta);
+      window->set_reference(p, resume ? resume->syncer.versions[p] : 0, theta);
+    }
+
   // Every rank starts its clock when all leave this barrier: the fault schedule's time zero.
   mpi::barrier_patient(topo.world);
   Stopwatch wall;
@@ -262,6 +291,12 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     st.sent_c_steps = sent_c_steps;
     st.sent_c_tok = sent_c_tok;
     st.sent_theta = sent_theta;
+    if (layout.format() != wire::Format::fp32)
+      for (int p = 0; p < P; ++p) {
+        st.wire_ref_version.push_back(window->reference_version(p));
+        const auto r = window->reference(p);
+        st.wire_ref.emplace_back(r.begin(), r.end());
+      }
     for (int r = 0; r < topo.unit_size; ++r) st.cursors.push_back({all[2 * r], all[2 * r + 1]});
     bool written = false;
     try {
@@ -623,6 +658,8 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
                  // emulation, publishing, applying, waiting for merges).
                  {"step_s", window_wall / window_steps},
                  {"publish_skipped", skipped},
+                 {"wan_up_bytes", ring ? ring->link().up.bytes() : 0},
+                 {"wan_down_bytes", ring ? ring->link().down.bytes() : 0},
                  // Where this rank's training stream stands (the leader's): what a resumed
                  // run must reproduce.
                  {"data_cursor", {trainer.data()->cursor().epoch, trainer.data()->cursor().batch}}});
@@ -661,10 +698,16 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     book.wait += wait_clock.seconds();
   }
   book.allocated = wall.seconds();
-  if (topo.leader)
-    log.write({{"event", "done"}, {"unit", u}, {"step", trainer.steps_done()}, {"tokens", tokens},
-               {"elapsed_s", wall.seconds()}, {"cpu_s", process_cpu_seconds()},
-               {"rejoins", rejoins}, {"time", book.to_json()}});
+  if (ring && link) *link = wan::LinkCounters::of(u, ring->link());
+  if (topo.leader) {
+    nlohmann::json done = {{"event", "done"}, {"unit", u}, {"step", trainer.steps_done()}, {"tokens", tokens},
+                           {"elapsed_s", wall.seconds()}, {"cpu_s", process_cpu_seconds()},
+                           {"rejoins", rejoins}, {"time", book.to_json()}};
+    if (ring)
+      done.update({{"wan_up_bytes", ring->link().up.bytes()}, {"wan_down_bytes", ring->link().down.bytes()},
+                   {"wan_wait_s", ring->wait_s()}});
+    log.write(done);
+  }
   return book;
 }
 

@@ -141,8 +141,10 @@ int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::str
     return t;
   });
   install_stop_signals();
-  const TimeBook book = run_learner(config, plan, topology, *trainer, resumed ? &*resumed : nullptr);
+  wan::LinkCounters link;
+  const TimeBook book = run_learner(config, plan, topology, *trainer, resumed ? &*resumed : nullptr, &link);
   gather_time_books(book, topology.world);  // the syncer reports them
+  wan::gather_link_counters(link, topology.world);
   return 0;
 }
 

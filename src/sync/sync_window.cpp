@@ -5,6 +5,7 @@
 #include <atomic>
 #include <algorithm>
 #include <cstring>
+#include <cmath>
 #include <limits>
 
 #include "ddiloco/error.hpp"
@@ -17,7 +18,9 @@ constexpr size_t kAlign = 64;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
-WindowLayout::WindowLayout(const FragmentPlan& plan) {
+WindowLayout::WindowLayout(const FragmentPlan& plan, wire::Format format, size_t block)
+    : format_(format), block_(block) {
+  if (block == 0) fail("window layout: wire block must be ≥ 1");
   const int P = plan.size();
   header_block_ = (kControlWords + static_cast<size_t>(P) * kHeaderWords) * sizeof(int64_t);
   size_t off = align_up(header_block_);
@@ -89,11 +92,56 @@ bool LearnerWindow::outbox_free(int p) const {
   return ack == seq;
 }
 
+void LearnerWindow::set_reference(int p, int64_t version, std::span<const float> values) {
+  if (layout_->format() == wire::Format::fp32) return;  // values travel as they are
+  if (values.size() != layout_->numel(p))
+    fail("set_reference: fragment {} has {} elements, got {}", p, layout_->numel(p), values.size());
+  ref_.resize(layout_->fragments());
+  ref_version_.resize(layout_->fragments(), -1);
+  ref_[p].assign(values.begin(), values.end());
+  ref_version_[p] = version;
+}
+
+int64_t LearnerWindow::reference_version(int p) const {
+  return static_cast<size_t>(p) < ref_version_.size() && !ref_[p].empty() ? ref_version_[p] : -1;
+}
+
+std::span<const float> LearnerWindow::reference(int p) const {
+  if (reference_version(p) < 0) return {};
+  return ref_[p];
+}
+
+size_t LearnerWindow::published_bytes(int p) const {
+  return static_cast<size_t>(
+      std::atomic_ref<int64_t>(word(layout_->header_offset(p) + kOutBytes * 8)).load(std::memory_order_relaxed));
+}
+
 int64_t LearnerWindow::publish(int p, std::span<const float> packed, const SnapshotMeta& meta) {
   if (packed.size() != layout_->numel(p))
     fail("publish: fragment {} has {} elements, got {}", p, layout_->numel(p), packed.size());
   if (!outbox_free(p)) fail("publish: fragment {} outbox still holds an unread snapshot", p);
-  std::memcpy(base_ + layout_->outbox_offset(p), packed.data(), packed.size_bytes());
+  auto* out = reinterpret_cast<std::byte*>(base_ + layout_->outbox_offset(p));
+  // θ − R in the wire format when a reference is shared and every value is finite; raw fp32
+  // otherwise (non-finite values go as they are, for the syncer to refuse).
+  const bool has_ref = layout_->format() != wire::Format::fp32 && static_cast<size_t>(p) < ref_.size() &&
+                       !ref_[p].empty();
+  bool raw = !has_ref;
+  size_t bytes = packed.size_bytes();
+  if (has_ref) {
+    scratch_.resize(packed.size());
+    bool finite = true;
+    for (size_t i = 0; i < packed.size(); ++i) {
+      scratch_[i] = packed[i] - ref_[p][i];
+      finite &= std::isfinite(scratch_[i]);
+    }
+    if (finite) {
+      bytes = layout_->wire_bytes(p);
+      wire::encode(layout_->format(), scratch_, layout_->block(), std::span<std::byte>(out, bytes));
+    } else {
+      raw = true;
+    }
+  }
+  if (raw) std::memcpy(out, packed.data(), packed.size_bytes());
   const size_t h = layout_->header_offset(p);
   auto store = [&](Header w, int64_t v) {
     std::atomic_ref<int64_t>(word(h + w * 8)).store(v, std::memory_order_relaxed);
@@ -102,7 +150,9 @@ int64_t LearnerWindow::publish(int p, std::span<const float> packed, const Snaps
   store(kOutTokens, meta.c_tok);
   store(kOutStep, meta.step);
   store(kOutBaseVersion, meta.base_version);
-  store(kOutChecksum, static_cast<int64_t>(checksum(packed)));
+  store(kOutRef, raw ? -1 : ref_version_[p]);
+  store(kOutBytes, static_cast<int64_t>(bytes));
+  store(kOutChecksum, static_cast<int64_t>(checksum(std::span<const std::byte>(out, bytes))));
   // Data and metadata first, then the sequence number that announces them.
   MPI_Win_sync(win_);
   auto seq_word = std::atomic_ref<int64_t>(word(h + kOutSeq * 8));
@@ -123,12 +173,28 @@ bool LearnerWindow::take_inbox(int p, std::span<float> out) {
     fail("take_inbox: fragment {} has {} elements, got {}", p, layout_->numel(p), out.size());
   const size_t h = layout_->header_offset(p);
   MPI_Win_sync(win_);
-  const int64_t version =
-      std::atomic_ref<int64_t>(word(h + kInVersion * 8)).load(std::memory_order_acquire);
-  const auto sum = static_cast<uint64_t>(
-      std::atomic_ref<int64_t>(word(h + kInChecksum * 8)).load(std::memory_order_acquire));
-  std::memcpy(out.data(), base_ + layout_->inbox_offset(p), out.size_bytes());
-  if (checksum(out) != sum) return false;
+  auto load = [&](Header w) {
+    return std::atomic_ref<int64_t>(word(h + w * 8)).load(std::memory_order_acquire);
+  };
+  const int64_t version = load(kInVersion);
+  const auto sum = static_cast<uint64_t>(load(kInChecksum));
+  const bool raw = load(kInRaw) != 0 || layout_->format() == wire::Format::fp32;
+  const auto bytes = static_cast<size_t>(load(kInBytes));
+  const auto* in = reinterpret_cast<const std::byte*>(base_ + layout_->inbox_offset(p));
+  const size_t expected = raw ? out.size_bytes() : layout_->wire_bytes(p);
+  if (bytes != expected || checksum(std::span<const std::byte>(in, bytes)) != sum) return false;
+  if (raw) {
+    std::memcpy(out.data(), in, bytes);
+    if (layout_->format() != wire::Format::fp32) set_reference(p, version, out);
+  } else {
+    if (static_cast<size_t>(p) >= ref_.size() || ref_[p].empty())
+      fail("take_inbox: fragment {} arrived as a difference, but this unit holds no reference", p);
+    scratch_.resize(out.size());
+    wire::decode(layout_->format(), std::span<const std::byte>(in, bytes), layout_->block(), scratch_);
+    for (size_t i = 0; i < out.size(); ++i) ref_[p][i] += scratch_[i];
+    ref_version_[p] = version;
+    std::copy(ref_[p].begin(), ref_[p].end(), out.begin());
+  }
   std::atomic_ref<int64_t>(word(h + kInAck * 8)).store(version, std::memory_order_release);
   MPI_Win_sync(win_);
   return true;
@@ -139,6 +205,8 @@ void LearnerWindow::lose_outboxes() {
     auto* data = reinterpret_cast<float*>(base_ + layout_->outbox_offset(p));
     std::fill(data, data + layout_->numel(p), std::numeric_limits<float>::quiet_NaN());
   }
+  ref_.clear();  // the references went with the memory: the rejoin serves raw values
+  ref_version_.clear();
   hold_inboxes();
 }
 
@@ -158,7 +226,8 @@ void LearnerWindow::hold_inboxes() {
 // ---------------------------------------------------------------------------- syncer side
 
 SyncerWindow::SyncerWindow(MPI_Comm sync_comm, const WindowLayout& layout, int units)
-    : layout_(&layout), units_(units) {
+    : layout_(&layout), units_(units),
+      refs_(units, std::vector<std::map<int64_t, std::vector<float>>>(layout.fragments())) {
   char* base = nullptr;
   mpi::check(MPI_Win_allocate(0, 1, MPI_INFO_NULL, sync_comm, &base, &win_),
              "Win_allocate(syncer)");
@@ -195,26 +264,85 @@ void SyncerWindow::poll(std::vector<UnitHeaders>& out) {
   }
   mpi::check(MPI_Waitall(units_, requests.data(), MPI_STATUSES_IGNORE), "Waitall(headers)");
   bytes_read_ += static_cast<uint64_t>(units_) * words * sizeof(int64_t);
+  prune_references(out);
 }
 
-int64_t SyncerWindow::fetch(int u, int p, std::span<float> dst) {
+// A unit names, in its next snapshots, its last taken version or a newer one; an unread
+// snapshot may name an older one. References below both are dropped (none while the unit
+// holds its inboxes after a crash: its rejoin resets them).
+void SyncerWindow::prune_references(const std::vector<UnitHeaders>& headers) {
+  if (layout_->format() == wire::Format::fp32) return;
+  for (int u = 0; u < units_; ++u)
+    for (int p = 0; p < layout_->fragments(); ++p) {
+      auto& refs = refs_[u][p];
+      int64_t floor = headers[u].header(p, kInAck);
+      if (floor < 0 || refs.size() <= 1) continue;
+      if (headers[u].header(p, kOutSeq) > headers[u].header(p, kOutAck) && headers[u].header(p, kOutRef) >= 0)
+        floor = std::min(floor, headers[u].header(p, kOutRef));
+      refs.erase(refs.begin(), refs.lower_bound(floor));
+    }
+}
+
+void SyncerWindow::set_reference(int u, int p, int64_t version, std::span<const float> values) {
+  if (layout_->format() == wire::Format::fp32) return;
+  refs_[u][p] = {{version, std::vector<float>(values.begin(), values.end())}};
+}
+
+SyncerWindow::Fetched SyncerWindow::fetch(int u, int p, const UnitHeaders& headers,
+                                          std::span<float> dst) {
   if (dst.size() != layout_->numel(p))
     fail("fetch: fragment {} has {} elements, got {}", p, layout_->numel(p), dst.size());
+  Fetched got;
+  const int64_t ref = headers.header(p, kOutRef);
+  const bool raw = ref < 0 || layout_->format() == wire::Format::fp32;
+  const auto bytes = static_cast<size_t>(headers.header(p, kOutBytes));
+  const size_t expected = raw ? dst.size_bytes() : layout_->wire_bytes(p);
+  // Read what was announced, bounded by the outbox (a corrupt size is refused after the read).
+  const size_t read = std::min(bytes, dst.size_bytes());
+  scratch_.resize(read);
   MPI_Request request;
-  // Fragments can exceed INT_MAX bytes; count in floats (INT_MAX floats = 8 GiB per fragment).
-  mpi::check(MPI_Rget(dst.data(), static_cast<int>(dst.size()), MPI_FLOAT, u + 1,
-                      static_cast<MPI_Aint>(layout_->outbox_offset(p)),
-                      static_cast<int>(dst.size()), MPI_FLOAT, win_, &request),
+  // Fragments can exceed INT_MAX bytes; a raw one is read in floats (INT_MAX floats = 8 GiB).
+  const bool whole_floats = read % sizeof(float) == 0;
+  const int count = static_cast<int>(whole_floats ? read / sizeof(float) : read);
+  const MPI_Datatype type = whole_floats ? MPI_FLOAT : MPI_BYTE;
+  mpi::check(MPI_Rget(scratch_.data(), count, type, u + 1, static_cast<MPI_Aint>(layout_->outbox_offset(p)),
+                      count, type, win_, &request),
              "Rget(snapshot)");
   mpi::check(MPI_Wait(&request, MPI_STATUS_IGNORE), "Wait(snapshot)");
-  int64_t seq = 0, dummy = 0;
-  mpi::check(MPI_Fetch_and_op(&dummy, &seq, MPI_INT64_T, u + 1,
+  int64_t dummy = 0;
+  mpi::check(MPI_Fetch_and_op(&dummy, &got.seq_after, MPI_INT64_T, u + 1,
                               static_cast<MPI_Aint>(layout_->header_offset(p) + kOutSeq * 8),
                               MPI_NO_OP, win_),
              "Fetch_and_op(seq)");
   mpi::check(MPI_Win_flush(u + 1, win_), "Win_flush");
-  bytes_read_ += dst.size_bytes() + sizeof(int64_t);
-  return seq;
+  got.wire_bytes = read;
+  bytes_read_ += read + sizeof(int64_t);
+  const auto sum = static_cast<uint64_t>(headers.header(p, kOutChecksum));
+  if (bytes != expected) {
+    got.problem = fmt::format("announced {} bytes, expected {} ({})", bytes, expected,
+                              raw ? "fp32" : wire::format_name(layout_->format()));
+  } else if (checksum(std::span<const std::byte>(scratch_)) != sum) {
+    got.problem = "checksum mismatch";
+  } else if (raw) {
+    std::memcpy(dst.data(), scratch_.data(), read);
+  } else {
+    const auto& refs = refs_[u][p];
+    const auto it = refs.find(ref);
+    if (it == refs.end()) {
+      got.problem = fmt::format("reference version {} is not held (held: {})", ref,
+                                refs.empty() ? std::string("none") : std::to_string(refs.begin()->first) + ".." +
+                                                                         std::to_string(refs.rbegin()->first));
+    } else {
+      try {
+        wire::decode(layout_->format(), scratch_, layout_->block(), dst);
+      } catch (const Error& e) {
+        got.problem = e.what();
+        return got;
+      }
+      for (size_t i = 0; i < dst.size(); ++i) dst[i] += it->second[i];
+    }
+  }
+  return got;
 }
 
 void SyncerWindow::put_word(int u, size_t byte_offset, int64_t value) {
@@ -229,21 +357,52 @@ void SyncerWindow::ack(int u, int p, int64_t seq) {
   put_word(u, layout_->header_offset(p) + kOutAck * 8, seq);
 }
 
-void SyncerWindow::deliver(int u, int p, int64_t version, std::span<const float> data) {
+size_t SyncerWindow::delivery_bytes(int u, int p) const {
+  const bool raw = layout_->format() == wire::Format::fp32 || refs_[u][p].empty();
+  return raw ? layout_->numel(p) * sizeof(float) : layout_->wire_bytes(p);
+}
+
+size_t SyncerWindow::deliver(int u, int p, int64_t version, std::span<const float> data, bool raw) {
   if (data.size() != layout_->numel(p))
     fail("deliver: fragment {} has {} elements, got {}", p, layout_->numel(p), data.size());
+  const bool lossy = layout_->format() != wire::Format::fp32;
+  auto& refs = refs_[u][p];
+  raw = raw || !lossy || refs.empty();
+  std::span<const std::byte> bytes;
+  if (raw) {
+    bytes = std::as_bytes(data);
+    if (lossy) refs = {{version, std::vector<float>(data.begin(), data.end())}};
+  } else {
+    // Θ_p − R against the newest reference (the version the unit took last: the caller checked
+    // in_ack); the unit's R then moves by exactly what it decodes, and ours with it.
+    const std::vector<float>& r = refs.rbegin()->second;
+    delta_.resize(data.size());
+    for (size_t i = 0; i < data.size(); ++i) delta_[i] = data[i] - r[i];
+    scratch_.resize(layout_->wire_bytes(p));
+    wire::encode(layout_->format(), delta_, layout_->block(), scratch_);
+    wire::decode(layout_->format(), scratch_, layout_->block(), delta_);
+    std::vector<float> next(r);
+    for (size_t i = 0; i < next.size(); ++i) next[i] += delta_[i];
+    refs[version] = std::move(next);
+    bytes = scratch_;
+  }
   MPI_Request request;
-  mpi::check(MPI_Rput(data.data(), static_cast<int>(data.size()), MPI_FLOAT, u + 1,
-                      static_cast<MPI_Aint>(layout_->inbox_offset(p)),
-                      static_cast<int>(data.size()), MPI_FLOAT, win_, &request),
+  const bool whole_floats = bytes.size() % sizeof(float) == 0;
+  const int count = static_cast<int>(whole_floats ? bytes.size() / sizeof(float) : bytes.size());
+  const MPI_Datatype type = whole_floats ? MPI_FLOAT : MPI_BYTE;
+  mpi::check(MPI_Rput(bytes.data(), count, type, u + 1, static_cast<MPI_Aint>(layout_->inbox_offset(p)),
+                      count, type, win_, &request),
              "Rput(fragment)");
   mpi::check(MPI_Wait(&request, MPI_STATUS_IGNORE), "Wait(fragment)");
   // The data is complete at the target before the words that announce it.
   mpi::check(MPI_Win_flush(u + 1, win_), "Win_flush");
-  bytes_written_ += data.size_bytes();
+  bytes_written_ += bytes.size();
   const size_t h = layout_->header_offset(p);
-  put_word(u, h + kInChecksum * 8, static_cast<int64_t>(checksum(data)));
+  put_word(u, h + kInRaw * 8, raw ? 1 : 0);
+  put_word(u, h + kInBytes * 8, static_cast<int64_t>(bytes.size()));
+  put_word(u, h + kInChecksum * 8, static_cast<int64_t>(checksum(bytes)));
   put_word(u, h + kInVersion * 8, version);
+  return bytes.size();
 }
 
 void SyncerWindow::request_stop(int u) { put_word(u, kStop * sizeof(int64_t), 1); }

@@ -26,6 +26,7 @@
 #include "ddiloco/runtime.hpp"
 #include "ddiloco/sync_window.hpp"
 #include "ddiloco/trainer.hpp"
+#include "ddiloco/wan.hpp"
 #include "sync/global_eval.hpp"
 
 namespace ddiloco {
@@ -42,8 +43,16 @@ struct Slot {
   int64_t seq = 0;                    // ... its sequence number
   std::vector<float> data;            // ... its values
   int64_t delivered = 0;              // last version written to the unit's inbox
-  double arrives_at = 0;              // degraded link: the snapshot counts from then on
+  double arrives_at = 0;              // the snapshot counts from then on (its link's arrival)
+  size_t wire_bytes = 0;              // ... bytes it took on the wire
   double deliver_at = -1;             // degraded link: the next delivery lands then (−1: none)
+  // Emulated WAN (wan.hpp): a snapshot read is acknowledged, freeing the unit's outbox, only
+  // once its last byte has left the unit; a merged fragment lands in the inbox on arrival.
+  int64_t unacked = 0;                // read, on its way: acknowledged at ack_at
+  double ack_at = 0;
+  std::vector<float> outgoing;        // Θ_p on its way down ...
+  int64_t outgoing_version = 0;       // ... at this version (0: none)
+  double lands_at = 0;                // ... written into the inbox then
 };
 
 struct Round {
@@ -61,7 +70,8 @@ class Syncer {
         M_(topo.units),
         model_(config.model),
         fragments_(model_.layout(), plan.fragments, plan.h),
-        layout_(fragments_),
+        layout_(fragments_, plan.outer_steps ? wire::parse_format(config.wan.format) : wire::Format::fp32,
+                static_cast<size_t>(config.wan.block)),
         outer_(fragments_, config.outer.lr, config.outer.momentum,
                parse_merge_rule(config.outer.merge)),
         grace_(config.syncer.grace_gamma, config.syncer.grace_cap_steps, plan.overlap),
@@ -94,6 +104,11 @@ class Syncer {
     reads_started_.assign(M_, 0);
     schedule_ = chaos::Schedule::from_config(config.chaos, M_);
     for (int u = 0; u < M_; ++u) links_.emplace_back(schedule_, u);
+    for (int u = 0; u < M_; ++u)
+      wan_.emplace_back(wan::link_spec(config, u), static_cast<uint64_t>(config.run.seed) * 1000 + u);
+    // The wire format's references (sync_window.hpp): Θ₀ (the units set the same).
+    for (int u = 0; u < M_ && plan.outer_steps; ++u)
+      for (int p = 0; p < P; ++p) window_.set_reference(u, p, 0, theta_[p]);
     budget_ = config.token_budget();
     for (int u = 0; u < M_; ++u) progress_step_ = std::min(progress_step_, tokens_per_step(u));
     merged_seq_.assign(M_, std::vector<int64_t>(P, 0));
@@ -133,10 +148,12 @@ class Syncer {
   // than on its nominal link of chaos.link_mbps. The syncer does not wait it out: the
   // snapshot counts, or the merged fragment lands, only once it is over.
   double link_delay_s(int u, size_t bytes) const {
-    const double factor = links_[u].link_factor_at(resumed_elapsed_s_ + now());  // job time
+    if (wan_on_) return 0.0;  // the emulated link carries the degradation (link_factor)
+    const double factor = link_factor(u);
     if (factor >= 1.0) return 0.0;
     return static_cast<double>(bytes) * (1.0 / factor - 1.0) / (config_.chaos.link_mbps * 1e6);
   }
+  double link_factor(int u) const { return links_[u].link_factor_at(resumed_elapsed_s_ + now()); }
   // The mode's nominal time between two updates of the global model: H/P inner steps (one
   // step in ddp, where every step updates it) at the units' median step time.
   // The nominal fragment period: a fragment is synchronised every H inner steps (ddp: every
@@ -195,6 +212,8 @@ class Syncer {
   std::vector<int64_t> reads_started_;         // debug.crash_during_read
   chaos::Schedule schedule_;
   std::vector<chaos::UnitTimeline> links_;     // per unit, for link degradations
+  std::vector<wan::Link> wan_;                 // per unit: its emulated WAN link
+  const bool wan_on_ = wan::emulated(config_);
   GlobalDowntime downtime_;
   int64_t ddp_steps_seen_ = 0;
   double median_step_s_ = 0;
@@ -229,26 +248,33 @@ bool Syncer::collect() {
   for (int u = 0; u < M_; ++u) {
     for (int p = 0; p < fragments_.size(); ++p) {
       Slot& s = slots_[u][p];
+      if (s.unacked > 0) {  // the last one is still leaving the unit over its link
+        if (now() < s.ack_at) continue;
+        window_.ack(u, p, s.unacked);
+        s.acked = s.unacked;
+        s.unacked = 0;
+        any = true;
+      }
       const int64_t seq = headers_[u].header(p, sync::kOutSeq);
       if (seq <= s.acked) continue;
       sync::SnapshotMeta meta{headers_[u].header(p, sync::kOutSteps),
                               headers_[u].header(p, sync::kOutTokens),
                               headers_[u].header(p, sync::kOutStep),
                               headers_[u].header(p, sync::kOutBaseVersion)};
-      const auto sum = static_cast<uint64_t>(headers_[u].header(p, sync::kOutChecksum));
       if (config_.debug.crash_during_read)  // test hook: tells the unit a read has begun
         window_.set_control(u, sync::kReadsStarted, ++reads_started_[u]);
       if (config_.debug.syncer_read_delay_ms > 0)  // test hook: a syncer slower than learners
         std::this_thread::sleep_for(std::chrono::milliseconds(config_.debug.syncer_read_delay_ms));
       // Read beside the slot: a refused snapshot leaves an earlier one that waits intact.
       std::vector<float>& incoming = incoming_[p];
-      const int64_t after = window_.fetch(u, p, incoming);
+      const sync::SyncerWindow::Fetched got = window_.fetch(u, p, headers_[u], incoming);
+      const int64_t after = got.seq_after;
       any = true;
       std::string problem;
       if (after != seq)
         problem = fmt::format("torn: sequence {} became {} during the read", seq, after);
-      else if (sync::checksum(incoming) != sum)
-        problem = "checksum mismatch";
+      else if (!got.problem.empty())
+        problem = got.problem;
       else if (!std::all_of(incoming.begin(), incoming.end(), [](float x) { return std::isfinite(x); }))
         problem = "non-finite values";
       else if (meta.base_version < 0 || meta.base_version > version_[p])
@@ -267,16 +293,29 @@ bool Syncer::collect() {
       }
       // A snapshot that supersedes one not merged yet arrives when that one would have (a
       // unit on a slow link that publishes faster than its link carries still gets merged).
+      // On an emulated WAN it crosses the unit's up link: it counts from its arrival, and the
+      // outbox stays busy (the unit skips publishing) until its last byte has left.
       std::swap(s.data, incoming);
-      if (s.fresh)
-        ++superseded_;
-      else
-        s.arrives_at = now() + link_delay_s(u, s.data.size() * sizeof(float));
+      s.wire_bytes = got.wire_bytes;
+      if (s.fresh) ++superseded_;
+      if (!plan_.outer_steps) {
+        // ddp: unit 0 ships θ for evaluation; not WAN traffic (its gradients are, in the ring).
+      } else if (wan_on_) {
+        const wan::Transfer t = wan_[u].up.transfer(got.wire_bytes, now(), now(), link_factor(u));
+        s.arrives_at = s.fresh ? std::max(s.arrives_at, t.arrive_s) : t.arrive_s;
+        s.unacked = seq;
+        s.ack_at = t.left_s;
+      } else {
+        wan_[u].up.transfer(got.wire_bytes, now());  // counted (an unlimited link)
+        if (!s.fresh) s.arrives_at = now() + link_delay_s(u, s.data.size() * sizeof(float));
+      }
       s.fresh = true;
       s.meta = meta;
       s.seq = seq;
-      window_.ack(u, p, seq);
-      s.acked = seq;
+      if (s.unacked == 0) {
+        window_.ack(u, p, seq);
+        s.acked = seq;
+      }
       if (rounds_[p].first_at < 0) rounds_[p].first_at = now();
     }
   }
@@ -347,8 +386,11 @@ void Syncer::serve_rejoins() {
     const double start = now();
     const uint64_t before = window_.bytes_written();
     for (int p = 0; p < fragments_.size(); ++p) {
-      window_.deliver(u, p, version_[p], theta_[p]);
+      // Raw fp32: the unit lost its reference. (Served at once: the unit waits for it; its
+      // bytes are counted on its link.)
+      wan_[u].down.transfer(window_.deliver(u, p, version_[p], theta_[p], /*raw=*/true), now());
       Slot& s = slots_[u][p];
+      s.outgoing_version = 0;  // a delivery on its way is superseded
       s.delivered = version_[p];
       if (!s.fresh) s.meta.base_version = version_[p];
     }
@@ -429,7 +471,7 @@ void Syncer::merge(int p, const std::vector<int>& units) {
     contributions.push_back({s.data, w[u],
                              anchor_base_ ? std::span<const float>(history_[p].at(s.meta.base_version))
                                           : std::span<const float>()});
-    bytes_in += s.data.size() * sizeof(float);
+    bytes_in += s.wire_bytes;
   }
   for (int u = 0; u < M_; ++u) weights.push_back(w[u]);
   nlohmann::json base_versions = nlohmann::json::array(), steps = nlohmann::json::array(),
@@ -519,13 +561,29 @@ bool Syncer::deliver_pending() {
     if (!unit_live(u) || !plan_.outer_steps) continue;
     for (int p = 0; p < fragments_.size(); ++p) {
       Slot& s = slots_[u][p];
+      if (wan_on_) {
+        // Emulated WAN: Θ_p as it was when sent lands on arrival; the next waits for it.
+        if (s.outgoing_version > 0) {
+          if (now() < s.lands_at) continue;
+          window_.deliver(u, p, s.outgoing_version, s.outgoing);
+          s.delivered = s.outgoing_version;
+          s.outgoing_version = 0;
+          any = true;
+        }
+        if (s.delivered >= version_[p] || headers_[u].header(p, sync::kInAck) != s.delivered) continue;
+        s.outgoing = theta_[p];
+        s.outgoing_version = version_[p];
+        s.lands_at = wan_[u].down.transfer(window_.delivery_bytes(u, p), now(), now(), link_factor(u)).arrive_s;
+        any = true;
+        continue;
+      }
       if (s.delivered >= version_[p]) continue;
       // Flow control: the unit must have taken what we delivered before.
       if (headers_[u].header(p, sync::kInAck) != s.delivered) continue;
       if (s.deliver_at < 0) s.deliver_at = now() + link_delay_s(u, theta_[p].size() * sizeof(float));
       if (now() < s.deliver_at) continue;  // still on its way over a degraded link
       s.deliver_at = -1;
-      window_.deliver(u, p, version_[p], theta_[p]);
+      wan_[u].down.transfer(window_.deliver(u, p, version_[p], theta_[p]), now());
       s.delivered = version_[p];
       any = true;
     }
@@ -540,6 +598,7 @@ void Syncer::restore(const checkpoint::SyncerState& c) {
     fragments_.pack(p, c.momentum, outer_.momentum(p));
     version_[p] = c.versions[p];
     if (anchor_base_) history_[p] = {{version_[p], theta_[p]}};
+    for (int u = 0; u < M_; ++u) window_.set_reference(u, p, version_[p], theta_[p]);  // (below)
     // The units resume holding Θ_p at this version (they read it from the checkpoint).
     for (int u = 0; u < M_; ++u) {
       slots_[u][p].delivered = version_[p];
@@ -547,6 +606,14 @@ void Syncer::restore(const checkpoint::SyncerState& c) {
     }
   }
   grace_.restore(c.grace);
+  // Wire-format references: a unit's own from its file when at the checkpoint's version (the
+  // unit applies the same rule, checkpoint::has_reference).
+  if (plan_.outer_steps && config_.wan.format != "fp32")
+    for (int u = 0; u < M_; ++u) {
+      const checkpoint::UnitState unit = checkpoint::read_unit(checkpoint::unit_file(resumed_from_, u), P);
+      for (int p = 0; p < P; ++p)
+        if (checkpoint::has_reference(unit, p, version_[p])) window_.set_reference(u, p, version_[p], unit.wire_ref[p]);
+    }
   // Snapshot numbers go on across jobs: the new job's window counts from 1 again, after a base
   // above every number used before, the larger of the unit's last and the last merged (the
   // learner computes the same). A unit file linked from an earlier job then still compares
@@ -824,6 +891,12 @@ int Syncer::run() {
   const uint64_t bytes_read = window_.bytes_read(), bytes_written = window_.bytes_written();
   window_.close();
   const std::vector<TimeBook> books = gather_time_books(TimeBook{}, topo_.world);
+  // What crossed each unit's link: snapshots and merged fragments here; ddp's ring at the
+  // leaders.
+  std::vector<wan::LinkCounters> link_counters(M_);
+  for (int u = 0; u < M_; ++u) link_counters[u] = wan::LinkCounters::of(u, wan_[u]);
+  for (const wan::LinkCounters& c : wan::gather_link_counters(wan::LinkCounters{}, topo_.world))
+    link_counters[static_cast<size_t>(c.unit)] += c;
   const double global_downtime = downtime_.finish(train_end, nominal_period());
   TimeBook learners;
   double worst_booking = 0;
@@ -843,13 +916,15 @@ int Syncer::run() {
   int64_t steps = 0;
   for (const auto& h : headers_) steps += h.control(sync::kStepsDone);
   const int64_t tokens = tokens_total();
-  // Bytes across units: snapshots and merged fragments through the windows; in ddp the
-  // leaders' gradient all-reduce, counted as a ring all-reduce moves it: 2·(M−1)/M of the
-  // gradient per leader per step, in each direction.
-  uint64_t bytes = bytes_read + bytes_written;
-  if (plan_.mode == Mode::ddp)
-    bytes += static_cast<uint64_t>(2.0 * (M_ - 1) * model_.layout().size() * sizeof(float) *
-                                   (static_cast<double>(steps) / M_));
+  // Bytes across units, each message once: snapshots (up) and merged fragments (down); in
+  // ddp a leader's message crosses its up link and the receiver's down link: counted once, up.
+  uint64_t bytes = 0;
+  nlohmann::json links = nlohmann::json::array();
+  for (const wan::LinkCounters& c : link_counters) {
+    bytes += c.up_bytes + (plan_.mode == Mode::ddp ? 0 : c.down_bytes);
+    links.push_back({{"unit", c.unit}, {"up_bytes", c.up_bytes}, {"down_bytes", c.down_bytes},
+                     {"up_messages", c.up_messages}, {"down_messages", c.down_messages}});
+  }
   log_.write({{"event", "global_eval"}, {"final", true}, {"version", total_merges()},
               {"round", total_merges() / fragments_.size()}, {"step", steps / M_},
               {"tokens", tokens}, {"elapsed_s", now()}, {"val_loss", val_loss}});
@@ -868,6 +943,10 @@ int Syncer::run() {
               {"tokens_per_s", (tokens - resumed_tokens_) / train_end},
               {"merges", total_merges()},
               {"bytes_across_units", bytes},
+              {"bytes_per_token", tokens > resumed_tokens_ ? static_cast<double>(bytes) / (tokens - resumed_tokens_) : 0.0},
+              {"wan_format", plan_.outer_steps || plan_.mode == Mode::ddp ? config_.wan.format : "fp32"},
+              {"links", links},
+              {"window_bytes", bytes_read + bytes_written},
               {"snapshots_rejected", rejected_},
               {"snapshots_superseded", superseded_},
               {"interrupted", interrupted_by_ != 0},

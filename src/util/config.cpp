@@ -397,6 +397,30 @@ const std::vector<Entry>& entries() {
       DDILOCO_FIELD(bool, "checkpoint.at_stop", checkpoint.at_stop,
                     "write a checkpoint when the job stops (SIGTERM, SIGUSR1, SIGINT, token "
                     "budget, last step)"),
+      // wan
+      DDILOCO_FIELD(double, "wan.bandwidth_mbit_s", wan.bandwidth_mbit_s,
+                    "each unit's emulated WAN link, each direction, Mbit/s (token bucket); 0 = "
+                    "unlimited. Scale it to the model: README, \"Emulated WAN links\"",
+                    at_least(0.0)),
+      DDILOCO_FIELD(double, "wan.latency_ms", wan.latency_ms,
+                    "one-way latency of each unit's link, ms", at_least(0.0)),
+      DDILOCO_FIELD(double, "wan.jitter_ms", wan.jitter_ms,
+                    "extra one-way delay per message, uniform in [0, jitter_ms], ms (order kept)",
+                    at_least(0.0)),
+      DDILOCO_FIELD(double, "wan.burst_kb", wan.burst_kb,
+                    "token-bucket depth, KiB: bytes a link sends at once after an idle spell",
+                    at_least(0.0)),
+      DDILOCO_FIELD(std::vector<double>, "wan.unit_bandwidth_mbit_s", wan.unit_bandwidth_mbit_s,
+                    "per-unit link bandwidth, Mbit/s (0 = unlimited); empty = wan.bandwidth_mbit_s",
+                    each_at_least(0.0)),
+      DDILOCO_FIELD(std::vector<double>, "wan.unit_latency_ms", wan.unit_latency_ms,
+                    "per-unit one-way latency, ms; empty = wan.latency_ms", each_at_least(0.0)),
+      DDILOCO_FIELD(std::string, "wan.format", wan.format,
+                    "wire format of what crosses the links: fp32 | bf16 | int8 | int4 (outer "
+                    "gradients against a base both sides hold; ddp: fp32 or bf16 gradients)",
+                    one_of({"fp32", "bf16", "int8", "int4"})),
+      DDILOCO_FIELD(int, "wan.block", wan.block,
+                    "values per fp32 scale in int8 and int4", positive<int>()),
       // debug (test hooks)
       DDILOCO_FIELD(int, "debug.stall_unit", debug.stall_unit,
                     "test hook: this unit stalls (−1 = none)", at_least(-1)),
@@ -573,6 +597,16 @@ void validate(const Config& c, const std::string& source) {
     if (!c.units.slowdown.empty() && static_cast<int>(c.units.slowdown.size()) != M)
       fail("units.slowdown: must list units.count = {} entries, got {}", M,
            c.units.slowdown.size());
+    if (!c.wan.unit_bandwidth_mbit_s.empty() && static_cast<int>(c.wan.unit_bandwidth_mbit_s.size()) != M)
+      fail("wan.unit_bandwidth_mbit_s: must list units.count = {} entries, got {}", M,
+           c.wan.unit_bandwidth_mbit_s.size());
+    if (!c.wan.unit_latency_ms.empty() && static_cast<int>(c.wan.unit_latency_ms.size()) != M)
+      fail("wan.unit_latency_ms: must list units.count = {} entries, got {}", M,
+           c.wan.unit_latency_ms.size());
+    if (c.mode == Mode::ddp && c.wan.format != "fp32" && c.wan.format != "bf16")
+      fail("wan.format: ddp all-reduces gradients over the links in fp32 or bf16, got {} (int8 "
+           "and int4 are for the outer modes' outer gradients)",
+           c.wan.format);
     if (c.syncer.quorum > M)
       fail("syncer.quorum: must be ≤ units.count = {}, got {}", M, c.syncer.quorum);
     if (c.mode == Mode::single && M != 1)

@@ -3,7 +3,8 @@
 # Streaming with τ = 2 and H = 4 (not decoupled: its learning rates follow the job's tokens as
 # the syncer last saw them, which lag a unit that runs ahead), apply: carry (θ ← Θ + θ − θ_sent)
 # keeps the two steps made after each snapshot, so it is still plain training up to rounding;
-# overwrite drops them and is not.
+# overwrite drops them and is not. The wire format is fp32: identity is about the outer loop's
+# arithmetic (a lossy format rounds what crosses, by design).
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
 cd "$WORK"
@@ -16,6 +17,7 @@ train: {batch_size: 4, steps: 25, warmup_steps: 5, lr: 3.0e-3}
 eval: {every_steps: 0, val_tokens: 1024, sample_tokens: 0}
 outer: {fragments: 1, h: 1, overlap: 0, lr: 1.0, momentum: 0.0, apply: overwrite}
 syncer: {quorum: 1, eval_every: 10}
+wan: {format: fp32}
 YAML
 "$DDILOCO" train --config base.yaml --set run.dir=plain > plain.log 2>&1 || { cat plain.log; fail "plain run failed"; }
 ddiloco_mpirun -np 2 "$DDILOCO" train --config base.yaml --set run.dir=dec --set mode=decoupled \

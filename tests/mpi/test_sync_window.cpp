@@ -44,7 +44,9 @@ TEST(SyncWindow, PublishFetchAckDeliverTake) {
       EXPECT_EQ(h[u].header(1, sync::kOutTokens), 700 + u);
       EXPECT_EQ(h[u].header(0, sync::kOutSeq), 0);  // fragment 0 untouched
       std::vector<float> got(n1);
-      EXPECT_EQ(win.fetch(u, 1, got), 1);
+      const auto fetched = win.fetch(u, 1, h[u], got);
+      EXPECT_EQ(fetched.seq_after, 1);
+      EXPECT_EQ(fetched.problem, "");
       EXPECT_EQ(got, pattern(n1, 10.0f * (u + 1)));
       EXPECT_EQ(static_cast<uint64_t>(h[u].header(1, sync::kOutChecksum)), checksum(got));
     }
@@ -122,7 +124,7 @@ TEST(SyncWindow, FastLearnerNeverTearsASnapshot) {
       for (int u = 0; u < 2; ++u) {
         const int64_t seq = h[u].header(0, sync::kOutSeq);
         if (seq <= consumed[u]) continue;
-        const int64_t after = win.fetch(u, 0, got);
+        const int64_t after = win.fetch(u, 0, h[u], got).seq_after;
         // Slow reader: give the learner every chance to interfere.
         std::this_thread::sleep_for(std::chrono::microseconds(300));
         ASSERT_EQ(after, seq) << "sequence changed during the read";

@@ -1,0 +1,70 @@
+# Emulated WAN links: the byte counters equal what the protocol moves for a known schedule, in
+# every wire format, and a link's bandwidth and latency show in ddp's wall time.
+#   diloco, M = 2, P = 1, H = 10, 40 steps: 4 rounds; each unit sends 4 snapshots and takes 4
+#     merged models, each encoded_bytes(format, N) (wire_format.hpp) for N parameters.
+#   ddp, M = 2, 20 steps: per step each leader sends its half of the gradient (reduce-scatter)
+#     and its reduced half (all-gather): N values, 2 messages, in bf16 2·N bytes.
+source "$(dirname "$0")/lib/common.sh"
+source "$(dirname "$0")/lib/text_data.sh"
+cd "$WORK"
+make_text_shards text
+cat > base.yaml <<'YAML'
+run: {log_every: 10, progress: false}
+model: {n_layer: 1, n_head: 2, n_embd: 32, seq_len: 32}
+data: {train: text/train_*.bin, val: text/val_*.bin}
+train: {batch_size: 2, steps: 40, warmup_steps: 2}
+eval: {val_tokens: 512, sample_tokens: 0}
+units: {count: 2}
+outer: {fragments: 1, h: 10}
+syncer: {eval_every: 1000}
+checkpoint: {at_stop: false}
+YAML
+check() {  # check RUN_DIR MODE FORMAT BLOCK
+  /usr/bin/python3 - "$@" <<'PY'
+import json, math, sys
+run, mode, fmt, block = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+ev = [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
+n = next(e for e in ev if e["event"] == "start")["parameters"]
+done = next(e for e in ev if e["event"] == "done")
+scales = math.ceil(n / block) * 4
+size = {"fp32": 4 * n, "bf16": 2 * n, "int8": scales + n, "int4": scales + (n + 1) // 2}[fmt]
+links = {l["unit"]: l for l in done["links"]}
+assert sorted(links) == [0, 1], links
+for u, l in links.items():
+    if mode == "diloco":
+        want = {"up_messages": 4, "down_messages": 4, "up_bytes": 4 * size, "down_bytes": 4 * size}
+    else:  # ddp: 20 steps
+        want = {"up_messages": 40, "down_messages": 40, "up_bytes": 20 * size, "down_bytes": 20 * size}
+    got = {k: l[k] for k in want}
+    assert got == want, (mode, fmt, u, got, want)
+total = sum(l["up_bytes"] + (0 if mode == "ddp" else l["down_bytes"]) for l in links.values())
+assert done["bytes_across_units"] == total, (done["bytes_across_units"], total)
+assert abs(done["bytes_per_token"] - total / done["tokens"]) < 1e-6 * total, done
+assert done["wan_format"] == fmt, done["wan_format"]
+print(f"ok: {mode} {fmt}: {n} parameters, {size} bytes per model, links {links[0]['up_bytes']} up / {links[0]['down_bytes']} down per unit")
+PY
+}
+for fmt in fp32 bf16 int8 int4; do
+  "${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config base.yaml --set mode=diloco --set run.dir=d_$fmt \
+    --set wan.format=$fmt --set wan.block=32 > d_$fmt.log 2>&1 || { cat d_$fmt.log; fail "diloco $fmt failed"; }
+  check d_$fmt diloco $fmt 32 || fail "diloco $fmt: byte counters"
+done
+# ddp without a limit, then over 8 Mbit/s links with 10 ms latency: 20 steps of 2 dependent
+# messages, each at least its bytes / 1 MB/s plus two latencies.
+"${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config base.yaml --set mode=ddp --set run.dir=p \
+  --set train.steps=20 > p.log 2>&1 || { cat p.log; fail "ddp failed"; }
+check p ddp bf16 64 || fail "ddp: byte counters"
+"${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config base.yaml --set mode=ddp --set run.dir=q \
+  --set train.steps=20 --set wan.bandwidth_mbit_s=8 --set wan.latency_ms=10 --set wan.burst_kb=0 > q.log 2>&1 ||
+  { cat q.log; fail "ddp over slow links failed"; }
+check q ddp bf16 64 || fail "ddp over slow links: byte counters"
+/usr/bin/python3 - <<'PY' || fail "ddp over slow links was not slowed down by them"
+import json
+def done(run): return next(json.loads(l) for l in open(f"{run}/metrics.jsonl") if '"event":"done"' in l)
+n = next(json.loads(l) for l in open("q/metrics.jsonl") if '"event":"start"' in l)["parameters"]
+floor = 20 * 2 * ((2 * n / 2) / 1e6 + 2 * 0.010)  # steps · messages · (half the bf16 gradient at 1 MB/s + 2 latencies)
+fast, slow = done("p")["train_s"], done("q")["train_s"]
+assert slow >= floor, (slow, floor)
+print(f"ok: ddp took {slow:.2f} s over 8 Mbit/s, 10 ms links (floor {floor:.2f} s), {fast:.2f} s unlimited")
+PY
+echo "wan_bytes: passed"

@@ -1,0 +1,118 @@
+// Emulated WAN links: the token bucket's rate and burst (on its own clock, then over a second
+// of real traffic), latency and jitter, order, degraded links, and the per-unit configuration.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "ddiloco/config.hpp"
+#include "ddiloco/error.hpp"
+#include "ddiloco/wan.hpp"
+
+namespace ddiloco::wan {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+TEST(TokenBucket, BurstLeavesAtOnceThenTheRate) {
+  TokenBucket bucket(1000.0, 500.0);  // 1000 B/s, 500 B deep
+  EXPECT_DOUBLE_EQ(bucket.send(500, 0.0), 0.0);   // the burst
+  EXPECT_DOUBLE_EQ(bucket.send(250, 0.0), 0.25);  // in debt: repaid at the rate
+  EXPECT_DOUBLE_EQ(bucket.send(250, 0.0), 0.5);   // queued behind it
+  // Idle for 10 s: the bucket refills to its depth, not beyond.
+  EXPECT_DOUBLE_EQ(bucket.send(500, 10.5), 10.5);
+  EXPECT_DOUBLE_EQ(bucket.send(1000, 10.5), 11.5);
+}
+
+TEST(TokenBucket, UnlimitedAndDegraded) {
+  TokenBucket unlimited(0.0, 0.0);
+  EXPECT_DOUBLE_EQ(unlimited.send(1e12, 3.0), 3.0);
+  TokenBucket bucket(1000.0, 0.0);
+  EXPECT_DOUBLE_EQ(bucket.send(100, 0.0, 0.1), 1.0);  // a tenth of the bandwidth left
+}
+
+TEST(LinkDirection, LatencyJitterOrderAndCounters) {
+  LinkSpec spec;
+  spec.bandwidth_bytes_per_s = 1e6;
+  spec.latency_s = 0.05;
+  spec.jitter_s = 0.02;
+  spec.burst_bytes = 0;
+  LinkDirection link(spec, 7);
+  double previous = 0;
+  for (int i = 0; i < 200; ++i) {
+    const double start = i * 0.01;
+    const Transfer t = link.transfer(1000, start);  // 1 ms on the wire each
+    EXPECT_NEAR(t.left_s, start + 0.001, 1e-12);
+    EXPECT_GE(t.arrive_s, t.left_s + spec.latency_s);
+    EXPECT_GE(t.arrive_s, previous);  // never overtakes
+    previous = t.arrive_s;
+  }
+  EXPECT_EQ(link.bytes(), 200'000u);
+  EXPECT_EQ(link.messages(), 200u);
+  // A message still arriving from an earlier hop cannot leave before it has.
+  LinkDirection down(spec, 8);
+  EXPECT_NEAR(down.transfer(1000, 0.0, 0.5).left_s, 0.5, 1e-12);
+}
+
+// A second of real traffic: a sender offers 4 KiB messages as fast as the link takes them
+// (sleeping until each has left); the bytes that arrived by the end of the second, measured
+// on the clock, less the initial burst, match the configured rate within 5 % (the 10 ms burst
+// also absorbs a loaded machine's oversleeping). One message on an idle link arrives its
+// latency after it was sent (generous upper bound: a loaded machine oversleeps).
+TEST(LinkDirection, DeliversItsRateOverASecondAndAddsItsLatency) {
+  LinkSpec spec;
+  spec.bandwidth_bytes_per_s = 2e6;  // 16 Mbit/s
+  spec.latency_s = 0.0;
+  spec.burst_bytes = 20000;
+  LinkDirection link(spec, 1);
+  const auto t0 = Clock::now();
+  std::vector<double> arrivals;
+  while (since(t0) < 1.0) {
+    const Transfer t = link.transfer(4096, since(t0));
+    arrivals.push_back(t.arrive_s);
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::max(0.0, t.left_s - since(t0))));
+  }
+  double delivered = 0;
+  for (double a : arrivals)
+    if (a <= 1.0) delivered += 4096;
+  EXPECT_NEAR(delivered - spec.burst_bytes, spec.bandwidth_bytes_per_s, 0.05 * spec.bandwidth_bytes_per_s);
+
+  spec.latency_s = 0.08;
+  LinkDirection slow(spec, 2);
+  const auto t1 = Clock::now();
+  const Transfer t = slow.transfer(1000, since(t1));
+  std::this_thread::sleep_for(std::chrono::duration<double>(t.arrive_s - since(t1)));
+  const double measured = since(t1);
+  EXPECT_GE(measured, 0.08);
+  EXPECT_LT(measured, 0.08 + 0.5);
+}
+
+TEST(WanConfig, PerUnitOverridesAndUnits) {
+  Config c;
+  c.mode = Mode::decoupled;
+  c.units.count = 3;
+  c.wan.bandwidth_mbit_s = 80;
+  c.wan.latency_ms = 10;
+  EXPECT_DOUBLE_EQ(link_spec(c, 1).bandwidth_bytes_per_s, 10e6);
+  EXPECT_DOUBLE_EQ(link_spec(c, 1).latency_s, 0.01);
+  c.wan.unit_bandwidth_mbit_s = {80, 8, 0};
+  EXPECT_DOUBLE_EQ(link_spec(c, 1).bandwidth_bytes_per_s, 1e6);
+  EXPECT_DOUBLE_EQ(link_spec(c, 2).bandwidth_bytes_per_s, 0.0);
+  EXPECT_TRUE(emulated(c));
+  EXPECT_FALSE(emulated(Config{}));
+  c.wan.unit_latency_ms = {1, 2};
+  EXPECT_THROW(validate(c, "t.yaml"), Error);
+  c.wan.unit_latency_ms.clear();
+  c.mode = Mode::ddp;
+  c.wan.format = "int4";
+  try {
+    validate(c, "t.yaml");
+    FAIL() << "ddp with int4 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("wan.format"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ddiloco::wan
