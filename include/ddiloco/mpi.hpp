@@ -48,6 +48,7 @@ void reduce_sum(std::span<float> data, int root, MPI_Comm comm);
 /// wait): for reductions where a peer may be much later than this rank.
 void allreduce_sum_patient(std::span<float> data, MPI_Comm comm);
 double allreduce_sum_patient(double value, MPI_Comm comm);
+void allreduce_sum_patient(std::span<double> data, MPI_Comm comm);
 /// MPI_Ibcast + wait(): a broadcast whose non-root ranks sleep while the root is busy.
 void broadcast_patient(std::span<int64_t> data, int root, MPI_Comm comm);
 /// MPI_Ibarrier + wait().

@@ -135,6 +135,14 @@ double allreduce_sum_patient(double value, MPI_Comm comm) {
   return value;
 }
 
+void allreduce_sum_patient(std::span<double> data, MPI_Comm comm) {
+  MPI_Request request;
+  check(MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_DOUBLE, MPI_SUM,
+                       comm, &request),
+        "Iallreduce");
+  wait(request);
+}
+
 void broadcast_patient(std::span<int64_t> data, int root, MPI_Comm comm) {
   MPI_Request request;
   check(MPI_Ibcast(data.data(), static_cast<int>(data.size()), MPI_INT64_T, root, comm, &request),

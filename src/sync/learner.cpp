@@ -30,9 +30,18 @@ namespace {
 // ddp: the unit's gradients are summed to its leader, summed across leaders over the WAN
 // links (the leaders' ring, wan.hpp), averaged over every learner rank, and broadcast in the
 // unit.
+// A stop must be agreed: units in lock-step that stopped at different steps would leave one
+// waiting in the ring forever. Each leader votes (told to stop, by the syncer or a signal)
+// with its step's loss; every unit stops after the step in which any leader voted.
+struct StopVote {
+  bool vote = false;    // leader: this unit wants to stop
+  bool agreed = false;  // leader: some unit wanted to, at the step just made
+};
+
 UnitTrainer::GradientReducer hierarchical_reducer(const Topology& topo, int total_ranks,
-                                                  std::shared_ptr<wan::WanRing> ring) {
-  return [&topo, total_ranks, ring](std::span<float> grads, double loss) {
+                                                  std::shared_ptr<wan::WanRing> ring,
+                                                  std::shared_ptr<StopVote> stop) {
+  return [&topo, total_ranks, ring, stop](std::span<float> grads, double loss) {
     mpi::reduce_sum(grads, 0, topo.unit_comm);
     double loss_sum = loss;
     if (topo.unit_size > 1)
@@ -43,8 +52,10 @@ UnitTrainer::GradientReducer hierarchical_reducer(const Topology& topo, int tota
       // knows whether the gradients can travel in the wire format (which refuses non-finite
       // values) or must go raw, and the step fails as diverged on every unit.
       const bool finite = std::all_of(grads.begin(), grads.end(), [](float g) { return std::isfinite(g); });
-      loss_sum = mpi::allreduce_sum_patient(finite ? loss_sum : std::numeric_limits<double>::quiet_NaN(),
-                                            topo.leaders_comm);
+      double words[2] = {finite ? loss_sum : std::numeric_limits<double>::quiet_NaN(), stop->vote ? 1.0 : 0.0};
+      mpi::allreduce_sum_patient(std::span<double>(words), topo.leaders_comm);
+      loss_sum = words[0];
+      stop->agreed = words[1] > 0;
       ring->allreduce_sum(grads, !std::isfinite(loss_sum));
       const float inv = 1.0f / static_cast<float>(total_ranks);
       const long n = static_cast<long>(grads.size());
@@ -108,9 +119,10 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
                      UnitTrainer& trainer, const LearnerResume* resume, wan::LinkCounters* link) {
   const int threads = omp_get_max_threads();  // set by run_job
   std::shared_ptr<wan::WanRing> ring;
+  auto ddp_stop = std::make_shared<StopVote>();
   if (plan.mode == Mode::ddp) {
     if (topo.leader) ring = std::make_shared<wan::WanRing>(topo.leaders_comm, config);
-    trainer.set_gradient_reducer(hierarchical_reducer(topo, topo.stream_count, ring));
+    trainer.set_gradient_reducer(hierarchical_reducer(topo, topo.stream_count, ring, ddp_stop));
   }
 
   const FragmentPlan fragments(trainer.model().layout(), plan.fragments, plan.h);
@@ -451,6 +463,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
                                                                 : resume->unit.step >= max_steps);
   for (int64_t t = first_step; !finished; ++t) {
     Stopwatch step_clock;
+    if (plan.mode == Mode::ddp && topo.leader) ddp_stop->vote = stop_requested();
     const StepStats s = trainer.step();
     // A non-finite loss or gradient norm (the same on every rank of the unit: both are
     // all-reduced) has poisoned the parameters. Where a crashed unit can rejoin from Θ
@@ -555,7 +568,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
         }
         if (owed && pending_version[p] > applied[p]) actions.apply.emplace_back(p, pending_version[p]);
       }
-      actions.stop = stop_requested() || t >= max_steps;
+      actions.stop = (plan.mode == Mode::ddp ? ddp_stop->agreed : stop_requested()) || t >= max_steps;
       if (const int64_t last_round = window->control(sync::kStopAfterVersion); last_round > 0) {
         int64_t round = applied[0];  // diloco (P = 1): the round this step ends on
         for (const auto& [p, version] : actions.apply) round = std::max(round, version);

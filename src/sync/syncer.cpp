@@ -43,6 +43,11 @@ struct Slot {
   int64_t seq = 0;                    // ... its sequence number
   std::vector<float> data;            // ... its values
   int64_t delivered = 0;              // last version written to the unit's inbox
+  // The unit is owed a merged fragment: one that merged its snapshot (or the current one after
+  // its snapshot was refused). Merges between carry nothing of its own and would only be
+  // superseded in its inbox: they are not sent, which keeps the down link to one fragment per
+  // snapshot.
+  bool owed = false;
   double arrives_at = 0;              // the snapshot counts from then on (its link's arrival)
   size_t wire_bytes = 0;              // ... bytes it took on the wire
   double deliver_at = -1;             // degraded link: the next delivery lands then (−1: none)
@@ -289,6 +294,7 @@ bool Syncer::collect() {
         if (after != seq) continue;  // re-read the newer snapshot next poll
         window_.ack(u, p, seq);
         s.acked = seq;
+        s.owed = true;  // a unit waiting for a merge gets the current one
         continue;
       }
       // A snapshot that supersedes one not merged yet arrives when that one would have (a
@@ -490,7 +496,10 @@ void Syncer::merge(int p, const std::vector<int>& units) {
   rounds_[p] = Round{};
   if (!merged) return;  // every weight zero: nothing learned, nothing to send
   ++version_[p];
-  for (int u : units) merged_seq_[u][p] = seq_base_[u][p] + slots_[u][p].seq;
+  for (int u : units) {
+    merged_seq_[u][p] = seq_base_[u][p] + slots_[u][p].seq;
+    slots_[u][p].owed = true;
+  }
   // Asked for before this merge is delivered: a diloco unit then writes its file on the round
   // boundary where it applies this merge.
   if (config_.checkpoint.every > 0 && total_merges() >= ckpt_due_at_ && !ckpt_wanted_ && !stopping_)
@@ -570,14 +579,15 @@ bool Syncer::deliver_pending() {
           s.outgoing_version = 0;
           any = true;
         }
-        if (s.delivered >= version_[p] || headers_[u].header(p, sync::kInAck) != s.delivered) continue;
+        if (!s.owed || s.delivered >= version_[p] || headers_[u].header(p, sync::kInAck) != s.delivered) continue;
+        s.owed = false;
         s.outgoing = theta_[p];
         s.outgoing_version = version_[p];
         s.lands_at = wan_[u].down.transfer(window_.delivery_bytes(u, p), now(), now(), link_factor(u)).arrive_s;
         any = true;
         continue;
       }
-      if (s.delivered >= version_[p]) continue;
+      if (!s.owed || s.delivered >= version_[p]) continue;
       // Flow control: the unit must have taken what we delivered before.
       if (headers_[u].header(p, sync::kInAck) != s.delivered) continue;
       if (s.deliver_at < 0) s.deliver_at = now() + link_delay_s(u, theta_[p].size() * sizeof(float));
@@ -585,6 +595,7 @@ bool Syncer::deliver_pending() {
       s.deliver_at = -1;
       wan_[u].down.transfer(window_.deliver(u, p, version_[p], theta_[p]), now());
       s.delivered = version_[p];
+      s.owed = false;
       any = true;
     }
   }

@@ -1,0 +1,292 @@
+#!/usr/bin/python3
+"""ddp, diloco, streaming and decoupled over the same emulated WAN links, at several bandwidths.
+
+    /usr/bin/python3 scripts/wan_experiment.py [--config configs/wan_experiment.yaml]
+        [--bandwidths 0.7,7] [--latency-ms 0.4]
+        [--runs ddp,diloco,streaming,decoupled,decoupled:wan.format=int4]
+        [--target LOSS] [--max-run-s 300] [--ddp-eval-steps 30] [--set key=value ...]
+        [--out runs/wan_experiment]
+
+One model and token budget (the config's); every run differs only in its mode (and what a
+run spec adds after ':', e.g. decoupled:wan.format=int4) and in the link bandwidth. For each
+bandwidth (Mbit/s per unit link, each direction) the outer modes run first, then ddp.
+
+Printed and written (summary.md, summary.json, loss.png in --out):
+  * per run: bytes across the links per token, wall time to the target validation loss (the
+    first global evaluation at or below it), final validation loss, tokens, train time;
+  * per bandwidth: decoupled's speed-up to the target over ddp, and ddp's bytes per token over
+    each outer run's;
+  * what the links emulate, by the scaling rule (README, "Emulated WAN links"): the time one
+    bf16 copy of the model takes on a link, in inner steps, and the bandwidth that gives a
+    12B-parameter model with 1 s inner steps the same ratio;
+  * a PNG of global validation loss against wall time, one panel per bandwidth.
+
+The target defaults to the final loss of the first plain `decoupled` run at the highest
+bandwidth. A run projected to take longer than --max-run-s (from its progress so far) is
+stopped with SIGUSR1 once it has reached the target (ddp over slow links): its time to the
+target is measured, its final loss is then not reported. ddp's arithmetic does not depend on
+the links, so its loss at every evaluation is the same at every bandwidth; the script checks
+that on the evaluations the runs share. ddp evaluates every --ddp-eval-steps steps (outer.h,
+which ddp's training does not use, sets that cadence).
+
+Needs build/ddiloco (scripts/build.sh), data/kjv (scripts/demo.sh or `build/ddiloco
+prepare-data --source kjv --out data/kjv`) and Debian's python3-matplotlib for the PNG.
+"""
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_modes import DDILOCO, ROOT, job_ranks, mpirun_train, read_events  # noqa: E402
+
+OUTER = ("diloco", "streaming", "decoupled")
+
+
+def parse_runs(text):
+    runs = []
+    for spec in text.split(","):
+        spec = spec.strip()
+        if not spec:
+            continue
+        mode, _, extra = spec.partition(":")
+        if mode not in ("ddp",) + OUTER:
+            sys.exit(f"wan_experiment: --runs: unknown mode '{mode}' in '{spec}'")
+        sets = [s for s in extra.split(";") if s]
+        for s in sets:
+            if "=" not in s:
+                sys.exit(f"wan_experiment: --runs: '{s}' in '{spec}' is not key=value")
+        runs.append({"name": spec, "mode": mode, "sets": sets})
+    if not runs:
+        sys.exit("wan_experiment: --runs is empty")
+    return runs
+
+
+def first_at_or_below(curve, target):
+    for tokens, sec, loss in curve:
+        if loss <= target:
+            return sec
+    return None
+
+
+def run_one(run, bandwidth, args, run_dir, target):
+    sets = list(args.set) + run["sets"] + [
+        f"mode={run['mode']}", f"run.dir={run_dir}", "run.progress=false",
+        f"wan.bandwidth_mbit_s={bandwidth}", f"wan.latency_ms={args.latency_ms}"]
+    if run["mode"] == "ddp":
+        sets += [f"outer.h={args.ddp_eval_steps}", "syncer.eval_every=1"]
+    cmd, env = mpirun_train(args.config, sets, job_ranks(args.config, sets))
+    print(f"wan_experiment: {run['name']} at {bandwidth} Mbit/s: "
+          f"{' '.join(shlex.quote(c) for c in cmd)}", flush=True)
+    os.makedirs(run_dir, exist_ok=True)
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    stopped_at_target = False
+    with open(os.path.join(run_dir, "console.log"), "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        while proc.poll() is None:
+            time.sleep(1.0)
+            if target is None or stopped_at_target or not os.path.exists(metrics):
+                continue
+            try:
+                events = read_events(metrics)
+            except (json.JSONDecodeError, OSError):
+                continue  # a line being written
+            start = next((e for e in events if e["event"] == "start"), None)
+            evals = [e for e in events if e["event"] == "global_eval" and "val_loss" in e]
+            if not start or not evals or not any(e["val_loss"] <= target for e in evals):
+                continue
+            last = evals[-1]
+            projected = last["elapsed_s"] * start["token_budget"] / max(1, last["tokens"])
+            if projected > args.max_run_s:
+                print(f"wan_experiment: {run['name']} reached the target {target:.4f} at "
+                      f"{last['elapsed_s']:.1f} s; projected {projected:.0f} s for its budget: "
+                      "stopping it (SIGUSR1)", flush=True)
+                proc.send_signal(signal.SIGUSR1)
+                stopped_at_target = True
+        rc = proc.wait()
+    # An interrupted job exits with 128 + the signal (README, "Checkpoints and resume").
+    if rc != 0 and not (stopped_at_target and rc == 128 + signal.SIGUSR1):
+        tail = open(os.path.join(run_dir, "console.log")).read()[-2000:]
+        raise RuntimeError(f"{run['name']} at {bandwidth} Mbit/s failed (exit {rc}):\n{tail}")
+    events = read_events(metrics)
+    done = [e for e in events if e["event"] == "done"][-1]
+    start = next(e for e in events if e["event"] == "start")
+    evals = [e for e in events if e["event"] == "global_eval"]
+    steps = [e["step_s"] for f in os.listdir(run_dir) if f.startswith("unit_") and f.endswith(".jsonl")
+             for e in read_events(os.path.join(run_dir, f)) if e["event"] == "train" and "step_s" in e]
+    compute = [e["tokens_per_s"] for f in os.listdir(run_dir) if f.startswith("unit_") and f.endswith(".jsonl")
+               for e in read_events(os.path.join(run_dir, f)) if e["event"] == "train" and e.get("tokens_per_s")]
+    return {
+        "run": run["name"], "mode": run["mode"], "bandwidth_mbit_s": bandwidth,
+        "parameters": start["parameters"], "format": done["wan_format"],
+        "val_loss": None if stopped_at_target else done["val_loss"],
+        "stopped_at_target": stopped_at_target,
+        "tokens": done["tokens"], "token_budget": start["token_budget"], "train_s": done["train_s"],
+        "bytes": done["bytes_across_units"], "bytes_per_token": done["bytes_per_token"],
+        "links": done["links"], "merges": done["merges"],
+        "step_s_median": sorted(steps)[len(steps) // 2] if steps else None,
+        "unit_tokens_per_s_median": sorted(compute)[len(compute) // 2] if compute else None,
+        "curve": [(e["tokens"], e["elapsed_s"], e["val_loss"]) for e in evals],
+    }
+
+
+def fmt(x, spec):
+    return "—" if x is None else format(x, spec)
+
+
+def table(rows, target):
+    lines = ["| link (Mbit/s) | run | bytes/token | time to target (s) | final val loss | tokens | train time (s) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t = first_at_or_below(r["curve"], target)
+        final = "stopped at target" if r["stopped_at_target"] else fmt(r["val_loss"], ".4f")
+        lines.append(f"| {r['bandwidth_mbit_s']} | {r['run']} | {r['bytes_per_token']:.2f} | "
+                     f"{fmt(t, '.1f') if t is not None else 'not reached'} | {final} | {r['tokens']:,} | "
+                     f"{r['train_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def comparisons(rows, target, bandwidths):
+    out = []
+    for bw in bandwidths:
+        at = [r for r in rows if r["bandwidth_mbit_s"] == bw]
+        ddp = next((r for r in at if r["mode"] == "ddp"), None)
+        if ddp is None:
+            continue
+        t_ddp = first_at_or_below(ddp["curve"], target)
+        for r in at:
+            if r is ddp:
+                continue
+            t = first_at_or_below(r["curve"], target)
+            speed = (f"{t_ddp / t:.1f}x faster to the target" if t and t_ddp else "no time to compare")
+            out.append(f"{bw} Mbit/s: {r['run']} vs ddp: {speed}; "
+                       f"ddp moves {ddp['bytes_per_token'] / r['bytes_per_token']:.0f}x its bytes per token")
+    bf16 = {r["bandwidth_mbit_s"]: r for r in rows if r["run"] == "decoupled"}
+    for r in rows:
+        if r["mode"] == "decoupled" and r["run"] != "decoupled" and r["val_loss"] and \
+                bf16.get(r["bandwidth_mbit_s"], {}).get("val_loss"):
+            base = bf16[r["bandwidth_mbit_s"]]
+            out.append(f"{r['bandwidth_mbit_s']} Mbit/s: {r['run']}: final loss {r['val_loss']:.4f} vs "
+                       f"decoupled ({base['format']}) {base['val_loss']:.4f}: "
+                       f"{100 * (r['val_loss'] / base['val_loss'] - 1):+.2f} %")
+    return out
+
+
+def check_ddp_identical(rows):
+    """ddp's values do not depend on the link: every evaluation the runs share has one loss."""
+    ddp = [r for r in rows if r["mode"] == "ddp" and r["run"] == "ddp"]
+    seen, mismatches = {}, []
+    for r in ddp:
+        for tokens, _, loss in r["curve"]:
+            if tokens in seen and seen[tokens] != loss:
+                mismatches.append((tokens, seen[tokens], loss))
+            seen.setdefault(tokens, loss)
+    return mismatches
+
+
+def scaling_lines(rows, bandwidths):
+    """The ratio the scaling rule keeps: one bf16 model over a link, in inner steps."""
+    ref = next((r for r in rows if r["run"] == "decoupled" and r["step_s_median"]), None)
+    if ref is None:
+        return []
+    n, step = ref["parameters"], ref["step_s_median"]
+    lines = [f"model: {n:,} parameters; inner step {1e3 * step:.1f} ms (decoupled, median over units)"]
+    for bw in bandwidths:
+        if bw <= 0:
+            continue
+        steps = (2 * n / (bw * 1e6 / 8)) / step
+        equiv = bw * 1e6 * (12e9 / n) * (step / 1.0) / 1e9
+        lines.append(f"{bw} Mbit/s: one bf16 model crosses a link in {steps:.0f} inner steps — as a "
+                     f"12B-parameter model with 1 s steps on {equiv:.1f} Gbit/s")
+    return lines
+
+
+def plot(rows, bandwidths, target, path, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(bandwidths), figsize=(5.5 * len(bandwidths), 4), squeeze=False)
+    for ax, bw in zip(axes[0], bandwidths):
+        for r in rows:
+            if r["bandwidth_mbit_s"] != bw or not r["curve"]:
+                continue
+            _, sec, loss = zip(*r["curve"])
+            ax.plot(sec, loss, "o-", ms=2.5, label=r["run"])
+        ax.axhline(target, color="gray", ls="--", lw=1, label=f"target {target:.3f}")
+        ax.set_xscale("log")
+        ax.set_xlabel("wall time (s, log)")
+        ax.set_ylabel("global validation loss (nats/byte)")
+        ax.set_title(f"{bw} Mbit/s per unit link" if bw > 0 else "unlimited links")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "wan_experiment.yaml"))
+    ap.add_argument("--bandwidths", default="7,0.7", help="Mbit/s per unit link, comma-separated")
+    ap.add_argument("--latency-ms", type=float, default=0.4)
+    ap.add_argument("--runs", default="ddp,diloco,streaming,decoupled,decoupled:wan.format=int4")
+    ap.add_argument("--target", type=float, default=None)
+    ap.add_argument("--max-run-s", type=float, default=300)
+    ap.add_argument("--ddp-eval-steps", type=int, default=30)
+    ap.add_argument("--set", action="append", default=[], help="key=value for every run")
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "wan_experiment"))
+    args = ap.parse_args()
+    if not os.access(DDILOCO, os.X_OK):
+        sys.exit(f"wan_experiment: {DDILOCO} not found; run scripts/build.sh first")
+    try:
+        bandwidths = sorted({float(b) for b in args.bandwidths.split(",") if b.strip()},
+                            key=lambda b: float("inf") if b == 0 else b, reverse=True)
+    except ValueError:
+        sys.exit(f"wan_experiment: --bandwidths: expected numbers in Mbit/s, got '{args.bandwidths}'")
+    if not bandwidths or any(b < 0 for b in bandwidths):
+        sys.exit(f"wan_experiment: --bandwidths: expected numbers ≥ 0 (0 = unlimited), got '{args.bandwidths}'")
+    runs = parse_runs(args.runs)
+    ordered = [r for r in runs if r["mode"] != "ddp"] + [r for r in runs if r["mode"] == "ddp"]
+    os.makedirs(args.out, exist_ok=True)
+    target, rows = args.target, []
+    for bw in bandwidths:
+        for run in ordered:
+            name = run["name"].replace(":", "_").replace("=", "-").replace(";", "_")
+            row = run_one(run, bw, args, os.path.join(args.out, f"{bw:g}", name), target)
+            rows.append(row)
+            if target is None and run["name"] == "decoupled":
+                target = row["val_loss"]
+                print(f"wan_experiment: target validation loss {target:.4f} (decoupled's final at {bw} Mbit/s)")
+            print(table([row], target if target is not None else float("-inf")).splitlines()[-1], flush=True)
+    if target is None:
+        target = max(r["val_loss"] for r in rows if r["val_loss"] is not None)
+    text = table(rows, target)
+    notes = comparisons(rows, target, bandwidths) + scaling_lines(rows, bandwidths)
+    mismatches = check_ddp_identical(rows)
+    notes.append("ddp: the same loss at every evaluation the bandwidths share" if not mismatches
+                 else f"ddp: losses differ between bandwidths at {len(mismatches)} evaluations: {mismatches[:3]}")
+    title = (f"{os.path.basename(args.config)}: target val loss {target:.4f}, "
+             f"latency {args.latency_ms} ms one way" + (", " + ", ".join(args.set) if args.set else ""))
+    print("\n" + title + "\n" + text + "\n" + "\n".join(notes))
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump({"config": args.config, "sets": args.set, "target": target,
+                   "latency_ms": args.latency_ms, "rows": rows, "notes": notes}, f, indent=1)
+    with open(os.path.join(args.out, "summary.md"), "w") as f:
+        f.write(title + "\n\n" + text + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
+    try:
+        plot(rows, bandwidths, target, os.path.join(args.out, "loss.png"), title)
+        print(f"wan_experiment: wrote {args.out}/summary.md, summary.json, loss.png")
+    except ImportError:
+        print("wan_experiment: matplotlib missing: no plot (scripts/install_deps.sh installs it)")
+
+
+if __name__ == "__main__":
+    main()
