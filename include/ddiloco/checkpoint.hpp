@@ -24,7 +24,8 @@
 //              /outer/sent_theta_<p> float32 (numel of fragment p; outer.apply = carry only)
 //              /outer/wire_ref_version int64 (P), /outer/wire_ref_<p> float32: the unit's
 //                wire-format reference R of each fragment and its version (−1: none; lossy
-//                wan.format only; sync_window.hpp)
+//                wan.format only; sync_window.hpp); /outer/wire_residual_<p> float32: its
+//                error-feedback residual E (where it has one)
 //              /data/cursor int64 (ranks, 2): epoch and batch of each rank's training stream
 // Random state: nothing random during training keeps hidden state. The data order is a
 // function of (run.seed, epoch, position) — the cursor restores it exactly — the model's
@@ -85,6 +86,7 @@ struct UnitState {
   /// (−1: none); empty when the file has none.
   std::vector<int64_t> wire_ref_version;
   std::vector<std::vector<float>> wire_ref;
+  std::vector<std::vector<float>> wire_residual;  ///< per fragment: E (empty: none)
   std::vector<DataCursor> cursors;             ///< per rank of the unit
 };
 

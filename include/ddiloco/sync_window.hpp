@@ -32,8 +32,12 @@
 //          version it took; the learner sets R ← R + decode(...) and uses R as Θ_p. The
 //          syncer computes the same R (same code, same fp32 operations), so the rounding error
 //          of one delivery is part of the next difference and never accumulates.
-//   outbox (learner → syncer): θ_p − R at the version it names (kOutRef); the syncer keeps
-//          its copy of R for every version the learner may still name and reconstructs θ_p.
+//   outbox (learner → syncer): θ_p − R + E at the version it names (kOutRef); the syncer
+//          keeps its copy of R for every version the learner may still name and reconstructs
+//          θ_p. E is error feedback: what the previous snapshot's rounding lost (its difference
+//          minus what the syncer decodes), so that the outer gradients the syncer sums over
+//          rounds lose nothing to rounding but the last one's (Seide et al. 2014, "1-bit SGD";
+//          Karimireddy et al. 2019, "Error Feedback Fixes SignSGD", arXiv 1901.09847).
 // Raw fp32 values travel where no reference is shared: the Θ served at a rejoin, and a
 // snapshot with non-finite values (the syncer refuses it). Both sides start from R = Θ₀ (the
 // common initialisation) or, on resume, from the checkpoint's Θ.
@@ -158,6 +162,9 @@ class LearnerWindow {
   /// R of fragment p and its version (−1 and empty: none, or fp32).
   int64_t reference_version(int p) const;
   std::span<const float> reference(int p) const;
+  /// The error-feedback residual E of fragment p (empty: none yet), and setting it (resume).
+  std::span<const float> residual(int p) const;
+  void set_residual(int p, std::span<const float> values);
 
   /// Version of the merged Θ_p in the inbox (0: none yet).
   int64_t inbox_version(int p) const;
@@ -187,6 +194,7 @@ class LearnerWindow {
   const WindowLayout* layout_;
   std::vector<std::vector<float>> ref_;  // per fragment: R (lossy wire formats)
   std::vector<int64_t> ref_version_;
+  std::vector<std::vector<float>> residual_;  // per fragment: E (lossy wire formats)
   std::vector<float> scratch_;
 };
 

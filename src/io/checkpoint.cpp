@@ -246,6 +246,10 @@ bool write_unit(const fs::path& dir, const UnitState& s) {
       for (size_t p = 0; p < s.wire_ref.size(); ++p)
         if (s.wire_ref_version[p] >= 0)
           h5::write_dataset(outer, fmt::format("wire_ref_{}", p), s.wire_ref[p].data(), dims1(s.wire_ref[p].size()));
+      for (size_t p = 0; p < s.wire_residual.size(); ++p)
+        if (!s.wire_residual[p].empty())
+          h5::write_dataset(outer, fmt::format("wire_residual_{}", p), s.wire_residual[p].data(),
+                            dims1(s.wire_residual[p].size()));
     }
     std::vector<int64_t> cursors;
     for (const auto& c : s.cursors) cursors.insert(cursors.end(), {c.epoch, c.batch});
@@ -312,6 +316,16 @@ UnitState read_unit(const fs::path& path, int fragments) {
       if (d.size() != 1) fail("{}: {} must be one-dimensional", where, name);
       s.wire_ref[p].resize(d[0]);
       h5::read_dataset(outer, name, s.wire_ref[p].data(), d, where);
+    }
+    s.wire_residual.resize(fragments);
+    for (int p = 0; p < fragments; ++p) {
+      const std::string name = fmt::format("wire_residual_{}", p);
+      if (!h5::exists(outer, name)) continue;
+      const auto d = h5::dataset_dims(outer, name, where);
+      if (d.size() != 1 || (!s.wire_ref[p].empty() && d[0] != s.wire_ref[p].size()))
+        fail("{}: {} must be one-dimensional, as long as wire_ref_{}", where, name, p);
+      s.wire_residual[p].resize(d[0]);
+      h5::read_dataset(outer, name, s.wire_residual[p].data(), d, where);
     }
   }
   h5::Handle data = h5::open_group(file, "data", label);

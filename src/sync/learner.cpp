@@ -254,6 +254,8 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
       std::span<float> theta(incoming.data(), layout.numel(p));
       if (resume && checkpoint::has_reference(resume->unit, p, resume->syncer.versions[p])) {
         window->set_reference(p, resume->syncer.versions[p], resume->unit.wire_ref[p]);
+        if (static_cast<size_t>(p) < resume->unit.wire_residual.size())
+          window->set_residual(p, resume->unit.wire_residual[p]);
         continue;
       }
       fragments.pack(p, resume ? std::span<const float>(resume->syncer.theta) : trainer.model().parameters(), theta);
@@ -308,6 +310,8 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
         st.wire_ref_version.push_back(window->reference_version(p));
         const auto r = window->reference(p);
         st.wire_ref.emplace_back(r.begin(), r.end());
+        const auto e = window->residual(p);
+        st.wire_residual.emplace_back(e.begin(), e.end());
       }
     for (int r = 0; r < topo.unit_size; ++r) st.cursors.push_back({all[2 * r], all[2 * r + 1]});
     bool written = false;

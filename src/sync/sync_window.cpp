@@ -111,6 +111,19 @@ std::span<const float> LearnerWindow::reference(int p) const {
   return ref_[p];
 }
 
+std::span<const float> LearnerWindow::residual(int p) const {
+  if (static_cast<size_t>(p) >= residual_.size()) return {};
+  return residual_[p];
+}
+
+void LearnerWindow::set_residual(int p, std::span<const float> values) {
+  if (layout_->format() == wire::Format::fp32) return;
+  if (!values.empty() && values.size() != layout_->numel(p))
+    fail("set_residual: fragment {} has {} elements, got {}", p, layout_->numel(p), values.size());
+  residual_.resize(layout_->fragments());
+  residual_[p].assign(values.begin(), values.end());
+}
+
 size_t LearnerWindow::published_bytes(int p) const {
   return static_cast<size_t>(
       std::atomic_ref<int64_t>(word(layout_->header_offset(p) + kOutBytes * 8)).load(std::memory_order_relaxed));
@@ -128,15 +141,22 @@ int64_t LearnerWindow::publish(int p, std::span<const float> packed, const Snaps
   bool raw = !has_ref;
   size_t bytes = packed.size_bytes();
   if (has_ref) {
+    residual_.resize(layout_->fragments());
+    std::vector<float>& e = residual_[p];
+    if (e.size() != packed.size()) e.assign(packed.size(), 0.0f);
     scratch_.resize(packed.size());
     bool finite = true;
     for (size_t i = 0; i < packed.size(); ++i) {
-      scratch_[i] = packed[i] - ref_[p][i];
+      scratch_[i] = packed[i] - ref_[p][i] + e[i];
       finite &= std::isfinite(scratch_[i]);
     }
     if (finite) {
       bytes = layout_->wire_bytes(p);
-      wire::encode(layout_->format(), scratch_, layout_->block(), std::span<std::byte>(out, bytes));
+      const std::span<std::byte> wire(out, bytes);
+      wire::encode(layout_->format(), scratch_, layout_->block(), wire);
+      // E ← what was meant − what the syncer will decode.
+      wire::decode(layout_->format(), wire, layout_->block(), e);
+      for (size_t i = 0; i < packed.size(); ++i) e[i] = scratch_[i] - e[i];
     } else {
       raw = true;
     }
@@ -207,6 +227,7 @@ void LearnerWindow::lose_outboxes() {
   }
   ref_.clear();  // the references went with the memory: the rejoin serves raw values
   ref_version_.clear();
+  residual_.clear();
   hold_inboxes();
 }
 
