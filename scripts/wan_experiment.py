@@ -4,12 +4,14 @@
     /usr/bin/python3 scripts/wan_experiment.py [--config configs/wan_experiment.yaml]
         [--bandwidths 0.7,7] [--latency-ms 0.4]
         [--runs ddp,diloco,streaming,decoupled,decoupled:wan.format=int4]
-        [--target LOSS] [--max-run-s 300] [--ddp-eval-steps 30] [--set key=value ...]
-        [--out runs/wan_experiment]
+        [--repeats 3] [--target LOSS] [--max-run-s 300] [--ddp-eval-steps 30]
+        [--set key=value ...] [--out runs/wan_experiment]
 
 One model and token budget (the config's); every run differs only in its mode (and what a
 run spec adds after ':', e.g. decoupled:wan.format=int4) and in the link bandwidth. For each
-bandwidth (Mbit/s per unit link, each direction) the outer modes run first, then ddp.
+bandwidth (Mbit/s per unit link, each direction) the outer modes run first, --repeats times
+each (their merges depend on timing, so their losses vary from run to run: the table gives
+the mean and the spread), then ddp once (its arithmetic does not depend on timing).
 
 Printed and written (summary.md, summary.json, loss.png in --out):
   * per run: bytes across the links per token, wall time to the target validation loss (the
@@ -21,7 +23,7 @@ Printed and written (summary.md, summary.json, loss.png in --out):
     12B-parameter model with 1 s inner steps the same ratio;
   * a PNG of global validation loss against wall time, one panel per bandwidth.
 
-The target defaults to the final loss of the first plain `decoupled` run at the highest
+The target defaults to the mean final loss of the plain `decoupled` runs at the highest
 bandwidth. A run projected to take longer than --max-run-s (from its progress so far) is
 stopped with SIGUSR1 once it has reached the target (ddp over slow links): its time to the
 target is measured, its final loss is then not reported. ddp's arithmetic does not depend on
@@ -140,41 +142,81 @@ def fmt(x, spec):
     return "—" if x is None else format(x, spec)
 
 
-def table(rows, target):
-    lines = ["| link (Mbit/s) | run | bytes/token | time to target (s) | final val loss | tokens | train time (s) |",
-             "|---|---|---|---|---|---|---|"]
+def mean(xs):
+    return sum(xs) / len(xs) if xs else None
+
+
+def spread(xs):
+    if len(xs) < 2:
+        return None
+    m = mean(xs)
+    return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+
+
+def groups(rows, target):
+    """Repeats of one run at one bandwidth, summarised: means, and the sample standard deviation
+    of the final loss."""
+    out = {}
     for r in rows:
-        t = first_at_or_below(r["curve"], target)
-        final = "stopped at target" if r["stopped_at_target"] else fmt(r["val_loss"], ".4f")
-        lines.append(f"| {r['bandwidth_mbit_s']} | {r['run']} | {r['bytes_per_token']:.2f} | "
-                     f"{fmt(t, '.1f') if t is not None else 'not reached'} | {final} | {r['tokens']:,} | "
-                     f"{r['train_s']:.1f} |")
+        g = out.setdefault((r["bandwidth_mbit_s"], r["run"]), {
+            "bandwidth_mbit_s": r["bandwidth_mbit_s"], "run": r["run"], "mode": r["mode"],
+            "format": r["format"], "rows": []})
+        g["rows"].append(r)
+    for g in out.values():
+        rs = g["rows"]
+        times = [first_at_or_below(r["curve"], target) for r in rs]
+        finals = [r["val_loss"] for r in rs if r["val_loss"] is not None]
+        g.update(n=len(rs), bytes_per_token=mean([r["bytes_per_token"] for r in rs]),
+                 time_to_target=mean([t for t in times if t is not None]),
+                 reached=sum(t is not None for t in times),
+                 val_loss=mean(finals), val_loss_sd=spread(finals),
+                 stopped_at_target=any(r["stopped_at_target"] for r in rs),
+                 tokens=mean([r["tokens"] for r in rs]), train_s=mean([r["train_s"] for r in rs]))
+    return list(out.values())
+
+
+def table(rows, target):
+    lines = ["| link (Mbit/s) | run | runs | bytes/token | time to target (s) | final val loss | "
+             "tokens | train time (s) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for g in groups(rows, target):
+        if g["reached"] == 0:
+            t = "not reached"
+        else:
+            t = fmt(g["time_to_target"], ".1f") + ("" if g["reached"] == g["n"] else f" ({g['reached']} of {g['n']})")
+        if g["stopped_at_target"]:
+            final = "stopped at target"
+        else:
+            final = fmt(g["val_loss"], ".4f") + (f" ± {g['val_loss_sd']:.4f}" if g["val_loss_sd"] else "")
+        lines.append(f"| {g['bandwidth_mbit_s']} | {g['run']} | {g['n']} | {g['bytes_per_token']:.2f} | {t} | "
+                     f"{final} | {g['tokens']:,.0f} | {g['train_s']:.1f} |")
     return "\n".join(lines)
 
 
 def comparisons(rows, target, bandwidths):
     out = []
+    summary = groups(rows, target)
     for bw in bandwidths:
-        at = [r for r in rows if r["bandwidth_mbit_s"] == bw]
-        ddp = next((r for r in at if r["mode"] == "ddp"), None)
+        at = [g for g in summary if g["bandwidth_mbit_s"] == bw]
+        ddp = next((g for g in at if g["mode"] == "ddp"), None)
         if ddp is None:
             continue
-        t_ddp = first_at_or_below(ddp["curve"], target)
+        t_ddp = ddp["time_to_target"]
         for r in at:
             if r is ddp:
                 continue
-            t = first_at_or_below(r["curve"], target)
+            t = r["time_to_target"]
             speed = (f"{t_ddp / t:.1f}x faster to the target" if t and t_ddp else "no time to compare")
             out.append(f"{bw} Mbit/s: {r['run']} vs ddp: {speed}; "
                        f"ddp moves {ddp['bytes_per_token'] / r['bytes_per_token']:.0f}x its bytes per token")
-    bf16 = {r["bandwidth_mbit_s"]: r for r in rows if r["run"] == "decoupled"}
-    for r in rows:
+    bf16 = {g["bandwidth_mbit_s"]: g for g in summary if g["run"] == "decoupled"}
+    for r in summary:
         if r["mode"] == "decoupled" and r["run"] != "decoupled" and r["val_loss"] and \
                 bf16.get(r["bandwidth_mbit_s"], {}).get("val_loss"):
             base = bf16[r["bandwidth_mbit_s"]]
-            out.append(f"{r['bandwidth_mbit_s']} Mbit/s: {r['run']}: final loss {r['val_loss']:.4f} vs "
-                       f"decoupled ({base['format']}) {base['val_loss']:.4f}: "
-                       f"{100 * (r['val_loss'] / base['val_loss'] - 1):+.2f} %")
+            out.append(f"{r['bandwidth_mbit_s']} Mbit/s: {r['run']}: mean final loss {r['val_loss']:.4f} "
+                       f"vs decoupled ({base['format']}) {base['val_loss']:.4f}: "
+                       f"{100 * (r['val_loss'] / base['val_loss'] - 1):+.2f} % (over {r['n']} and {base['n']} runs)")
     return out
 
 
@@ -208,6 +250,7 @@ def scaling_lines(rows, bandwidths):
 
 
 def plot(rows, bandwidths, target, path, title):
+    """Loss against wall time; the first repeat of each run (the others are in summary.json)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -216,7 +259,7 @@ def plot(rows, bandwidths, target, path, title):
     fig, axes = plt.subplots(1, len(bandwidths), figsize=(5.5 * len(bandwidths), 4), squeeze=False)
     for ax, bw in zip(axes[0], bandwidths):
         for r in rows:
-            if r["bandwidth_mbit_s"] != bw or not r["curve"]:
+            if r["bandwidth_mbit_s"] != bw or not r["curve"] or r["repeat"] > 0:
                 continue
             _, sec, loss = zip(*r["curve"])
             ax.plot(sec, loss, "o-", ms=2.5, label=r["run"])
@@ -238,6 +281,7 @@ def main():
     ap.add_argument("--bandwidths", default="7,0.7", help="Mbit/s per unit link, comma-separated")
     ap.add_argument("--latency-ms", type=float, default=0.4)
     ap.add_argument("--runs", default="ddp,diloco,streaming,decoupled,decoupled:wan.format=int4")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each outer mode per bandwidth")
     ap.add_argument("--target", type=float, default=None)
     ap.add_argument("--max-run-s", type=float, default=300)
     ap.add_argument("--ddp-eval-steps", type=int, default=30)
@@ -257,15 +301,19 @@ def main():
     ordered = [r for r in runs if r["mode"] != "ddp"] + [r for r in runs if r["mode"] == "ddp"]
     os.makedirs(args.out, exist_ok=True)
     target, rows = args.target, []
+    if args.repeats < 1:
+        sys.exit(f"wan_experiment: --repeats: expected ≥ 1, got {args.repeats}")
     for bw in bandwidths:
         for run in ordered:
             name = run["name"].replace(":", "_").replace("=", "-").replace(";", "_")
-            row = run_one(run, bw, args, os.path.join(args.out, f"{bw:g}", name), target)
-            rows.append(row)
+            for k in range(1 if run["mode"] == "ddp" else args.repeats):
+                row = run_one(run, bw, args, os.path.join(args.out, f"{bw:g}", f"{name}_{k}"), target)
+                row["repeat"] = k
+                rows.append(row)
+                print(table([row], target if target is not None else float("-inf")).splitlines()[-1], flush=True)
             if target is None and run["name"] == "decoupled":
-                target = row["val_loss"]
-                print(f"wan_experiment: target validation loss {target:.4f} (decoupled's final at {bw} Mbit/s)")
-            print(table([row], target if target is not None else float("-inf")).splitlines()[-1], flush=True)
+                target = mean([r["val_loss"] for r in rows if r["run"] == "decoupled"])
+                print(f"wan_experiment: target validation loss {target:.4f} (decoupled's mean final at {bw} Mbit/s)")
     if target is None:
         target = max(r["val_loss"] for r in rows if r["val_loss"] is not None)
     text = table(rows, target)
