@@ -5,13 +5,14 @@
         [--bandwidths 0.7,7] [--latency-ms 0.4]
         [--runs ddp,diloco,streaming,decoupled,decoupled:wan.format=int4]
         [--repeats 3] [--target LOSS] [--max-run-s 300] [--ddp-eval-steps 30]
-        [--set key=value ...] [--out runs/wan_experiment]
+        [--set key=value ...] [--out runs/wan_experiment] [--report-only]
 
 One model and token budget (the config's); every run differs only in its mode (and what a
 run spec adds after ':', e.g. decoupled:wan.format=int4) and in the link bandwidth. For each
-bandwidth (Mbit/s per unit link, each direction) the outer modes run first, --repeats times
-each (their merges depend on timing, so their losses vary from run to run: the table gives
-the mean and the spread), then ddp once (its arithmetic does not depend on timing).
+bandwidth (Mbit/s per unit link, each direction) the outer modes run --repeats times each
+(their merges depend on timing, so their losses vary from run to run: the table gives the
+mean and the spread); then ddp runs once per bandwidth (its arithmetic does not depend on
+timing).
 
 Printed and written (summary.md, summary.json, loss.png in --out):
   * per run: bytes across the links per token, wall time to the target validation loss (the
@@ -23,13 +24,14 @@ Printed and written (summary.md, summary.json, loss.png in --out):
     12B-parameter model with 1 s inner steps the same ratio;
   * a PNG of global validation loss against wall time, one panel per bandwidth.
 
-The target defaults to the mean final loss of the plain `decoupled` runs at the highest
-bandwidth. A run projected to take longer than --max-run-s (from its progress so far) is
+The target defaults to the worst final loss of the decoupled runs (every bandwidth, every
+format), so that every run of the method under test reaches it. A run projected to take longer than --max-run-s (from its progress so far) is
 stopped with SIGUSR1 once it has reached the target (ddp over slow links): its time to the
 target is measured, its final loss is then not reported. ddp's arithmetic does not depend on
 the links, so its loss at every evaluation is the same at every bandwidth; the script checks
 that on the evaluations the runs share. ddp evaluates every --ddp-eval-steps steps (outer.h,
-which ddp's training does not use, sets that cadence).
+which ddp's training does not use, sets that cadence). --report-only rebuilds the table, the
+notes and the PNG from --out's summary.json (e.g. for another --target) without running.
 
 Needs build/ddiloco (scripts/build.sh), data/kjv (scripts/demo.sh or `build/ddiloco
 prepare-data --source kjv --out data/kjv`) and Debian's python3-matplotlib for the PNG.
@@ -287,7 +289,17 @@ def main():
     ap.add_argument("--ddp-eval-steps", type=int, default=30)
     ap.add_argument("--set", action="append", default=[], help="key=value for every run")
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "wan_experiment"))
+    ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
+    if args.report_only:
+        with open(os.path.join(args.out, "summary.json")) as f:
+            saved = json.load(f)
+        rows = saved["rows"]
+        bandwidths = sorted({r["bandwidth_mbit_s"] for r in rows}, key=lambda b: float("inf") if b == 0 else b,
+                            reverse=True)
+        report(rows, bandwidths, args.target if args.target is not None else worst_decoupled(rows),
+               saved["latency_ms"], saved["config"], saved["sets"], args.out)
+        return
     if not os.access(DDILOCO, os.X_OK):
         sys.exit(f"wan_experiment: {DDILOCO} not found; run scripts/build.sh first")
     try:
@@ -298,40 +310,53 @@ def main():
     if not bandwidths or any(b < 0 for b in bandwidths):
         sys.exit(f"wan_experiment: --bandwidths: expected numbers ≥ 0 (0 = unlimited), got '{args.bandwidths}'")
     runs = parse_runs(args.runs)
-    ordered = [r for r in runs if r["mode"] != "ddp"] + [r for r in runs if r["mode"] == "ddp"]
-    os.makedirs(args.out, exist_ok=True)
-    target, rows = args.target, []
     if args.repeats < 1:
         sys.exit(f"wan_experiment: --repeats: expected ≥ 1, got {args.repeats}")
-    for bw in bandwidths:
-        for run in ordered:
-            name = run["name"].replace(":", "_").replace("=", "-").replace(";", "_")
-            for k in range(1 if run["mode"] == "ddp" else args.repeats):
-                row = run_one(run, bw, args, os.path.join(args.out, f"{bw:g}", f"{name}_{k}"), target)
-                row["repeat"] = k
-                rows.append(row)
-                print(table([row], target if target is not None else float("-inf")).splitlines()[-1], flush=True)
-            if target is None and run["name"] == "decoupled":
-                target = mean([r["val_loss"] for r in rows if r["run"] == "decoupled"])
-                print(f"wan_experiment: target validation loss {target:.4f} (decoupled's mean final at {bw} Mbit/s)")
+    os.makedirs(args.out, exist_ok=True)
+    target, rows = args.target, []
+    # The outer modes at every bandwidth first (they set the target), then ddp.
+    plan = [(bw, run) for run in runs if run["mode"] != "ddp" for bw in bandwidths] + \
+           [(bw, run) for run in runs if run["mode"] == "ddp" for bw in bandwidths]
+    for bw, run in plan:
+        if target is None and run["mode"] == "ddp":
+            target = worst_decoupled(rows)
+            print(f"wan_experiment: target validation loss {target:.4f} (the worst final loss of the "
+                  "decoupled runs)", flush=True)
+        name = run["name"].replace(":", "_").replace("=", "-").replace(";", "_")
+        for k in range(1 if run["mode"] == "ddp" else args.repeats):
+            row = run_one(run, bw, args, os.path.join(args.out, f"{bw:g}", f"{name}_{k}"), target)
+            row["repeat"] = k
+            rows.append(row)
+            print(table([row], target if target is not None else float("-inf")).splitlines()[-1], flush=True)
     if target is None:
-        target = max(r["val_loss"] for r in rows if r["val_loss"] is not None)
+        target = worst_decoupled(rows)
+    report(rows, bandwidths, target, args.latency_ms, args.config, args.set, args.out)
+
+
+def worst_decoupled(rows):
+    finals = [r["val_loss"] for r in rows if r["mode"] == "decoupled" and r["val_loss"] is not None]
+    if not finals:
+        finals = [r["val_loss"] for r in rows if r["val_loss"] is not None]
+    return max(finals)
+
+
+def report(rows, bandwidths, target, latency_ms, config, sets, out):
     text = table(rows, target)
     notes = comparisons(rows, target, bandwidths) + scaling_lines(rows, bandwidths)
     mismatches = check_ddp_identical(rows)
     notes.append("ddp: the same loss at every evaluation the bandwidths share" if not mismatches
                  else f"ddp: losses differ between bandwidths at {len(mismatches)} evaluations: {mismatches[:3]}")
-    title = (f"{os.path.basename(args.config)}: target val loss {target:.4f}, "
-             f"latency {args.latency_ms} ms one way" + (", " + ", ".join(args.set) if args.set else ""))
+    title = (f"{os.path.basename(config)}: target val loss {target:.4f}, "
+             f"latency {latency_ms} ms one way" + (", " + ", ".join(sets) if sets else ""))
     print("\n" + title + "\n" + text + "\n" + "\n".join(notes))
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump({"config": args.config, "sets": args.set, "target": target,
-                   "latency_ms": args.latency_ms, "rows": rows, "notes": notes}, f, indent=1)
-    with open(os.path.join(args.out, "summary.md"), "w") as f:
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump({"config": config, "sets": sets, "target": target,
+                   "latency_ms": latency_ms, "rows": rows, "notes": notes}, f, indent=1)
+    with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(title + "\n\n" + text + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
     try:
-        plot(rows, bandwidths, target, os.path.join(args.out, "loss.png"), title)
-        print(f"wan_experiment: wrote {args.out}/summary.md, summary.json, loss.png")
+        plot(rows, bandwidths, target, os.path.join(out, "loss.png"), title)
+        print(f"wan_experiment: wrote {out}/summary.md, summary.json, loss.png")
     except ImportError:
         print("wan_experiment: matplotlib missing: no plot (scripts/install_deps.sh installs it)")
 

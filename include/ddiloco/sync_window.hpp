@@ -155,8 +155,6 @@ class LearnerWindow {
   /// Writes a snapshot of fragment p (packed, numel(p) floats) in the wire format and publishes
   /// it. Requires outbox_free(p). Returns the snapshot's sequence number.
   int64_t publish(int p, std::span<const float> packed, const SnapshotMeta& meta);
-  /// Bytes the last publish(p) put on the wire.
-  size_t published_bytes(int p) const;
   /// Sets the reference R of fragment p (wire format; the syncer must set the same).
   void set_reference(int p, int64_t version, std::span<const float> values);
   /// R of fragment p and its version (−1 and empty: none, or fp32).

@@ -98,9 +98,10 @@ struct Link {
 /// wire format (fp32 or bf16; partial sums are added in fp32; the all-gather forwards the
 /// owner's encoded bytes, so every leader ends with identical values). A leader waits, asleep,
 /// until each message would have arrived. Collective over `leaders` (one rank per unit, in
-/// unit order).
+/// unit order). Rank r of `leaders` uses unit r's link (link_spec).
 class WanRing {
  public:
+  /// Throws Error when wan.format is neither fp32 nor bf16.
   WanRing(MPI_Comm leaders, const Config& config);
   /// In-place sum of `data` (the same length on every leader) over the leaders. `raw`: in
   /// fp32 whatever the wire format (every leader must pass the same; for non-finite values,

@@ -27,16 +27,17 @@ namespace ddiloco {
 
 namespace {
 
-// ddp: the unit's gradients are summed to its leader, summed across leaders over the WAN
-// links (the leaders' ring, wan.hpp), averaged over every learner rank, and broadcast in the
-// unit.
-// A stop must be agreed: units in lock-step that stopped at different steps would leave one
-// waiting in the ring forever. Each leader votes (told to stop, by the syncer or a signal)
+// ddp's stop must be agreed: units in lock-step that stopped at different steps would leave
+// one waiting in the ring forever. Each leader votes (told to stop, by the syncer or a signal)
 // with its step's loss; every unit stops after the step in which any leader voted.
 struct StopVote {
   bool vote = false;    // leader: this unit wants to stop
   bool agreed = false;  // leader: some unit wanted to, at the step just made
 };
+
+// ddp: the unit's gradients are summed to its leader, summed across leaders over the WAN
+// links (the leaders' ring, wan.hpp), averaged over every learner rank, and broadcast in the
+// unit.
 
 UnitTrainer::GradientReducer hierarchical_reducer(const Topology& topo, int total_ranks,
                                                   std::shared_ptr<wan::WanRing> ring,
@@ -248,7 +249,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
 
   // The wire format's references (sync_window.hpp): Θ₀, the common initialisation; or, on
   // resume, the one in our file when it is at the checkpoint's version, else the checkpoint's
-  // Θ (checkpoint::resumed_reference; the syncer applies the same rule to the same file).
+  // Θ (checkpoint::has_reference; the syncer applies the same rule to the same file).
   if (topo.leader && plan.outer_steps)
     for (int p = 0; p < P; ++p) {
       std::span<float> theta(incoming.data(), layout.numel(p));
@@ -662,7 +663,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
 
     Stopwatch other_clock;
     if (topo.leader && (t % config.run.log_every == 0 || actions.stop)) {
-      log.write({{"event", "train"},
+      nlohmann::json e = {{"event", "train"},
                  {"unit", u},
                  {"step", t},
                  {"tokens", tokens},
@@ -675,11 +676,11 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
                  // emulation, publishing, applying, waiting for merges).
                  {"step_s", window_wall / window_steps},
                  {"publish_skipped", skipped},
-                 {"wan_up_bytes", ring ? ring->link().up.bytes() : 0},
-                 {"wan_down_bytes", ring ? ring->link().down.bytes() : 0},
                  // Where this rank's training stream stands (the leader's): what a resumed
                  // run must reproduce.
-                 {"data_cursor", {trainer.data()->cursor().epoch, trainer.data()->cursor().batch}}});
+                 {"data_cursor", {trainer.data()->cursor().epoch, trainer.data()->cursor().batch}}};
+      if (ring) e.update({{"wan_up_bytes", ring->link().up.bytes()}, {"wan_down_bytes", ring->link().down.bytes()}});
+      log.write(e);
       window_compute = window_wait = window_loss = window_wall = 0;
       window_steps = 0;
     }

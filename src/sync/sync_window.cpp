@@ -124,11 +124,6 @@ void LearnerWindow::set_residual(int p, std::span<const float> values) {
   residual_[p].assign(values.begin(), values.end());
 }
 
-size_t LearnerWindow::published_bytes(int p) const {
-  return static_cast<size_t>(
-      std::atomic_ref<int64_t>(word(layout_->header_offset(p) + kOutBytes * 8)).load(std::memory_order_relaxed));
-}
-
 int64_t LearnerWindow::publish(int p, std::span<const float> packed, const SnapshotMeta& meta) {
   if (packed.size() != layout_->numel(p))
     fail("publish: fragment {} has {} elements, got {}", p, layout_->numel(p), packed.size());
