@@ -337,6 +337,9 @@ def worst_decoupled(rows):
     finals = [r["val_loss"] for r in rows if r["mode"] == "decoupled" and r["val_loss"] is not None]
     if not finals:
         finals = [r["val_loss"] for r in rows if r["val_loss"] is not None]
+    if not finals:
+        sys.exit("wan_experiment: no finished run to take the target from: give --target LOSS "
+                 "(or add a decoupled run to --runs)")
     return max(finals)
 
 

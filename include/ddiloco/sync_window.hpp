@@ -106,8 +106,8 @@ enum Header : int {
 using ddiloco::checksum;
 
 /// Byte offsets of everything in a leader's window, the same on both sides, and the wire
-/// format. Outboxes and inboxes hold up to numel·4 bytes (raw fp32 fits); what crosses is
-/// what is written, kOutBytes / kInBytes.
+/// format. Outboxes and inboxes hold raw fp32 values or the encoding, whichever is larger;
+/// what crosses is what is written, kOutBytes / kInBytes.
 class WindowLayout {
  public:
   explicit WindowLayout(const FragmentPlan& plan, wire::Format format = wire::Format::fp32,
@@ -116,6 +116,8 @@ class WindowLayout {
   size_t block() const { return block_; }
   /// Bytes a difference (or fp32 values) of fragment p takes on the wire.
   size_t wire_bytes(int p) const { return wire::encoded_bytes(format_, numel_[p], block_); }
+  /// Bytes fragment p's outbox and inbox each hold: max(numel·4, wire_bytes(p)).
+  size_t capacity(int p) const { return capacity_[p]; }
   size_t bytes() const { return bytes_; }
   size_t header_block_bytes() const { return header_block_; }  ///< control + all headers
   static constexpr size_t control_offset() { return 0; }
@@ -126,7 +128,7 @@ class WindowLayout {
   int fragments() const { return static_cast<int>(numel_.size()); }
 
  private:
-  std::vector<size_t> outbox_, inbox_, numel_;
+  std::vector<size_t> outbox_, inbox_, numel_, capacity_;
   size_t header_block_ = 0, bytes_ = 0;
   wire::Format format_;
   size_t block_;

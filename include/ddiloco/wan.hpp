@@ -26,6 +26,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <span>
 #include <string>
@@ -110,6 +111,9 @@ class WanRing {
   const Link& link() const { return link_; }
   /// Seconds spent waiting for messages (emulated transfer time and peers) so far.
   double wait_s() const { return wait_s_; }
+  /// The fraction of this leader's link bandwidth left now, ∈ (0, 1] (chaos link
+  /// degradations); asked at every message. Default: 1.
+  void set_rate_factor(std::function<double()> factor) { rate_factor_ = std::move(factor); }
 
  private:
   MPI_Comm comm_;
@@ -118,6 +122,7 @@ class WanRing {
   int format_;  // wire::Format
   std::chrono::steady_clock::time_point t0_;
   double wait_s_ = 0;
+  std::function<double()> rate_factor_ = [] { return 1.0; };
   std::vector<std::byte> send_, recv_;
   std::vector<float> decoded_;
   double now() const;

@@ -72,7 +72,7 @@ void WanRing::allreduce_sum(std::span<float> data, bool raw) {
   // and latency), so that no clock is shared between ranks.
   auto step = [&](std::span<const std::byte> out, size_t in_bytes) {
     const double start = now();
-    const Transfer up = link_.up.transfer(out.size(), start, start);
+    const Transfer up = link_.up.transfer(out.size(), start, start, rate_factor_());
     const double ready_in = up.arrive_s - start;
     send_.resize(sizeof(double) + out.size());
     std::memcpy(send_.data(), &ready_in, sizeof(double));
@@ -87,7 +87,7 @@ void WanRing::allreduce_sum(std::span<float> data, bool raw) {
     const double received = now();
     double their_ready_in = 0;
     std::memcpy(&their_ready_in, recv_.data(), sizeof(double));
-    const Transfer down = link_.down.transfer(in_bytes, received, received + their_ready_in);
+    const Transfer down = link_.down.transfer(in_bytes, received, received + their_ready_in, rate_factor_());
     std::this_thread::sleep_for(std::chrono::duration<double>(std::max(0.0, down.arrive_s - now())));
     mpi::wait(requests[1]);
     wait_s_ += now() - start;

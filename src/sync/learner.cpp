@@ -270,6 +270,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   const double resumed_s = resume ? resume->syncer.elapsed_s : 0.0;
   auto job_time = [&] { return resumed_s + wall.seconds(); };
   faults.skip_crashes_before(resumed_s);
+  if (ring) ring->set_rate_factor([&] { return faults.link_factor_at(job_time()); });
 
   // Writes this unit's file of checkpoint `id` (collective over the unit: the leader gathers
   // every rank's data cursor). `lost`: the unit is down after a crash and has no parameters.

@@ -26,10 +26,13 @@ WindowLayout::WindowLayout(const FragmentPlan& plan, wire::Format format, size_t
   size_t off = align_up(header_block_);
   for (const auto& f : plan.fragments()) {
     numel_.push_back(f.numel);
+    // Room for raw fp32 values or the encoding, whichever is larger (int8 and int4 with very
+    // small blocks take more than 4 bytes per value).
+    capacity_.push_back(std::max(f.numel * sizeof(float), wire::encoded_bytes(format, f.numel, block)));
     outbox_.push_back(off);
-    off = align_up(off + f.numel * sizeof(float));
+    off = align_up(off + capacity_.back());
     inbox_.push_back(off);
-    off = align_up(off + f.numel * sizeof(float));
+    off = align_up(off + capacity_.back());
   }
   bytes_ = off;
 }
@@ -314,7 +317,7 @@ SyncerWindow::Fetched SyncerWindow::fetch(int u, int p, const UnitHeaders& heade
   const auto bytes = static_cast<size_t>(headers.header(p, kOutBytes));
   const size_t expected = raw ? dst.size_bytes() : layout_->wire_bytes(p);
   // Read what was announced, bounded by the outbox (a corrupt size is refused after the read).
-  const size_t read = std::min(bytes, dst.size_bytes());
+  const size_t read = std::min(bytes, layout_->capacity(p));
   scratch_.resize(read);
   MPI_Request request;
   // Fragments can exceed INT_MAX bytes; a raw one is read in floats (INT_MAX floats = 8 GiB).

@@ -147,6 +147,17 @@ class Syncer {
                              : 1;
   }
   bool unit_done(int u) const { return headers_[u].control(sync::kState) == sync::kDone; }
+  // Unit u has a snapshot of fragment p the syncer has not merged: read (or on its way), or
+  // still unread in its outbox.
+  bool snapshot_pending(int u, int p) const {
+    const Slot& s = slots_[u][p];
+    return s.fresh || headers_[u].header(p, sync::kOutSeq) > std::max(s.acked, s.unacked);
+  }
+  uint64_t down_link_bytes() const {
+    uint64_t b = 0;
+    for (const auto& l : wan_) b += l.down.bytes();
+    return b;
+  }
   // Alive and heard from within the heartbeat timeout: may be part of a quorum.
   bool unit_live(int u) const { return !unit_done(u) && !silent_[u]; }
   // Link degradation (chaos): a transfer of `bytes` to or from unit u takes this much longer
@@ -436,17 +447,20 @@ bool Syncer::merge_ready_fragments() {
   }
   for (int p = 0; p < fragments_.size(); ++p) {
     // A silent unit is out of every quorum until it reports again; its last snapshot waits.
+    // The final flush takes what has arrived: over an emulated WAN, a snapshot still on its
+    // way when the job ends never reaches the syncer (without one, a degraded link's delay
+    // is waived then).
     std::vector<int> fresh;
     for (int u = 0; u < M_; ++u)
       if (slots_[u][p].fresh && (!silent_[u] || stopping_) &&
-          (slots_[u][p].arrives_at <= now() || stopping_))
+          (slots_[u][p].arrives_at <= now() || (stopping_ && !wan_on_)))
         fresh.push_back(u);
     // Synchronous modes need every unit but those finished with nothing left to merge (all
     // finish on the same round; one that finished early must not hold the rest forever);
     // decoupled needs K (fewer if fewer are still alive). Once the job is ending, whatever
     // was published is merged: that is the final flush.
     int finished = 0;
-    for (int u = 0; u < M_; ++u) finished += unit_done(u) && !slots_[u][p].fresh;
+    for (int u = 0; u < M_; ++u) finished += unit_done(u) && !snapshot_pending(u, p);
     int needed = plan_.mode == Mode::decoupled ? std::min(plan_.quorum, std::max(live, 1)) : M_ - finished;
     if (stopping_ || done == M_) needed = 1;
     if (static_cast<int>(fresh.size()) < needed) continue;
@@ -509,7 +523,7 @@ void Syncer::merge(int p, const std::vector<int>& units) {
     prune_history(p);
   }
   downtime_.update(now(), nominal_period());
-  const uint64_t bytes_out_before = window_.bytes_written();
+  const uint64_t bytes_out_before = down_link_bytes();
   deliver_pending();
   for (int u = 0; u < M_; ++u)
     if (!unit_done(u)) window_.set_global_version(u, total_merges());
@@ -532,7 +546,7 @@ void Syncer::merge(int p, const std::vector<int>& units) {
               {"grace_window_s", plan_.mode == Mode::decoupled ? grace_.seconds() : 0.0},
               {"merge_s", sync_s},
               {"bytes_in", bytes_in},
-              {"bytes_out", window_.bytes_written() - bytes_out_before},
+              {"bytes_out", down_link_bytes() - bytes_out_before},  // sent now (lands later over a WAN)
               {"tokens", tokens_total()},
               {"elapsed_s", now()}});
 }
@@ -898,6 +912,9 @@ int Syncer::run() {
     try_complete_checkpoint(true);
   }
   const double train_end = now();
+  int64_t in_flight_at_end = 0;
+  for (const auto& unit : slots_)
+    for (const Slot& s : unit) in_flight_at_end += s.fresh;
   mpi::barrier_patient(topo_.sync_comm);  // the learners free their windows after this
   const uint64_t bytes_read = window_.bytes_read(), bytes_written = window_.bytes_written();
   window_.close();
@@ -960,6 +977,7 @@ int Syncer::run() {
               {"window_bytes", bytes_read + bytes_written},
               {"snapshots_rejected", rejected_},
               {"snapshots_superseded", superseded_},
+              {"snapshots_in_flight", in_flight_at_end},  // on a WAN link when the job ended: not merged
               {"interrupted", interrupted_by_ != 0},
               {"syncer_cpu_s", process_cpu_seconds()},
               // Over the learner ranks: useful compute ÷ allocated rank-time.

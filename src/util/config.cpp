@@ -1,5 +1,6 @@
 // The one table of configuration keys, and YAML reading/writing driven by it.
 #include "ddiloco/config.hpp"
+#include "ddiloco/wan.hpp"
 
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
@@ -603,6 +604,26 @@ void validate(const Config& c, const std::string& source) {
     if (!c.wan.unit_latency_ms.empty() && static_cast<int>(c.wan.unit_latency_ms.size()) != M)
       fail("wan.unit_latency_ms: must list units.count = {} entries, got {}", M,
            c.wan.unit_latency_ms.size());
+    // Links slower than 1 kbit/s or later than a minute are typing errors, not WANs (and their
+    // times would overflow the clocks that wait them out).
+    auto check_bandwidth = [](const char* key, double mbit_s) {
+      if (mbit_s != 0 && !(mbit_s >= 1e-3 && mbit_s <= 1e9))
+        fail("{}: must be 0 (unlimited) or in [0.001, 1e9] Mbit/s, got {}", key, mbit_s);
+    };
+    auto check_delay = [](const char* key, double ms) {
+      if (!(ms <= 60000)) fail("{}: must be ≤ 60000 ms, got {}", key, ms);
+    };
+    check_bandwidth("wan.bandwidth_mbit_s", c.wan.bandwidth_mbit_s);
+    for (double b : c.wan.unit_bandwidth_mbit_s) check_bandwidth("wan.unit_bandwidth_mbit_s", b);
+    check_delay("wan.latency_ms", c.wan.latency_ms);
+    check_delay("wan.jitter_ms", c.wan.jitter_ms);
+    for (double l : c.wan.unit_latency_ms) check_delay("wan.unit_latency_ms", l);
+    if (c.wan.block > (1 << 24)) fail("wan.block: must be ≤ {}, got {}", 1 << 24, c.wan.block);
+    if (!(c.wan.burst_kb <= 1 << 20)) fail("wan.burst_kb: must be ≤ {} KiB, got {}", 1 << 20, c.wan.burst_kb);
+    if (c.mode == Mode::single && wan::emulated(c))
+      fail("wan: links join learner units to the syncer and to each other; mode single has none "
+           "(choose mode ddp, diloco, streaming or decoupled, or leave wan.bandwidth_mbit_s, "
+           "latency_ms and jitter_ms at 0)");
     if (c.mode == Mode::ddp && c.wan.format != "fp32" && c.wan.format != "bf16")
       fail("wan.format: ddp all-reduces gradients over the links in fp32 or bf16, got {} (int8 "
            "and int4 are for the outer modes' outer gradients)",

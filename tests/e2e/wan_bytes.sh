@@ -49,6 +49,10 @@ for fmt in fp32 bf16 int8 int4; do
     --set wan.format=$fmt --set wan.block=32 > d_$fmt.log 2>&1 || { cat d_$fmt.log; fail "diloco $fmt failed"; }
   check d_$fmt diloco $fmt 32 || fail "diloco $fmt: byte counters"
 done
+# Blocks of one value: int8 then takes 5 bytes per value, more than fp32 (the windows make room).
+"${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config base.yaml --set mode=diloco --set run.dir=d_b1 \
+  --set wan.format=int8 --set wan.block=1 > d_b1.log 2>&1 || { cat d_b1.log; fail "diloco int8, block 1 failed"; }
+check d_b1 diloco int8 1 || fail "diloco int8, block 1: byte counters"
 # ddp without a limit, then over 8 Mbit/s links with 10 ms latency: 20 steps of 2 dependent
 # messages, each at least its bytes / 1 MB/s plus two latencies.
 "${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config base.yaml --set mode=ddp --set run.dir=p \
@@ -66,5 +70,32 @@ floor = 20 * 2 * ((2 * n / 2) / 1e6 + 2 * 0.010)  # steps · messages · (half t
 fast, slow = done("p")["train_s"], done("q")["train_s"]
 assert slow >= floor, (slow, floor)
 print(f"ok: ddp took {slow:.2f} s over 8 Mbit/s, 10 ms links (floor {floor:.2f} s), {fast:.2f} s unlimited")
+PY
+# One unit on a link so slow that its snapshots are still on the way when the budget is spent:
+# they are not merged (the final Θ is not pulled back to long-stale values), and say so.
+cat > slow.yaml <<'YAML'
+mode: decoupled
+run: {log_every: 50, progress: false}
+model: {n_layer: 1, n_head: 2, n_embd: 32, seq_len: 32}
+data: {train: text/train_*.bin, val: text/val_*.bin}
+train: {batch_size: 2, steps: 600, warmup_steps: 5}
+eval: {val_tokens: 512, sample_tokens: 0}
+units: {count: 3}
+outer: {fragments: 2, h: 20, overlap: 2}
+syncer: {quorum: 2, eval_every: 2}
+wan: {unit_bandwidth_mbit_s: [10, 10, 0.05]}
+YAML
+"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config slow.yaml --set run.dir=s > s.log 2>&1 || { cat s.log; fail "slow-link run failed"; }
+/usr/bin/python3 - <<'PY' || fail "the final flush merged snapshots still on their way"
+import json
+ev = [json.loads(l) for l in open("s/metrics.jsonl")]
+done = next(e for e in ev if e["event"] == "done")
+evals = [e["val_loss"] for e in ev if e["event"] == "global_eval" and "val_loss" in e and not e.get("final")]
+links = {l["unit"]: l for l in done["links"]}
+assert links[2]["up_messages"] < links[0]["up_messages"] / 3, links  # the slow link carried less
+assert "snapshots_in_flight" in done, done
+assert done["val_loss"] < 1.2 * min(evals), (done["val_loss"], min(evals))
+print(f"ok: slow unit sent {links[2]['up_messages']} snapshots (others {links[0]['up_messages']}); "
+      f"{done['snapshots_in_flight']} in flight at the end; final val_loss {done['val_loss']:.3f}, best before {min(evals):.3f}")
 PY
 echo "wan_bytes: passed"

@@ -106,6 +106,13 @@ TEST(WanRing, BandwidthAndLatencyShowInItsDuration) {
   EXPECT_GE(took, floor * 0.95);
   EXPECT_LT(took, floor + 2.0);  // generous: a loaded machine
   EXPECT_GE(ring.wait_s(), floor * 0.9);
+  // A degraded link (chaos: a quarter of the bandwidth left) takes four times as long on the wire.
+  ring.set_rate_factor([] { return 0.25; });
+  mpi::barrier_patient(MPI_COMM_WORLD);
+  const auto t1 = std::chrono::steady_clock::now();
+  ring.allreduce_sum(x);
+  const double degraded = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  EXPECT_GE(degraded, 2 * (M - 1) * (4 * 0.040 + 2 * 0.020) * 0.95);
 }
 
 }  // namespace

@@ -104,6 +104,24 @@ TEST(WanConfig, PerUnitOverridesAndUnits) {
   c.wan.unit_latency_ms = {1, 2};
   EXPECT_THROW(validate(c, "t.yaml"), Error);
   c.wan.unit_latency_ms.clear();
+  // Out of any WAN's range (and beyond what the clocks can wait out).
+  for (auto [key, value] : {std::pair<std::string, std::string>{"wan.latency_ms", "1e300"},
+                            {"wan.bandwidth_mbit_s", "1e-300"}, {"wan.jitter_ms", "1e9"},
+                            {"wan.block", "100000000"}}) {
+    Config bad = c;
+    apply_override(bad, key + "=" + value, "--set");
+    try {
+      validate(bad, "--set");
+      ADD_FAILURE() << key << "=" << value << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
+  Config single = c;
+  single.mode = Mode::single;
+  single.units.count = 1;
+  single.wan.unit_bandwidth_mbit_s.clear();
+  EXPECT_THROW(validate(single, "t.yaml"), Error);  // no links to emulate
   c.mode = Mode::ddp;
   c.wan.format = "int4";
   try {
