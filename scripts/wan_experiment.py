@@ -174,7 +174,10 @@ def groups(rows, target):
                  val_loss=mean(finals), val_loss_sd=spread(finals),
                  stopped_at_target=any(r["stopped_at_target"] for r in rs),
                  tokens=mean([r["tokens"] for r in rs]), train_s=mean([r["train_s"] for r in rs]))
-    return list(out.values())
+    # Fastest links first (0 = unlimited), then the runs in the order they were given.
+    order = {name: i for i, name in enumerate(dict.fromkeys(r["run"] for r in rows))}
+    return sorted(out.values(), key=lambda g: (-(float("inf") if g["bandwidth_mbit_s"] == 0 else g["bandwidth_mbit_s"]),
+                                                order[g["run"]]))
 
 
 def table(rows, target):

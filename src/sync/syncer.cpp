@@ -50,8 +50,7 @@ struct Slot {
   bool owed = false;
   double arrives_at = 0;              // the snapshot counts from then on (its link's arrival)
   size_t wire_bytes = 0;              // ... bytes it took on the wire
-  double deliver_at = -1;             // degraded link: the next delivery lands then (−1: none)
-  // Emulated WAN (wan.hpp): a snapshot read is acknowledged, freeing the unit's outbox, only
+  // The unit's link (wan.hpp): a snapshot read is acknowledged, freeing the unit's outbox, only
   // once its last byte has left the unit; a merged fragment lands in the inbox on arrival.
   int64_t unacked = 0;                // read, on its way: acknowledged at ack_at
   double ack_at = 0;
@@ -308,23 +307,24 @@ bool Syncer::collect() {
         s.owed = true;  // a unit waiting for a merge gets the current one
         continue;
       }
-      // A snapshot that supersedes one not merged yet arrives when that one would have (a
-      // unit on a slow link that publishes faster than its link carries still gets merged).
-      // On an emulated WAN it crosses the unit's up link: it counts from its arrival, and the
-      // outbox stays busy (the unit skips publishing) until its last byte has left.
+      // The snapshot crosses the unit's up link (ddp's θ for evaluation is not WAN traffic):
+      // it counts from its arrival, and the outbox stays busy (the unit skips publishing) until
+      // its last byte has left. Without wan.* the link is unlimited and a chaos degradation
+      // delays the arrival instead; a snapshot that supersedes one not merged yet then arrives
+      // when that one would have (a unit that publishes faster than its degraded link carries
+      // still gets merged). Over an emulated link it cannot outrun its own transfer.
       std::swap(s.data, incoming);
       s.wire_bytes = got.wire_bytes;
       if (s.fresh) ++superseded_;
-      if (!plan_.outer_steps) {
-        // ddp: unit 0 ships θ for evaluation; not WAN traffic (its gradients are, in the ring).
-      } else if (wan_on_) {
+      if (plan_.outer_steps) {
         const wan::Transfer t = wan_[u].up.transfer(got.wire_bytes, now(), now(), link_factor(u));
-        s.arrives_at = s.fresh ? std::max(s.arrives_at, t.arrive_s) : t.arrive_s;
-        s.unacked = seq;
-        s.ack_at = t.left_s;
-      } else {
-        wan_[u].up.transfer(got.wire_bytes, now());  // counted (an unlimited link)
-        if (!s.fresh) s.arrives_at = now() + link_delay_s(u, s.data.size() * sizeof(float));
+        const double arrival = t.arrive_s + link_delay_s(u, s.data.size() * sizeof(float));
+        if (!s.fresh) s.arrives_at = arrival;
+        else if (wan_on_) s.arrives_at = std::max(s.arrives_at, arrival);
+        if (t.left_s > now()) {
+          s.unacked = seq;
+          s.ack_at = t.left_s;
+        }
       }
       s.fresh = true;
       s.meta = meta;
@@ -584,33 +584,29 @@ bool Syncer::deliver_pending() {
     if (!unit_live(u) || !plan_.outer_steps) continue;
     for (int p = 0; p < fragments_.size(); ++p) {
       Slot& s = slots_[u][p];
-      if (wan_on_) {
-        // Emulated WAN: Θ_p as it was when sent lands on arrival; the next waits for it.
-        if (s.outgoing_version > 0) {
-          if (now() < s.lands_at) continue;
-          window_.deliver(u, p, s.outgoing_version, s.outgoing);
-          s.delivered = s.outgoing_version;
-          s.outgoing_version = 0;
-          any = true;
-        }
-        if (!s.owed || s.delivered >= version_[p] || headers_[u].header(p, sync::kInAck) != s.delivered) continue;
-        s.owed = false;
-        s.outgoing = theta_[p];
-        s.outgoing_version = version_[p];
-        s.lands_at = wan_[u].down.transfer(window_.delivery_bytes(u, p), now(), now(), link_factor(u)).arrive_s;
+      // Θ_p as it was when sent lands on arrival over the unit's down link (an unlimited link,
+      // unless wan.* limits it or a chaos degradation slows it); the next waits for it.
+      if (s.outgoing_version > 0) {
+        if (now() < s.lands_at) continue;
+        window_.deliver(u, p, s.outgoing_version, s.outgoing);
+        s.delivered = s.outgoing_version;
+        s.outgoing_version = 0;
         any = true;
-        continue;
       }
-      if (!s.owed || s.delivered >= version_[p]) continue;
-      // Flow control: the unit must have taken what we delivered before.
-      if (headers_[u].header(p, sync::kInAck) != s.delivered) continue;
-      if (s.deliver_at < 0) s.deliver_at = now() + link_delay_s(u, theta_[p].size() * sizeof(float));
-      if (now() < s.deliver_at) continue;  // still on its way over a degraded link
-      s.deliver_at = -1;
-      wan_[u].down.transfer(window_.deliver(u, p, version_[p], theta_[p]), now());
-      s.delivered = version_[p];
+      // Owed a merge, and (flow control) the unit took what we delivered before.
+      if (!s.owed || s.delivered >= version_[p] || headers_[u].header(p, sync::kInAck) != s.delivered) continue;
       s.owed = false;
       any = true;
+      const double lands = wan_[u].down.transfer(window_.delivery_bytes(u, p), now(), now(), link_factor(u)).arrive_s +
+                           link_delay_s(u, theta_[p].size() * sizeof(float));
+      if (lands <= now()) {
+        window_.deliver(u, p, version_[p], theta_[p]);
+        s.delivered = version_[p];
+      } else {
+        s.outgoing = theta_[p];
+        s.outgoing_version = version_[p];
+        s.lands_at = lands;
+      }
     }
   }
   return any;
