@@ -124,8 +124,6 @@ def run_one(run, bandwidth, args, run_dir, target):
     evals = [e for e in events if e["event"] == "global_eval"]
     steps = [e["step_s"] for f in os.listdir(run_dir) if f.startswith("unit_") and f.endswith(".jsonl")
              for e in read_events(os.path.join(run_dir, f)) if e["event"] == "train" and "step_s" in e]
-    compute = [e["tokens_per_s"] for f in os.listdir(run_dir) if f.startswith("unit_") and f.endswith(".jsonl")
-               for e in read_events(os.path.join(run_dir, f)) if e["event"] == "train" and e.get("tokens_per_s")]
     return {
         "run": run["name"], "mode": run["mode"], "bandwidth_mbit_s": bandwidth,
         "parameters": start["parameters"], "format": done["wan_format"],
@@ -135,7 +133,6 @@ def run_one(run, bandwidth, args, run_dir, target):
         "bytes": done["bytes_across_units"], "bytes_per_token": done["bytes_per_token"],
         "links": done["links"], "merges": done["merges"],
         "step_s_median": sorted(steps)[len(steps) // 2] if steps else None,
-        "unit_tokens_per_s_median": sorted(compute)[len(compute) // 2] if compute else None,
         "curve": [(e["tokens"], e["elapsed_s"], e["val_loss"]) for e in evals],
     }
 

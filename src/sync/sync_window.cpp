@@ -16,6 +16,16 @@ namespace ddiloco::sync {
 namespace {
 constexpr size_t kAlign = 64;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+// An RMA transfer of `bytes` as an MPI count and type: counts are int, so whole floats where
+// the size allows (up to 8 GiB), bytes otherwise (an odd-sized int4 encoding).
+struct RmaCount {
+  int count;
+  MPI_Datatype type;
+};
+RmaCount rma_count(size_t bytes) {
+  if (bytes % sizeof(float) == 0) return {static_cast<int>(bytes / sizeof(float)), MPI_FLOAT};
+  return {static_cast<int>(bytes), MPI_BYTE};
+}
 }  // namespace
 
 WindowLayout::WindowLayout(const FragmentPlan& plan, wire::Format format, size_t block)
@@ -321,9 +331,7 @@ SyncerWindow::Fetched SyncerWindow::fetch(int u, int p, const UnitHeaders& heade
   scratch_.resize(read);
   MPI_Request request;
   // Fragments can exceed INT_MAX bytes; a raw one is read in floats (INT_MAX floats = 8 GiB).
-  const bool whole_floats = read % sizeof(float) == 0;
-  const int count = static_cast<int>(whole_floats ? read / sizeof(float) : read);
-  const MPI_Datatype type = whole_floats ? MPI_FLOAT : MPI_BYTE;
+  const auto [count, type] = rma_count(read);
   mpi::check(MPI_Rget(scratch_.data(), count, type, u + 1, static_cast<MPI_Aint>(layout_->outbox_offset(p)),
                       count, type, win_, &request),
              "Rget(snapshot)");
@@ -406,9 +414,7 @@ size_t SyncerWindow::deliver(int u, int p, int64_t version, std::span<const floa
     bytes = scratch_;
   }
   MPI_Request request;
-  const bool whole_floats = bytes.size() % sizeof(float) == 0;
-  const int count = static_cast<int>(whole_floats ? bytes.size() / sizeof(float) : bytes.size());
-  const MPI_Datatype type = whole_floats ? MPI_FLOAT : MPI_BYTE;
+  const auto [count, type] = rma_count(bytes.size());
   mpi::check(MPI_Rput(bytes.data(), count, type, u + 1, static_cast<MPI_Aint>(layout_->inbox_offset(p)),
                       count, type, win_, &request),
              "Rput(fragment)");
