@@ -72,7 +72,8 @@ assert slow >= floor, (slow, floor)
 print(f"ok: ddp took {slow:.2f} s over 8 Mbit/s, 10 ms links (floor {floor:.2f} s), {fast:.2f} s unlimited")
 PY
 # One unit on a link so slow that its snapshots are still on the way when the budget is spent:
-# they are not merged (the final Θ is not pulled back to long-stale values), and say so.
+# they are not merged (merging clears a snapshot's slot, so `snapshots_in_flight` counts only
+# those the final flush left out; before, the flush merged them at once, long stale).
 cat > slow.yaml <<'YAML'
 mode: decoupled
 run: {log_every: 50, progress: false}
@@ -90,12 +91,10 @@ YAML
 import json
 ev = [json.loads(l) for l in open("s/metrics.jsonl")]
 done = next(e for e in ev if e["event"] == "done")
-evals = [e["val_loss"] for e in ev if e["event"] == "global_eval" and "val_loss" in e and not e.get("final")]
 links = {l["unit"]: l for l in done["links"]}
 assert links[2]["up_messages"] < links[0]["up_messages"] / 3, links  # the slow link carried less
-assert "snapshots_in_flight" in done, done
-assert done["val_loss"] < 1.2 * min(evals), (done["val_loss"], min(evals))
+assert done["snapshots_in_flight"] >= 1, done
 print(f"ok: slow unit sent {links[2]['up_messages']} snapshots (others {links[0]['up_messages']}); "
-      f"{done['snapshots_in_flight']} in flight at the end; final val_loss {done['val_loss']:.3f}, best before {min(evals):.3f}")
+      f"{done['snapshots_in_flight']} still on their way at the end, not merged; final val_loss {done['val_loss']:.3f}")
 PY
 echo "wan_bytes: passed"
