@@ -17,190 +17,27 @@
 
 #include "ddiloco/chaos.hpp"
 #include "ddiloco/error.hpp"
+#include "util/config_schema.hpp"
 
 namespace ddiloco {
 
 namespace {
 
-// A check returns an empty string when the value is acceptable, else what was expected
-// ("must be > 0").
-template <typename T>
-using Check = std::function<std::string(const T&)>;
+using config_schema::Check;
+using config_schema::Entry;
+using config_schema::at_least;
+using config_schema::each_at_least;
+using config_schema::in_int_range;
+using config_schema::in_range;
+using config_schema::non_empty;
+using config_schema::one_of;
+using config_schema::parse_value;
+using config_schema::positive;
 
-struct Entry {
-  std::string key;
-  std::string doc;
-  // Parses `node` into the config; throws Error("<what the value should be>, got <value>").
-  std::function<void(Config&, const YAML::Node&)> parse;
-  std::function<std::string(const Config&)> show;
-  bool is_string = false;
-  bool is_list = false;
-};
+constexpr const char* kListHint = "`ddiloco config --list` shows the known keys";
 
-std::string scalar_text(const YAML::Node& node) {
-  if (node.IsScalar()) return node.Scalar().empty() ? "''" : node.Scalar();
-  if (node.IsNull()) return "(empty)";
-  std::ostringstream os;
-  os << YAML::Dump(node);
-  return os.str();
-}
-
-template <typename T>
-T parse_value(const YAML::Node& node);
-
-// Plain decimal notation only: digits, sign, point, exponent (no hex, inf, nan).
-bool looks_decimal(const std::string& text) {
-  if (text.empty()) return false;
-  for (char c : text)
-    if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '-' || c == '+' || c == '.' ||
-          c == 'e' || c == 'E'))
-      return false;
-  return true;
-}
-
-template <typename T>
-struct is_vector : std::false_type {};
-template <typename T>
-struct is_vector<std::vector<T>> : std::true_type {};
-
-template <typename V>
-V parse_list(const YAML::Node& node) {
-  using T = typename V::value_type;
-  V out;
-  if (node.IsNull()) return out;
-  if (!node.IsSequence()) fail("expected a list like [1, 2], got '{}'", scalar_text(node));
-  for (size_t i = 0; i < node.size(); ++i) {
-    try {
-      out.push_back(parse_value<T>(node[i]));
-    } catch (const Error& e) {
-      fail("element {}: {}", i, e.what());
-    }
-  }
-  return out;
-}
-
-template <typename T>
-T parse_value(const YAML::Node& node) {
-  if constexpr (is_vector<T>::value) {
-    return parse_list<T>(node);
-  } else {
-  if (!node.IsScalar()) fail("expected a single value, got '{}'", scalar_text(node));
-  const std::string& text = node.Scalar();
-  if constexpr (std::is_same_v<T, std::string>) {
-    return text;
-  } else if constexpr (std::is_same_v<T, bool>) {
-    std::string lower = text;
-    std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
-    if (lower == "true" || lower == "yes" || lower == "on" || lower == "1") return true;
-    if (lower == "false" || lower == "no" || lower == "off" || lower == "0") return false;
-    fail("expected true or false, got '{}'", text);
-  } else if constexpr (std::is_integral_v<T>) {
-    if (!looks_decimal(text)) fail("expected an integer, got '{}'", text);
-    T value{};
-    const char* end = text.data() + text.size();
-    auto [ptr, ec] = std::from_chars(text.data(), end, value);
-    if (ec == std::errc() && ptr == end) return value;
-    // Integral values written in floating-point notation ("1e6") are accepted.
-    char* dend = nullptr;
-    const double d = std::strtod(text.c_str(), &dend);
-    const bool integral = *dend == '\0' && std::isfinite(d) && d == std::floor(d);
-    if (ec == std::errc::result_out_of_range ||
-        (integral && (d < static_cast<double>(std::numeric_limits<T>::min()) ||
-                      d > static_cast<double>(std::numeric_limits<T>::max()))))
-      fail("out of range [{}, {}], got '{}'", std::numeric_limits<T>::min(),
-           std::numeric_limits<T>::max(), text);
-    if (integral) return static_cast<T>(d);
-    fail("expected an integer, got '{}'", text);
-  } else {
-    if (!looks_decimal(text)) fail("expected a finite number, got '{}'", text);
-    char* dend = nullptr;
-    const double d = std::strtod(text.c_str(), &dend);
-    if (*dend != '\0' || !std::isfinite(d)) fail("expected a finite number, got '{}'", text);
-    return static_cast<T>(d);
-  }
-  }
-}
-
-template <typename T>
-std::string show_value(const T& v) {
-  if constexpr (is_vector<T>::value) {
-    std::string out = "[";
-    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + show_value(v[i]);
-    return out + "]";
-  } else if constexpr (std::is_same_v<T, std::string>) {
-    return v;
-  } else if constexpr (std::is_same_v<T, bool>) {
-    return v ? "true" : "false";
-  } else if constexpr (std::is_floating_point_v<T>) {
-    return fmt::format("{}", v);
-  } else {
-    return std::to_string(v);
-  }
-}
-
-template <typename T, typename Access>
-Entry field(std::string key, Access access, std::string doc, Check<T> check = {}) {
-  Entry e;
-  e.key = std::move(key);
-  e.doc = std::move(doc);
-  e.is_string = std::is_same_v<T, std::string>;
-  e.is_list = is_vector<T>::value;
-  e.parse = [access, check](Config& c, const YAML::Node& node) {
-    T value = parse_value<T>(node);
-    if (check) {
-      if (std::string problem = check(value); !problem.empty())
-        fail("{}, got {}", problem, scalar_text(node));
-    }
-    access(c) = value;
-  };
-  e.show = [access](const Config& c) { return show_value(access(const_cast<Config&>(c))); };
-  return e;
-}
-
-template <typename T>
-Check<T> at_least(T lo) {
-  return [lo](const T& v) { return v >= lo ? "" : fmt::format("must be ≥ {}", lo); };
-}
-inline Check<int> in_int_range(int lo, int hi) {
-  return [lo, hi](const int& v) {
-    return v >= lo && v <= hi ? "" : fmt::format("must be in [{}, {}]", lo, hi);
-  };
-}
-template <typename T>
-Check<T> positive() {
-  return [](const T& v) { return v > 0 ? "" : std::string("must be > 0"); };
-}
-inline Check<double> in_range(double lo, double hi, bool lo_open, bool hi_open) {
-  return [=](const double& v) {
-    const bool ok = (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
-    return ok ? "" : fmt::format("must be in {}{}, {}{}", lo_open ? "(" : "[", lo, hi,
-                                 hi_open ? ")" : "]");
-  };
-}
-inline Check<std::string> one_of(std::vector<std::string> options) {
-  return [options](const std::string& v) {
-    std::string list;
-    for (const auto& o : options) {
-      if (o == v) return std::string();
-      list += (list.empty() ? "" : ", ") + o;
-    }
-    return "must be one of " + list;
-  };
-}
-template <typename T>
-Check<std::vector<T>> each_at_least(T lo) {
-  return [lo](const std::vector<T>& v) {
-    for (const T& x : v)
-      if (x < lo) return fmt::format("every element must be ≥ {}", lo);
-    return std::string();
-  };
-}
-inline Check<std::string> non_empty() {
-  return [](const std::string& v) { return v.empty() ? "must not be empty" : ""; };
-}
-
-Entry mode_field() {
-  Entry e;
+Entry<Config> mode_field() {
+  Entry<Config> e;
   e.key = "mode";
   e.doc = "single (one unit, no syncer) | ddp | diloco | streaming | decoupled";
   e.is_string = true;
@@ -218,10 +55,10 @@ Entry mode_field() {
 }
 
 #define DDILOCO_FIELD(T, KEY, MEMBER, DOC, ...) \
-  field<T>(KEY, [](Config& c) -> T& { return c.MEMBER; }, DOC __VA_OPT__(, ) __VA_ARGS__)
+  config_schema::field<T, Config>(KEY, [](Config& c) -> T& { return c.MEMBER; }, DOC __VA_OPT__(, ) __VA_ARGS__)
 
-const std::vector<Entry>& entries() {
-  static const std::vector<Entry> table = {
+const std::vector<Entry<Config>>& entries() {
+  static const std::vector<Entry<Config>> table = {
       mode_field(),
       // run
       DDILOCO_FIELD(std::string, "run.dir", run.dir,
@@ -454,80 +291,6 @@ const std::vector<Entry>& entries() {
 
 #undef DDILOCO_FIELD
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-const Entry& find_entry(const std::string& key, const std::string& source) {
-  for (const auto& e : entries())
-    if (e.key == key) return e;
-  const Entry* best = nullptr;
-  size_t best_d = 4;  // only suggest close matches
-  for (const auto& e : entries()) {
-    const size_t d = edit_distance(key, e.key);
-    if (d < best_d) {
-      best_d = d;
-      best = &e;
-    }
-  }
-  if (best) fail("{}: unknown key '{}' (did you mean '{}'?)", source, key, best->key);
-  fail("{}: unknown key '{}' (`ddiloco config --list` shows the known keys)", source, key);
-}
-
-bool is_section(const std::string& key) {
-  for (const auto& e : entries())
-    if (e.key.starts_with(key + ".")) return true;
-  return false;
-}
-
-void set_entry(Config& config, const std::string& key, const YAML::Node& node,
-               const std::string& source) {
-  if (is_section(key))
-    fail("{}: {}: is a section, expected a mapping of its keys, got '{}'", source, key,
-         scalar_text(node));
-  const Entry& e = find_entry(key, source);
-  try {
-    e.parse(config, node);
-  } catch (const Error& err) {
-    fail("{}: {}: {}", source, key, err.what());
-  }
-}
-
-void load_node(Config& config, const YAML::Node& node, const std::string& prefix,
-               const std::string& source) {
-  if (node.IsNull()) return;
-  if (!node.IsMap()) {
-    if (prefix.empty()) fail("{}: expected a mapping of sections at the top level", source);
-    set_entry(config, prefix, node, source);
-    return;
-  }
-  std::set<std::string> seen;
-  for (const auto& kv : node) {
-    const std::string name = kv.first.as<std::string>();
-    const std::string key = prefix.empty() ? name : prefix + "." + name;
-    if (!seen.insert(name).second)
-      fail("{}: line {}: duplicate key '{}'", source, kv.first.Mark().line + 1, key);
-    if (kv.second.IsMap()) {
-      // A section; but a mapping given to a leaf key is a type error, not a section.
-      if (!is_section(key)) {
-        find_entry(key, source);  // unknown key → its own message
-        fail("{}: {}: expected a single value, got a mapping", source, key);
-      }
-      load_node(config, kv.second, key, source);
-    } else {
-      set_entry(config, key, kv.second, source);
-    }
-  }
-}
-
 }  // namespace
 
 const char* mode_name(Mode mode) {
@@ -563,23 +326,7 @@ int Config::world_size() const {
 }
 
 void apply_override(Config& config, const std::string& assignment, const std::string& source) {
-  const size_t eq = assignment.find('=');
-  if (eq == std::string::npos || eq == 0)
-    fail("{}: expected key=value, got '{}'", source, assignment);
-  const std::string key = assignment.substr(0, eq);
-  const std::string value = assignment.substr(eq + 1);
-  const Entry& e = find_entry(key, source);
-  YAML::Node node;
-  if (e.is_string) {
-    node = YAML::Node(value);
-  } else {
-    try {
-      node = YAML::Load(value);
-    } catch (const YAML::Exception& ex) {
-      fail("{}: {}: cannot parse '{}': {}", source, key, value, ex.msg);
-    }
-  }
-  set_entry(config, key, node, source);
+  config_schema::apply_override(entries(), kListHint, config, assignment, source);
 }
 
 void validate(const Config& c, const std::string& source) {
@@ -677,7 +424,7 @@ namespace {
 Config load_root(const YAML::Node& root, const std::string& source,
                  const std::vector<std::string>& overrides) {
   Config config;
-  if (root) load_node(config, root, "", source);
+  if (root) config_schema::load_node(entries(), kListHint, config, root, "", source);
   for (const auto& o : overrides) apply_override(config, o, "--set");
   validate(config, overrides.empty() ? source : source + " with --set");
   return config;
@@ -704,46 +451,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return load_root(parse_yaml([&] { return YAML::LoadFile(path); }, path), path, overrides);
 }
 
-std::string to_yaml(const Config& config) {
-  // Top-level keys first, then sections, each in table order.
-  YAML::Emitter out;
-  out << YAML::BeginMap;
-  auto emit_value = [&](const Entry& e) {
-    const std::string value = e.show(config);
-    if (e.is_string)
-      out << YAML::DoubleQuoted << value;
-    else if (e.is_list) {
-      // Flow style for this list only ([1, 1, 2]); block style everywhere else.
-      const YAML::Node list = YAML::Load(value);
-      out << YAML::Flow << YAML::BeginSeq;
-      for (const auto& item : list) out << item.Scalar();
-      out << YAML::EndSeq;
-    }
-    else
-      out << value;
-  };
-  for (const auto& e : entries()) {
-    if (e.key.find('.') != std::string::npos) continue;
-    out << YAML::Key << e.key << YAML::Value;
-    emit_value(e);
-  }
-  std::string section;
-  for (const auto& e : entries()) {
-    const size_t dot = e.key.find('.');
-    if (dot == std::string::npos) continue;
-    const std::string s = e.key.substr(0, dot);
-    if (s != section) {
-      if (!section.empty()) out << YAML::EndMap;
-      out << YAML::Key << s << YAML::Value << YAML::BeginMap;
-      section = s;
-    }
-    out << YAML::Key << e.key.substr(dot + 1) << YAML::Value;
-    emit_value(e);
-  }
-  if (!section.empty()) out << YAML::EndMap;
-  out << YAML::EndMap;
-  return std::string(out.c_str()) + "\n";
-}
+std::string to_yaml(const Config& config) { return config_schema::to_yaml(entries(), config); }
 
 std::vector<ConfigKeyDoc> config_keys(const Config& config) {
   std::vector<ConfigKeyDoc> docs;
