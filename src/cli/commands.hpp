@@ -36,4 +36,25 @@ struct BenchCheckpointOptions {
 /// "unit_pause_steps=<n>" (a unit's pause to write its file, in inner steps).
 int bench_checkpoint(const BenchCheckpointOptions& options);
 
+struct SimulateOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  bool sweep = false;      // the grid sweep.chips × strategies
+  bool json = false;       // JSON instead of tables
+  bool list = false;       // print the keys
+  bool markdown = false;   // --list as a Markdown table
+  bool calibrate = false;  // fit the unstated parameters to the paper's column
+};
+/// The goodput simulator (simulate.hpp): a table or JSON per strategy, or the sweep grid.
+int simulate(const SimulateOptions& options);
+
+struct BenchSimulateOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  double budget_s = 10;  // the acceptance budget of one simulated run
+};
+/// Real time of one simulated run per strategy beside the budget; last line
+/// "slowest_run_s=<s> budget_s=<s> ratio=<r>"; exit status 1 when over budget.
+int bench_simulate(const BenchSimulateOptions& options);
+
 }  // namespace ddiloco::cli

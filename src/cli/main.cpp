@@ -9,6 +9,7 @@
 #include <omp.h>
 
 #include "cli/commands.hpp"
+#include "cli/key_table.hpp"
 #include "ddiloco/chaos.hpp"
 #include "ddiloco/checkpoint.hpp"
 #include "ddiloco/config.hpp"
@@ -31,8 +32,9 @@ struct ConfigArgs {
   std::vector<std::string> overrides;
   bool overwrite = false;
   std::string resume;
-  void add_to(CLI::App* app, bool required) {
-    app->add_option("--config,-c", path, "YAML run configuration (configs/*.yaml)")
+  void add_to(CLI::App* app, bool required,
+              const std::string& what = "YAML run configuration (configs/*.yaml)") {
+    app->add_option("--config,-c", path, what)
         ->required(required)
         ->check(CLI::ExistingFile);
     app->add_option("--set,-s", overrides, "override a key: --set train.lr=1e-3 (repeatable)");
@@ -202,24 +204,7 @@ int cmd_config(const ConfigArgs& args, bool list, const std::string& get, bool r
     fail("--get: unknown key '{}'", get);
   }
   if (list) {
-    if (markdown) {
-      std::printf("| key | default | meaning |\n|---|---|---|\n");
-      // A '|' inside a cell would end it: Markdown wants it escaped.
-      const auto cell = [](const std::string& s) {
-        std::string out;
-        for (const char c : s) {
-          if (c == '|') out += '\\';
-          out += c;
-        }
-        return out;
-      };
-      for (const auto& k : config_keys())
-        std::printf("| `%s` | `%s` | %s |\n", k.key.c_str(), cell(k.default_value).c_str(),
-                    cell(k.doc).c_str());
-      return 0;
-    }
-    for (const auto& k : config_keys())
-      std::printf("%-26s %-22s %s\n", k.key.c_str(), k.default_value.c_str(), k.doc.c_str());
+    cli::print_key_table(config_keys(), markdown);
     return 0;
   }
   std::printf("%s", to_yaml(load_config(args.path, args.overrides)).c_str());
@@ -307,6 +292,14 @@ int main(int argc, char** argv) {
   bench_model->add_option("--steps", bench_opts.steps, "timed steps")->check(CLI::PositiveNumber);
   bench_model->add_option("--warmup", bench_opts.warmup, "untimed steps first")
       ->check(CLI::NonNegativeNumber);
+  cli::BenchSimulateOptions bench_sim;
+  ConfigArgs bench_sim_args;
+  auto* bench_simulate = bench->add_subcommand(
+      "simulate", "real time of one simulated run per strategy against a budget, one core");
+  bench_sim_args.add_to(bench_simulate, false,
+                        "YAML simulator configuration (configs/sim/*.yaml)");
+  bench_simulate->add_option("--budget", bench_sim.budget_s, "seconds allowed for one run")
+      ->check(CLI::PositiveNumber);
   cli::BenchCheckpointOptions bench_ckpt;
   ConfigArgs bench_ckpt_args;
   auto* bench_checkpoint = bench->add_subcommand(
@@ -330,6 +323,18 @@ int main(int argc, char** argv) {
   config->add_flag("--ranks", print_ranks,
                    "print the MPI ranks the job needs (1 syncer + the units' ranks; 1 for single)");
 
+  cli::SimulateOptions sim_opts;
+  ConfigArgs sim_args;
+  auto* simulate = app.add_subcommand(
+      "simulate", "goodput simulator: dp, elastic dp and decoupled on N failing chips");
+  sim_args.add_to(simulate, false, "YAML simulator configuration (configs/sim/*.yaml)");
+  simulate->add_flag("--sweep", sim_opts.sweep, "the grid sweep.chips × strategies");
+  simulate->add_flag("--json", sim_opts.json, "JSON instead of tables");
+  simulate->add_flag("--list", sim_opts.list, "print every simulator key, default and meaning");
+  simulate->add_flag("--markdown", sim_opts.markdown, "with --list: a Markdown table");
+  simulate->add_flag("--calibrate", sim_opts.calibrate,
+                     "fit chips.recovery_minutes and elastic.rescale_seconds to calibration.*");
+
   ConfigArgs chaos_args;
   std::string chaos_out;
   auto* chaos_cmd = app.add_subcommand(
@@ -350,7 +355,8 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  const bool needs_mpi = train->parsed() || eval->parsed() || bench->parsed();
+  const bool needs_mpi = train->parsed() || eval->parsed() ||
+                        (bench->parsed() && !bench_simulate->parsed());
   std::optional<mpi::Session> session;
   try {
     if (needs_mpi) session.emplace(&argc, &argv);
@@ -371,6 +377,16 @@ int main(int argc, char** argv) {
       bench_ckpt.config = bench_ckpt_args.path;
       bench_ckpt.overrides = bench_ckpt_args.overrides;
       return cli::bench_checkpoint(bench_ckpt);
+    }
+    if (bench_simulate->parsed()) {
+      bench_sim.config = bench_sim_args.path;
+      bench_sim.overrides = bench_sim_args.overrides;
+      return cli::bench_simulate(bench_sim);
+    }
+    if (simulate->parsed()) {
+      sim_opts.config = sim_args.path;
+      sim_opts.overrides = sim_args.overrides;
+      return cli::simulate(sim_opts);
     }
     if (chaos_cmd->parsed()) return cmd_chaos(chaos_args, chaos_out);
     if (config->parsed()) return cmd_config(config_args, list_keys, get_key, print_ranks, markdown);

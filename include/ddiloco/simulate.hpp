@@ -1,0 +1,163 @@
+// Goodput simulator: a discrete-event model of one pre-training run on N chips that fail,
+// for planning a deployment (learner units M, quorum K, checkpoint interval) before renting
+// a cluster. It reproduces the comparison of the paper's chaos simulation (Douillard et al.
+// 2026, arXiv 2604.21428, "Reported results"; ../shared/design/paper_notes.md): data
+// parallel without elasticity, elastic data parallel, and Decoupled DiLoCo, 150k–2.4M chips,
+// every chip failing on average once a year.
+//
+// The model (README "Goodput simulator" states it in full):
+//   * Faults. Chip failures are a Poisson process: each healthy chip fails at rate
+//     1/chips.mtbi_hours; a failed chip is back (repaired or replaced by a spare) after a
+//     recovery time drawn from chips.recovery (fixed | exponential | lognormal). The fault
+//     trace depends on sim.seed and the chips.* keys only, so every strategy faces the same
+//     failures (common random numbers), and a unit is the chips [m·N/M, (m+1)·N/M).
+//   * Speed. Optional per-chip speed variance (chips.speed_sigma): a chip's step-time factor
+//     is exp(σ·|z|) ≥ 1, z ~ N(0,1) (nominal is a chip's best speed), redrawn when it is
+//     replaced; a synchronous group steps at its slowest chip.
+//   * dp: one group; any failure stops every chip until all failed chips are back, then a
+//     restart (dp.restart_seconds, itself interruptible); the work since the last completed
+//     checkpoint (every dp.checkpoint_minutes, writing costs dp.checkpoint_seconds) is lost.
+//   * elastic_dp: one group; a failure loses the step in progress and pauses every chip for
+//     elastic.rescale_seconds, then the survivors continue; a recovered chip rejoins after
+//     another such pause.
+//   * decoupled: M units of N/M chips, each elastic on its own chips or down until its
+//     chips are back (decoupled.on_chip_failure); a down unit loses its state, i.e. the work
+//     since its last merged snapshot, and rejoins from Θ (decoupled.rejoin_seconds). A unit
+//     publishes a snapshot every H inner steps and never waits; the syncer merges once K
+//     units have fresh snapshots and all live ones have reported or the adaptive grace
+//     window (paper_notes.md, Syncer step 2) has passed. Work counts as useful once merged.
+// Outputs: goodput = useful chip-time ÷ allocated chip-time (N × wall time), the uptime of
+// the global model (fraction of wall time with outer progress: the job computing, or at
+// least K units computing), where the rest of the chip-time went, and the quorum sizes of
+// the merges.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ddiloco::sim {
+
+enum class Strategy { dp, elastic_dp, decoupled };
+const char* strategy_name(Strategy s);
+/// Throws ddiloco::Error naming `source` for anything but dp | elastic_dp | decoupled.
+Strategy parse_strategy(const std::string& name, const std::string& source);
+
+/// Recovery-time distribution of a failed chip.
+enum class Distribution { fixed, exponential, lognormal };
+
+struct SimConfig {
+  // sim
+  double days = 30;          ///< simulated wall time per run, days
+  int64_t seed = 1;          ///< fault trace and chip speeds
+  int repeats = 1;           ///< independent runs (seeds seed, seed+1, ...) averaged
+  std::vector<std::string> strategies = {"dp", "elastic_dp", "decoupled"};
+  // chips
+  int64_t chips = 150'000;             ///< N, allocated for the whole run
+  bool failures = true;                ///< false: no chip ever fails
+  double mtbi_hours = 8760;            ///< mean time between interruptions of one chip, hours
+  std::string recovery = "fixed";      ///< fixed | exponential | lognormal
+  double recovery_minutes = 5;         ///< mean time until a failed chip is back, minutes
+  double recovery_sigma = 0.5;         ///< lognormal: σ of log(recovery time)
+  double speed_sigma = 0;              ///< σ of a chip's log step-time factor; 0 = all equal
+  // train
+  double step_seconds = 5;  ///< one inner (data-parallel) step of a group at nominal speed
+  // dp
+  double checkpoint_minutes = 0;    ///< compute between checkpoints; 0 = Young–Daly optimum
+  double checkpoint_seconds = 2;    ///< writing one checkpoint (every chip paused)
+  double restart_seconds = 60;      ///< restart from a checkpoint once every chip is back
+  // elastic (elastic_dp, and decoupled units with on_chip_failure: elastic)
+  double rescale_seconds = 10;  ///< every chip of the group paused when a chip leaves or rejoins
+  // decoupled
+  int learners = 4;                          ///< M units of N/M chips
+  int quorum = 1;                            ///< K
+  int h = 100;                               ///< inner steps between two snapshots
+  int overlap = 2;                           ///< τ, in inner steps (grace window budget)
+  double grace_gamma = 0.5;                  ///< γ of the adaptive grace window
+  double grace_cap_steps = 1;                ///< grace window cap, in inner steps
+  double merge_seconds = 1;                  ///< ξ_sync: one merge and its transfer
+  std::string on_chip_failure = "elastic";   ///< elastic | down
+  double rejoin_seconds = 60;                ///< down unit: fetch Θ and restart
+  // calibration (`ddiloco simulate --calibrate`): the paper's goodputs at chips.count
+  double calibration_dp = 0.72;
+  double calibration_elastic_dp = 0.88;
+  std::vector<double> calibration_decoupled = {0.94, 0.96, 0.98, 0.99};  ///< per sweep.learners
+  // sweep
+  std::vector<int64_t> sweep_chips = {150'000, 300'000, 600'000, 1'200'000, 2'400'000};
+  std::vector<int> sweep_learners = {2, 4, 8, 16};
+
+  Distribution recovery_distribution() const;
+  /// dp's compute between checkpoints, seconds: checkpoint_minutes, or with 0 the Young–Daly
+  /// first-order optimum √(2·δ·MTBF) for the job's failure rate (Young 1974, Daly 2006);
+  /// infinite without failures.
+  double checkpoint_interval_s() const;
+};
+
+/// Loads a simulator config (YAML with sections sim, chips, train, dp, elastic, decoupled,
+/// sweep; `ddiloco simulate --list` prints every key) plus `key=value` overrides; an empty
+/// path gives the defaults. Throws ddiloco::Error naming the file or --set, the key and the
+/// expected value.
+SimConfig load_sim_config(const std::string& path, const std::vector<std::string>& overrides);
+/// The effective config as YAML.
+std::string to_yaml(const SimConfig& config);
+struct SimKeyDoc {
+  std::string key, default_value, doc;
+};
+std::vector<SimKeyDoc> sim_config_keys(const SimConfig& config = SimConfig{});
+
+/// Where the allocated chip-time went, chip-seconds. The fields add up to chips × wall time.
+struct ChipTime {
+  double useful = 0;      ///< compute that reached the model (checkpointed, merged, or at the end)
+  double lost = 0;        ///< compute thrown away: since a checkpoint, a partial step, a lost unit
+  double down = 0;        ///< chips idle: failed, or their group down or restarting
+  double paused = 0;      ///< re-scale pauses
+  double checkpoint = 0;  ///< writing checkpoints
+  double straggler = 0;   ///< chips waiting for the slowest chip of their group
+  double total() const { return useful + lost + down + paused + checkpoint + straggler; }
+};
+
+struct SimResult {
+  Strategy strategy = Strategy::dp;
+  int64_t chips = 0;
+  int learners = 1;  ///< M (1 for dp and elastic_dp)
+  int quorum = 1;
+  int repeats = 1;
+  double wall_seconds = 0;       ///< simulated, per run
+  double goodput = 0;            ///< useful ÷ allocated chip-time, mean over repeats
+  double goodput_stddev = 0;     ///< across repeats (0 with one)
+  double uptime = 0;             ///< fraction of wall time with outer progress
+  ChipTime chip_time;            ///< summed over repeats
+  int64_t failures = 0;          ///< chip failures, summed over repeats
+  int64_t checkpoints = 0;       ///< dp
+  int64_t merges = 0;            ///< decoupled
+  /// quorum_sizes[k] = merges that took k snapshots (k = 0..M), decoupled only.
+  std::vector<int64_t> quorum_sizes;
+  double checkpoint_interval_s = 0;  ///< dp's interval in use
+  double run_seconds = 0;            ///< real time the simulation took, all repeats
+  int64_t events = 0;                ///< events processed, all repeats
+};
+
+/// One strategy on the config's chips (learners and quorum from the config for decoupled;
+/// when M does not divide N the units differ by one chip), `config.repeats` runs, seeds
+/// config.seed, config.seed + 1, ... Deterministic: the same config gives the same result.
+/// Throws ddiloco::Error for a config load_sim_config would refuse (e.g. quorum > learners).
+SimResult simulate(const SimConfig& config, Strategy strategy);
+
+/// The paper-style grid: every chip count of sweep.chips × (dp, elastic_dp, decoupled for
+/// each M of sweep.learners), in that order.
+std::vector<SimResult> sweep(const SimConfig& config);
+
+nlohmann::json to_json(const SimResult& r);
+
+/// Closed-form goodput of dp with exponential failures of total rate Λ = N/MTBI, a fixed
+/// recovery R, restart S and compute τ between checkpoints costing δ (all seconds), failures
+/// possible while down and while restarting: downtime per failure
+///   D = ((e^{ΛR} − 1) + (1 − e^{−ΛS})) / (Λ·e^{−ΛS}),
+/// expected wall time per checkpointed segment E = (e^{Λ(τ+δ)} − 1)·(1/Λ + D), goodput τ/E.
+/// (Renewal argument as in Daly 2006, with failures during recovery.)
+double dp_goodput_closed_form(double lambda_per_s, double recovery_s, double restart_s,
+                              double interval_s, double checkpoint_s);
+
+}  // namespace ddiloco::sim

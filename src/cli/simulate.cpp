@@ -1,0 +1,209 @@
+// `ddiloco simulate` and `ddiloco bench simulate`: the goodput simulator's front end
+// (tables, JSON, the sweep grid, calibration against the paper's 150k-chip column).
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli/commands.hpp"
+#include "cli/key_table.hpp"
+#include "ddiloco/error.hpp"
+#include "ddiloco/simulate.hpp"
+
+namespace ddiloco::cli {
+
+namespace {
+
+using sim::SimConfig;
+using sim::SimResult;
+using sim::Strategy;
+
+std::string percent(double x) { return fmt::format("{:.1f} %", 100 * x); }
+
+std::string row_name(const SimResult& r) {
+  switch (r.strategy) {
+    case Strategy::dp: return "dp";
+    case Strategy::elastic_dp: return "elastic_dp";
+    case Strategy::decoupled: return fmt::format("decoupled M={} K={}", r.learners, r.quorum);
+  }
+  return "?";
+}
+
+std::string describe(const SimConfig& c, const std::string& source) {
+  const double job_mtbf_s = c.mtbi_hours * 3600 / static_cast<double>(c.chips);
+  return fmt::format(
+      "{}: {} chips, {}, recovery {} {:.3g} min, step {:.3g} s, {:.3g} days × {} run{}",
+      source.empty() ? "defaults" : source, c.chips,
+      c.failures ? fmt::format("MTBI {:.4g} h per chip (a failure every {:.3g} s)",
+                               c.mtbi_hours, job_mtbf_s)
+                 : std::string("no failures"),
+      c.recovery, c.recovery_minutes, c.step_seconds, c.days, c.repeats,
+      c.repeats > 1 ? "s" : "");
+}
+
+void print_table(const std::vector<SimResult>& results) {
+  std::printf("%-22s %9s %8s %7s %6s %6s %7s %6s %9s %9s\n", "strategy", "goodput", "uptime",
+              "lost", "down", "paused", "ckpt", "strag", "failures", "merges");
+  for (const auto& r : results) {
+    const double all = r.chip_time.total();
+    auto share = [&](double x) { return all > 0 ? percent(x / all) : std::string("-"); };
+    std::string goodput = percent(r.goodput);
+    if (r.repeats > 1) goodput += fmt::format(" ±{:.1f}", 100 * r.goodput_stddev);
+    std::printf("%-22s %9s %8s %7s %6s %6s %7s %6s %9lld %9s\n", row_name(r).c_str(),
+                goodput.c_str(), percent(r.uptime).c_str(), share(r.chip_time.lost).c_str(),
+                share(r.chip_time.down).c_str(), share(r.chip_time.paused).c_str(),
+                share(r.chip_time.checkpoint).c_str(), share(r.chip_time.straggler).c_str(),
+                static_cast<long long>(r.failures),
+                r.strategy == Strategy::decoupled ? std::to_string(r.merges).c_str() : "-");
+  }
+  for (const auto& r : results) {
+    if (r.strategy == Strategy::dp && std::isfinite(r.checkpoint_interval_s))
+      std::printf("dp checkpoints every %.0f s of compute (%lld written)\n",
+                  r.checkpoint_interval_s, static_cast<long long>(r.checkpoints));
+    if (r.strategy != Strategy::decoupled || r.merges == 0) continue;
+    std::string line;
+    for (size_t k = 1; k < r.quorum_sizes.size(); ++k)
+      if (r.quorum_sizes[k] > 0)
+        line += fmt::format("  {}: {:.1f} %", k,
+                            100.0 * static_cast<double>(r.quorum_sizes[k]) /
+                                static_cast<double>(r.merges));
+    std::printf("%s quorum sizes (share of merges):%s\n", row_name(r).c_str(), line.c_str());
+  }
+}
+
+void print_grid(const SimConfig& c, const std::vector<SimResult>& results) {
+  std::printf("goodput (rows: strategy, columns: chips)\n%-14s", "");
+  for (int64_t n : c.sweep_chips)
+    std::printf(" %9s", n >= 1'000'000 ? fmt::format("{:.3g}M", n / 1e6).c_str()
+                                       : fmt::format("{:.3g}k", n / 1e3).c_str());
+  std::printf("\n");
+  const size_t per_column = 2 + c.sweep_learners.size();
+  for (size_t row = 0; row < per_column; ++row) {
+    const SimResult& first = results[row];
+    std::string name = first.strategy == Strategy::decoupled
+                           ? fmt::format("decoupled M={}", first.learners)
+                           : std::string(strategy_name(first.strategy));
+    std::printf("%-14s", name.c_str());
+    for (size_t col = 0; col < c.sweep_chips.size(); ++col)
+      std::printf(" %9s", percent(results[col * per_column + row].goodput).c_str());
+    std::printf("\n");
+  }
+}
+
+// Bisection for the value of `knob` in [lo, hi] at which `goodput(value)` (decreasing in it)
+// equals `target`; geometric when lo > 0.
+template <typename F>
+double fit_decreasing(F goodput, double target, double lo, double hi) {
+  for (int i = 0; i < 50; ++i) {
+    const double mid = lo > 0 ? std::sqrt(lo * hi) : 0.5 * (lo + hi);
+    if (goodput(mid) > target)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+int calibrate(SimConfig c) {
+  if (c.calibration_decoupled.size() != c.sweep_learners.size())
+    fail("calibration.decoupled: must list one goodput per sweep.learners ({} values), got {}",
+         c.sweep_learners.size(), c.calibration_decoupled.size());
+  std::printf("calibrating on %lld chips, %.3g days × %d runs (seed %lld)\n",
+              static_cast<long long>(c.chips), c.days, c.repeats,
+              static_cast<long long>(c.seed));
+  // dp does not depend on the re-scale pause; elastic_dp barely on the recovery time (the
+  // failed chips' own idle time), so the two fits are done in that order.
+  c.recovery_minutes = fit_decreasing(
+      [&](double minutes) {
+        SimConfig t = c;
+        t.recovery_minutes = minutes;
+        return sim::simulate(t, Strategy::dp).goodput;
+      },
+      c.calibration_dp, 1e-4, 1e4);
+  c.rescale_seconds = fit_decreasing(
+      [&](double seconds) {
+        SimConfig t = c;
+        t.rescale_seconds = seconds;
+        return sim::simulate(t, Strategy::elastic_dp).goodput;
+      },
+      c.calibration_elastic_dp, 0, 1e5);
+  std::printf("fitted: chips.recovery_minutes: %.4g   elastic.rescale_seconds: %.4g\n",
+              c.recovery_minutes, c.rescale_seconds);
+  std::printf("%-16s %9s %9s %9s\n", "strategy", "paper", "simulated", "residual");
+  auto line = [](const std::string& name, double paper, double simulated) {
+    std::printf("%-16s %9s %9s %+8.1f pt\n", name.c_str(), percent(paper).c_str(),
+                percent(simulated).c_str(), 100 * (simulated - paper));
+  };
+  line("dp", c.calibration_dp, sim::simulate(c, Strategy::dp).goodput);
+  line("elastic_dp", c.calibration_elastic_dp, sim::simulate(c, Strategy::elastic_dp).goodput);
+  for (size_t i = 0; i < c.sweep_learners.size(); ++i) {
+    SimConfig t = c;
+    t.learners = c.sweep_learners[i];
+    t.quorum = std::min(c.quorum, t.learners);
+    line(fmt::format("decoupled M={}", t.learners), c.calibration_decoupled[i],
+         sim::simulate(t, Strategy::decoupled).goodput);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int simulate(const SimulateOptions& o) {
+  if (o.list) {
+    print_key_table(sim::sim_config_keys(), o.markdown);
+    return 0;
+  }
+  const SimConfig c = sim::load_sim_config(o.config, o.overrides);
+  if (o.calibrate) return calibrate(c);
+  if (o.sweep) {
+    const std::vector<SimResult> grid = sim::sweep(c);
+    if (o.json) {
+      nlohmann::json out = nlohmann::json::array();
+      for (const auto& r : grid)
+        out.push_back({{"strategy", strategy_name(r.strategy)},
+                       {"chips", r.chips},
+                       {"learners", r.learners},
+                       {"goodput", r.goodput}});
+      std::printf("%s\n", out.dump(1).c_str());
+      return 0;
+    }
+    std::printf("%s\n", describe(c, o.config).c_str());
+    print_grid(c, grid);
+    return 0;
+  }
+  std::vector<SimResult> results;
+  for (const auto& name : c.strategies)
+    results.push_back(sim::simulate(c, sim::parse_strategy(name, "sim.strategies")));
+  if (o.json) {
+    nlohmann::json out = {{"config", o.config}, {"results", nlohmann::json::array()}};
+    for (const auto& r : results) out["results"].push_back(sim::to_json(r));
+    std::printf("%s\n", out.dump(1).c_str());
+    return 0;
+  }
+  std::printf("%s\n", describe(c, o.config).c_str());
+  print_table(results);
+  return 0;
+}
+
+int bench_simulate(const BenchSimulateOptions& o) {
+  SimConfig c = sim::load_sim_config(o.config, o.overrides);
+  std::printf("%s\n", describe(c, o.config.empty() ? "defaults" : o.config).c_str());
+  std::printf("%-22s %10s %12s %12s %10s\n", "strategy", "run_s", "events", "events/s",
+              "of_budget");
+  double worst = 0;
+  for (const auto& name : c.strategies) {
+    const SimResult r = sim::simulate(c, sim::parse_strategy(name, "sim.strategies"));
+    const double per_run = r.run_seconds / r.repeats;
+    worst = std::max(worst, per_run);
+    std::printf("%-22s %10.3f %12lld %12.3g %9.1f%%\n", row_name(r).c_str(), per_run,
+                static_cast<long long>(r.events / r.repeats),
+                static_cast<double>(r.events) / r.run_seconds, 100 * per_run / o.budget_s);
+  }
+  std::printf("slowest_run_s=%.3f budget_s=%.3g ratio=%.3f\n", worst, o.budget_s,
+              worst / o.budget_s);
+  return worst <= o.budget_s ? 0 : 1;
+}
+
+}  // namespace ddiloco::cli

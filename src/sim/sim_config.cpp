@@ -1,0 +1,210 @@
+// The simulator's table of configuration keys (configs/sim/*.yaml), read and written with
+// the same machinery as the run configuration.
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "ddiloco/error.hpp"
+#include "ddiloco/simulate.hpp"
+#include "util/config_schema.hpp"
+
+namespace ddiloco::sim {
+
+namespace {
+
+using config_schema::at_least;
+using config_schema::Entry;
+using config_schema::in_range;
+using config_schema::one_of;
+using config_schema::positive;
+
+constexpr const char* kListHint = "`ddiloco simulate --list` shows the known keys";
+
+#define SIM_FIELD(T, KEY, MEMBER, DOC, ...)                                                 \
+  config_schema::field<T, SimConfig>(KEY, [](SimConfig& c) -> T& { return c.MEMBER; }, DOC \
+                                     __VA_OPT__(, ) __VA_ARGS__)
+
+config_schema::Check<std::vector<std::string>> strategy_list() {
+  return [](const std::vector<std::string>& v) -> std::string {
+    if (v.empty()) return "must name at least one of dp, elastic_dp, decoupled";
+    for (const auto& s : v)
+      if (s != "dp" && s != "elastic_dp" && s != "decoupled")
+        return "every element must be one of dp, elastic_dp, decoupled";
+    return "";
+  };
+}
+template <typename T>
+config_schema::Check<std::vector<T>> positive_list() {
+  return [](const std::vector<T>& v) -> std::string {
+    if (v.empty()) return "must not be empty";
+    for (const T& x : v)
+      if (x <= 0) return "every element must be > 0";
+    return "";
+  };
+}
+
+const std::vector<Entry<SimConfig>>& entries() {
+  static const std::vector<Entry<SimConfig>> table = {
+      // sim
+      SIM_FIELD(double, "sim.days", days, "simulated wall time of one run, days",
+                in_range(0, 3650, true, false)),
+      SIM_FIELD(int64_t, "sim.seed", seed, "seed of the fault trace and the chip speeds",
+                at_least<int64_t>(0)),
+      SIM_FIELD(int, "sim.repeats", repeats,
+                "independent runs per result (seeds seed, seed+1, ...), averaged",
+                config_schema::in_int_range(1, 1000)),
+      SIM_FIELD(std::vector<std::string>, "sim.strategies", strategies,
+                "what `ddiloco simulate` runs: dp, elastic_dp, decoupled", strategy_list()),
+      // chips
+      SIM_FIELD(int64_t, "chips.count", chips, "N, chips allocated for the whole run",
+                at_least<int64_t>(1)),
+      SIM_FIELD(bool, "chips.failures", failures, "false: no chip ever fails"),
+      SIM_FIELD(double, "chips.mtbi_hours", mtbi_hours,
+                "mean time between interruptions of one chip, hours (Poisson failures)",
+                positive<double>()),
+      SIM_FIELD(std::string, "chips.recovery", recovery,
+                "distribution of the time until a failed chip is back: fixed | exponential | "
+                "lognormal",
+                one_of({"fixed", "exponential", "lognormal"})),
+      SIM_FIELD(double, "chips.recovery_minutes", recovery_minutes,
+                "mean time until a failed chip is back (repaired or replaced), minutes",
+                positive<double>()),
+      SIM_FIELD(double, "chips.recovery_sigma", recovery_sigma,
+                "lognormal recovery: σ of the log of the recovery time",
+                in_range(0, 5, false, false)),
+      SIM_FIELD(double, "chips.speed_sigma", speed_sigma,
+                "chip speed variance: step-time factor exp(σ·|z|), z ~ N(0,1); a group steps "
+                "at its slowest chip; 0 = all chips equal",
+                in_range(0, 2, false, false)),
+      // train
+      SIM_FIELD(double, "train.step_seconds", step_seconds,
+                "one inner step of a synchronous group at nominal speed, seconds",
+                positive<double>()),
+      // dp
+      SIM_FIELD(double, "dp.checkpoint_minutes", checkpoint_minutes,
+                "dp: compute between checkpoints, minutes; 0 = Young-Daly optimum "
+                "sqrt(2 * checkpoint_seconds * job MTBF)",
+                at_least(0.0)),
+      SIM_FIELD(double, "dp.checkpoint_seconds", checkpoint_seconds,
+                "dp: writing one checkpoint, seconds (every chip waits)", at_least(0.0)),
+      SIM_FIELD(double, "dp.restart_seconds", restart_seconds,
+                "dp: restart from the checkpoint once every failed chip is back, seconds",
+                at_least(0.0)),
+      // elastic
+      SIM_FIELD(double, "elastic.rescale_seconds", rescale_seconds,
+                "elastic_dp and elastic units: pause of every chip of the group when a chip "
+                "leaves or rejoins, seconds",
+                at_least(0.0)),
+      // decoupled
+      SIM_FIELD(int, "decoupled.learners", learners, "M, learner units of N/M chips",
+                config_schema::in_int_range(1, 4096)),
+      SIM_FIELD(int, "decoupled.quorum", quorum, "K, fresh snapshots needed for a merge",
+                config_schema::in_int_range(1, 4096)),
+      SIM_FIELD(int, "decoupled.h", h, "H, inner steps between two snapshots of a unit",
+                config_schema::in_int_range(1, 1'000'000)),
+      SIM_FIELD(int, "decoupled.overlap", overlap,
+                "τ, inner steps a merge may take to come back (grace window budget)",
+                config_schema::in_int_range(0, 1'000'000)),
+      SIM_FIELD(double, "decoupled.grace_gamma", grace_gamma,
+                "γ of the adaptive grace window g = clamp(γ(τ·ξ_step − ξ_quorum − ξ_sync), 0, "
+                "cap)",
+                in_range(0, 1, false, false)),
+      SIM_FIELD(double, "decoupled.grace_cap_steps", grace_cap_steps,
+                "cap of the grace window, inner steps", at_least(0.0)),
+      SIM_FIELD(double, "decoupled.merge_seconds", merge_seconds,
+                "ξ_sync: one merge and its transfer, seconds", at_least(0.0)),
+      SIM_FIELD(std::string, "decoupled.on_chip_failure", on_chip_failure,
+                "elastic: the unit pauses and goes on with its other chips | down: the unit "
+                "stops until its chips are back, loses its unmerged work, rejoins from Θ",
+                one_of({"elastic", "down"})),
+      SIM_FIELD(double, "decoupled.rejoin_seconds", rejoin_seconds,
+                "down units: fetch Θ and restart once the chips are back, seconds",
+                at_least(0.0)),
+      // calibration
+      SIM_FIELD(double, "calibration.dp", calibration_dp,
+                "--calibrate: the paper's dp goodput at chips.count (fits chips.recovery_minutes)",
+                in_range(0, 1, true, true)),
+      SIM_FIELD(double, "calibration.elastic_dp", calibration_elastic_dp,
+                "--calibrate: the paper's elastic_dp goodput at chips.count (fits "
+                "elastic.rescale_seconds)",
+                in_range(0, 1, true, true)),
+      SIM_FIELD(std::vector<double>, "calibration.decoupled", calibration_decoupled,
+                "--calibrate: the paper's decoupled goodputs at chips.count, one per "
+                "sweep.learners (compared, not fitted)"),
+      // sweep
+      SIM_FIELD(std::vector<int64_t>, "sweep.chips", sweep_chips,
+                "--sweep: the chip counts (columns)", positive_list<int64_t>()),
+      SIM_FIELD(std::vector<int>, "sweep.learners", sweep_learners,
+                "--sweep: the values of M for decoupled (rows)", positive_list<int>()),
+  };
+  return table;
+}
+
+#undef SIM_FIELD
+
+void validate(const SimConfig& c, const std::string& source) {
+  if (c.learners > c.chips)
+    fail("{}: decoupled.learners: must be ≤ chips.count = {}, got {}", source, c.chips,
+         c.learners);
+  if (c.quorum > c.learners)
+    fail("{}: decoupled.quorum: must be ≤ decoupled.learners = {}, got {}", source, c.learners,
+         c.quorum);
+  for (int m : c.sweep_learners)
+    for (int64_t n : c.sweep_chips)
+      if (m > n)
+        fail("{}: sweep.learners: {} units need at least {} chips, sweep.chips has {}", source,
+             m, m, n);
+  // Events per simulated run grow with chips × days / MTBI; keep a typo from running for
+  // hours: 2.4M chips for a year is about 2.4M failures.
+  const double failures =
+      c.failures ? static_cast<double>(c.chips) * c.days * 24 / c.mtbi_hours : 0;
+  if (failures > 5e7)
+    fail("{}: chips.count × sim.days / chips.mtbi_hours: about {:.3g} failures per run, more "
+         "than the 5e7 this simulator handles in reasonable time",
+         source, failures);
+}
+
+}  // namespace
+
+Distribution SimConfig::recovery_distribution() const {
+  if (recovery == "exponential") return Distribution::exponential;
+  if (recovery == "lognormal") return Distribution::lognormal;
+  return Distribution::fixed;
+}
+
+double SimConfig::checkpoint_interval_s() const {
+  if (checkpoint_minutes > 0) return checkpoint_minutes * 60;
+  if (!failures) return std::numeric_limits<double>::infinity();
+  const double job_mtbf_s = mtbi_hours * 3600 / static_cast<double>(chips);
+  return std::sqrt(2 * checkpoint_seconds * job_mtbf_s);
+}
+
+SimConfig load_sim_config(const std::string& path, const std::vector<std::string>& overrides) {
+  SimConfig c;
+  std::string source = "defaults";
+  if (!path.empty()) {
+    source = path;
+    if (!std::filesystem::exists(path)) fail("{}: config file not found", path);
+    YAML::Node root;
+    try {
+      root = YAML::LoadFile(path);
+    } catch (const YAML::Exception& ex) {
+      fail("{}: line {}: {}", path, ex.mark.line + 1, ex.msg);
+    }
+    config_schema::load_node(entries(), kListHint, c, root, "", path);
+  }
+  for (const auto& o : overrides) config_schema::apply_override(entries(), kListHint, c, o, "--set");
+  validate(c, overrides.empty() ? source : source + " with --set");
+  return c;
+}
+
+std::string to_yaml(const SimConfig& config) { return config_schema::to_yaml(entries(), config); }
+
+std::vector<SimKeyDoc> sim_config_keys(const SimConfig& config) {
+  std::vector<SimKeyDoc> docs;
+  for (const auto& e : entries()) docs.push_back({e.key, e.show(config), e.doc});
+  return docs;
+}
+
+}  // namespace ddiloco::sim

@@ -1,0 +1,258 @@
+// The goodput simulator: exact where the answer is known (no failures, the closed form for
+// dp, M = 1 decoupled against elastic dp), chip-time that adds up, reproducible from its seed,
+// and configs refused with the key named.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "ddiloco/error.hpp"
+#include "ddiloco/simulate.hpp"
+
+namespace ddiloco::sim {
+namespace {
+
+SimConfig small_config() {
+  SimConfig c;
+  c.chips = 1200;
+  c.mtbi_hours = 1000;  // a failure of the job every 50 minutes
+  c.days = 60;
+  c.recovery_minutes = 6;
+  c.rescale_seconds = 30;
+  c.step_seconds = 5;
+  c.learners = 4;
+  c.quorum = 2;
+  c.h = 20;
+  return c;
+}
+
+double relative(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-300); }
+
+TEST(Simulate, NoFailuresMeansFullGoodputForEveryStrategy) {
+  SimConfig c = small_config();
+  c.failures = false;
+  for (int m : {1, 3, 4}) {
+    c.learners = m;
+    c.quorum = 1;
+    for (Strategy s : {Strategy::dp, Strategy::elastic_dp, Strategy::decoupled}) {
+      const SimResult r = simulate(c, s);
+      EXPECT_NEAR(r.goodput, 1.0, 1e-12) << strategy_name(s) << " M=" << m;
+      EXPECT_NEAR(r.uptime, 1.0, 1e-12) << strategy_name(s);
+      EXPECT_EQ(r.failures, 0);
+    }
+  }
+  // dp with no failures needs no checkpoint: the Young–Daly interval is infinite.
+  EXPECT_TRUE(std::isinf(c.checkpoint_interval_s()));
+}
+
+TEST(Simulate, DataParallelMatchesTheClosedForm) {
+  // Exponential failures, fixed recovery and restart, fixed checkpoint interval; ten
+  // simulated years so that the estimate's noise is well under 1 %.
+  for (const auto& [recovery_min, restart_s, interval_min, ckpt_s] :
+       std::vector<std::tuple<double, double, double, double>>{
+           {6, 180, 20, 60}, {30, 600, 10, 30}, {1, 30, 60, 120}}) {
+    SimConfig c = small_config();
+    c.chips = 1000;
+    c.days = 3650;
+    c.recovery_minutes = recovery_min;
+    c.restart_seconds = restart_s;
+    c.checkpoint_minutes = interval_min;
+    c.checkpoint_seconds = ckpt_s;
+    const SimResult r = simulate(c, Strategy::dp);
+    const double lambda = static_cast<double>(c.chips) / (c.mtbi_hours * 3600);
+    const double expected = dp_goodput_closed_form(lambda, recovery_min * 60, restart_s,
+                                                   interval_min * 60, ckpt_s);
+    EXPECT_LT(relative(r.goodput, expected), 0.01)
+        << "recovery " << recovery_min << " min: simulated " << r.goodput << ", closed form "
+        << expected;
+    EXPECT_GT(r.failures, 50'000);
+  }
+}
+
+TEST(Simulate, ClosedFormLimits) {
+  // No failures: only the checkpoint cost is lost.
+  EXPECT_DOUBLE_EQ(dp_goodput_closed_form(0, 60, 60, 900, 100), 0.9);
+  // Rare failures: goodput → τ/(τ+δ) from below.
+  const double g = dp_goodput_closed_form(1e-9, 60, 60, 900, 100);
+  EXPECT_LT(g, 0.9);
+  EXPECT_GT(g, 0.9 - 1e-5);
+}
+
+TEST(Simulate, OneLearnerUnitIsElasticDataParallel) {
+  for (double sigma : {0.0, 0.05}) {
+    for (const char* recovery : {"fixed", "lognormal"}) {
+      SimConfig c = small_config();
+      c.learners = 1;
+      c.quorum = 1;
+      c.speed_sigma = sigma;
+      c.recovery = recovery;
+      const SimResult elastic = simulate(c, Strategy::elastic_dp);
+      const SimResult decoupled = simulate(c, Strategy::decoupled);
+      EXPECT_LT(relative(decoupled.goodput, elastic.goodput), 1e-9)
+          << recovery << " σ=" << sigma << ": " << decoupled.goodput << " vs "
+          << elastic.goodput;
+      EXPECT_LT(relative(decoupled.uptime, elastic.uptime), 1e-9);
+      EXPECT_LT(relative(decoupled.chip_time.lost, elastic.chip_time.lost), 1e-9);
+      EXPECT_LT(relative(decoupled.chip_time.paused, elastic.chip_time.paused), 1e-9);
+      EXPECT_EQ(decoupled.failures, elastic.failures);
+      EXPECT_LT(elastic.goodput, 0.999);  // failures did cost something
+    }
+  }
+}
+
+TEST(Simulate, ChipTimeAddsUpToTheAllocation) {
+  SimConfig c = small_config();
+  c.speed_sigma = 0.03;
+  c.recovery = "exponential";
+  for (const char* policy : {"elastic", "down"}) {
+    c.on_chip_failure = policy;
+    for (Strategy s : {Strategy::dp, Strategy::elastic_dp, Strategy::decoupled}) {
+      const SimResult r = simulate(c, s);
+      const double allocated = static_cast<double>(c.chips) * c.days * 86400;
+      EXPECT_LT(relative(r.chip_time.total(), allocated), 1e-9) << strategy_name(s) << policy;
+      EXPECT_NEAR(r.goodput, r.chip_time.useful / allocated, 1e-12);
+      for (double part : {r.chip_time.useful, r.chip_time.lost, r.chip_time.down,
+                          r.chip_time.paused, r.chip_time.checkpoint, r.chip_time.straggler})
+        EXPECT_GE(part, -1e-6 * allocated) << strategy_name(s) << policy;
+    }
+  }
+}
+
+TEST(Simulate, SameSeedSameOutputDifferentSeedDifferent) {
+  SimConfig c = small_config();
+  c.speed_sigma = 0.02;
+  c.recovery = "lognormal";
+  for (Strategy s : {Strategy::dp, Strategy::elastic_dp, Strategy::decoupled}) {
+    nlohmann::json a = to_json(simulate(c, s));
+    nlohmann::json b = to_json(simulate(c, s));
+    a.erase("run_seconds");
+    b.erase("run_seconds");
+    EXPECT_EQ(a.dump(), b.dump()) << strategy_name(s);
+    SimConfig other = c;
+    other.seed = c.seed + 1;
+    EXPECT_NE(simulate(other, s).goodput, simulate(c, s).goodput) << strategy_name(s);
+  }
+}
+
+TEST(Simulate, RepeatsAverageIndependentSeeds) {
+  SimConfig c = small_config();
+  c.repeats = 3;
+  const SimResult r = simulate(c, Strategy::elastic_dp);
+  double sum = 0;
+  for (int i = 0; i < 3; ++i) {
+    SimConfig one = c;
+    one.repeats = 1;
+    one.seed = c.seed + i;
+    sum += simulate(one, Strategy::elastic_dp).goodput;
+  }
+  EXPECT_NEAR(r.goodput, sum / 3, 1e-12);
+  EXPECT_GT(r.goodput_stddev, 0);
+}
+
+TEST(Simulate, MoreUnitsLoseLessToEachFailure) {
+  SimConfig c = small_config();
+  c.quorum = 1;
+  double previous = simulate(c, Strategy::elastic_dp).goodput;
+  for (int m : {2, 4, 8}) {
+    c.learners = m;
+    const double g = simulate(c, Strategy::decoupled).goodput;
+    EXPECT_GT(g, previous) << "M=" << m;
+    previous = g;
+  }
+}
+
+TEST(Simulate, QuorumDecidesUptimeAndMergeSizes) {
+  SimConfig c = small_config();
+  c.on_chip_failure = "down";
+  c.learners = 4;
+  c.quorum = 1;
+  const SimResult any = simulate(c, Strategy::decoupled);
+  c.quorum = 4;
+  const SimResult all = simulate(c, Strategy::decoupled);
+  // K = 1: some unit almost always computes; K = M stalls whenever a unit is down.
+  EXPECT_GT(any.uptime, 0.999);
+  EXPECT_LT(all.uptime, any.uptime - 0.01);
+  // With K = M every merge holds all four snapshots.
+  ASSERT_EQ(all.quorum_sizes.size(), 5u);
+  EXPECT_GT(all.merges, 0);
+  EXPECT_EQ(all.quorum_sizes[4], all.merges);
+  int64_t counted = 0;
+  for (int64_t n : any.quorum_sizes) counted += n;
+  EXPECT_EQ(counted, any.merges);
+  EXPECT_EQ(any.quorum_sizes[0], 0);
+  // A down unit loses the work since its last merged snapshot; an elastic one only a step.
+  c.quorum = 1;
+  c.on_chip_failure = "elastic";
+  EXPECT_LT(simulate(c, Strategy::decoupled).chip_time.lost, any.chip_time.lost);
+}
+
+TEST(Simulate, StragglersCostLessInSmallerGroups) {
+  SimConfig c = small_config();
+  c.failures = false;
+  c.speed_sigma = 0.05;
+  c.learners = 8;
+  c.quorum = 1;
+  const SimResult dp = simulate(c, Strategy::dp);
+  const SimResult decoupled = simulate(c, Strategy::decoupled);
+  // One group steps at the slowest of 1200 chips, a unit at the slowest of 150.
+  EXPECT_GT(dp.chip_time.straggler, decoupled.chip_time.straggler);
+  EXPECT_LT(dp.goodput, decoupled.goodput);
+  EXPECT_LT(decoupled.goodput, 1.0);
+}
+
+TEST(Simulate, YoungDalyInterval) {
+  SimConfig c = small_config();
+  c.checkpoint_seconds = 8;
+  c.checkpoint_minutes = 0;
+  const double mtbf_s = c.mtbi_hours * 3600 / static_cast<double>(c.chips);
+  EXPECT_DOUBLE_EQ(c.checkpoint_interval_s(), std::sqrt(2 * 8 * mtbf_s));
+  c.checkpoint_minutes = 7;
+  EXPECT_DOUBLE_EQ(c.checkpoint_interval_s(), 420);
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const auto path = std::filesystem::temp_directory_path() / name;
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+void expect_error(const std::string& path, const std::vector<std::string>& overrides,
+                  const std::string& needle) {
+  try {
+    load_sim_config(path, overrides);
+    ADD_FAILURE() << "no error, expected one containing: " << needle;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(SimConfig, BadInputIsRefusedWithTheKeyNamed) {
+  const std::string file = write_temp("ddiloco_sim_bad.yaml", "chips:\n  count: 100\n");
+  EXPECT_EQ(load_sim_config(file, {}).chips, 100);
+  expect_error(file, {"decoupled.quorum=5"}, "decoupled.quorum: must be ≤ decoupled.learners = 4");
+  expect_error(file, {"chips.mtbi_hours=0"}, "--set: chips.mtbi_hours: must be > 0, got 0");
+  expect_error(file, {"chips.recovery=weibull"}, "chips.recovery: must be one of fixed");
+  expect_error(file, {"chips.cout=5"}, "unknown key 'chips.cout' (did you mean 'chips.count'?)");
+  expect_error(file, {"sim.strategies=[dp, ddp]"}, "sim.strategies: every element must be one of");
+  expect_error(file, {"decoupled.learners=200"}, "decoupled.learners: must be ≤ chips.count = 100");
+  const std::string typo = write_temp("ddiloco_sim_typo.yaml", "chips:\n  mtbi_hours: soon\n");
+  expect_error(typo, {}, "ddiloco_sim_typo.yaml: chips.mtbi_hours: expected a finite number, got 'soon'");
+  expect_error("/nonexistent/sim.yaml", {}, "/nonexistent/sim.yaml: config file not found");
+  std::filesystem::remove(file);
+  std::filesystem::remove(typo);
+}
+
+TEST(SimConfig, YamlRoundTrip) {
+  SimConfig c = load_sim_config("", {"chips.count=4242", "sweep.learners=[3, 5]"});
+  const std::string yaml = to_yaml(c);
+  const std::string file = write_temp("ddiloco_sim_round.yaml", yaml);
+  const SimConfig back = load_sim_config(file, {});
+  EXPECT_EQ(back.chips, 4242);
+  EXPECT_EQ(back.sweep_learners, (std::vector<int>{3, 5}));
+  EXPECT_EQ(to_yaml(back), yaml);
+  std::filesystem::remove(file);
+}
+
+}  // namespace
+}  // namespace ddiloco::sim
