@@ -52,14 +52,16 @@ struct SimConfig {
   // sim
   double days = 30;          ///< simulated wall time per run, days
   int64_t seed = 1;          ///< fault trace and chip speeds
-  int repeats = 1;           ///< independent runs (seeds seed, seed+1, ...) averaged
+  int repeats = 8;           ///< independent runs (seeds seed, seed+1, ...) averaged
   std::vector<std::string> strategies = {"dp", "elastic_dp", "decoupled"};
   // chips
   int64_t chips = 150'000;             ///< N, allocated for the whole run
   bool failures = true;                ///< false: no chip ever fails
   double mtbi_hours = 8760;            ///< mean time between interruptions of one chip, hours
   std::string recovery = "fixed";      ///< fixed | exponential | lognormal
-  double recovery_minutes = 5;         ///< mean time until a failed chip is back, minutes
+  /// Mean time until a failed chip is back, minutes. Fitted to the paper's dp goodput at
+  /// 150k chips (README "Goodput simulator", calibration).
+  double recovery_minutes = 0.485;
   double recovery_sigma = 0.5;         ///< lognormal: σ of log(recovery time)
   double speed_sigma = 0;              ///< σ of a chip's log step-time factor; 0 = all equal
   // train
@@ -67,9 +69,11 @@ struct SimConfig {
   // dp
   double checkpoint_minutes = 0;    ///< compute between checkpoints; 0 = Young–Daly optimum
   double checkpoint_seconds = 2;    ///< writing one checkpoint (every chip paused)
-  double restart_seconds = 60;      ///< restart from a checkpoint once every chip is back
+  double restart_seconds = 10;      ///< restart from a checkpoint once every chip is back
   // elastic (elastic_dp, and decoupled units with on_chip_failure: elastic)
-  double rescale_seconds = 10;  ///< every chip of the group paused when a chip leaves or rejoins
+  /// Every chip of the group paused when a chip leaves or rejoins, seconds. Fitted to the
+  /// paper's elastic dp goodput at 150k chips.
+  double rescale_seconds = 12.1;
   // decoupled
   int learners = 4;                          ///< M units of N/M chips
   int quorum = 1;                            ///< K
@@ -79,7 +83,7 @@ struct SimConfig {
   double grace_cap_steps = 1;                ///< grace window cap, in inner steps
   double merge_seconds = 1;                  ///< ξ_sync: one merge and its transfer
   std::string on_chip_failure = "elastic";   ///< elastic | down
-  double rejoin_seconds = 60;                ///< down unit: fetch Θ and restart
+  double rejoin_seconds = 10;                ///< down unit: fetch Θ and restart
   // calibration (`ddiloco simulate --calibrate`): the paper's goodputs at chips.count
   double calibration_dp = 0.72;
   double calibration_elastic_dp = 0.88;

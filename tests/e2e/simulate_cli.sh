@@ -1,0 +1,55 @@
+# `ddiloco simulate` from the command line: the table, the JSON of one column, the sweep's
+# JSON array (exactly the documented fields, one object per grid cell), the committed configs
+# load, and bad input is refused with the file and key named.
+source "$(dirname "$0")/lib/common.sh"
+cd "$WORK"
+short=(--set sim.days=2 --set sim.repeats=2)
+
+"$DDILOCO" simulate --config "$SRC/configs/sim/paper.yaml" "${short[@]}" > table.txt
+cat table.txt
+for row in "dp " "elastic_dp " "decoupled M=4 K=1 "; do
+  grep -q "^$row" table.txt || fail "table lacks the row '$row'"
+done
+grep -q "quorum sizes (share of merges):" table.txt || fail "no quorum-size distribution"
+
+"$DDILOCO" simulate --config "$SRC/configs/sim/paper.yaml" "${short[@]}" --json > one.json
+"$DDILOCO" simulate --config "$SRC/configs/sim/paper.yaml" "${short[@]}" --sweep --json \
+  --set "sweep.chips=[150000, 600000]" --set "sweep.learners=[2, 8]" > sweep.json
+/usr/bin/python3 - one.json sweep.json <<'PY'
+import json, sys
+one = json.load(open(sys.argv[1]))
+names = [r["strategy"] for r in one["results"]]
+assert names == ["dp", "elastic_dp", "decoupled"], names
+for r in one["results"]:
+    assert 0 < r["goodput"] <= 1 and 0 < r["uptime"] <= 1, r
+    assert abs(sum(r["chip_time"].values()) - 1) < 1e-9, r["chip_time"]
+dec = one["results"][2]
+assert sum(dec["quorum_sizes"]) == dec["merges"] > 0, dec
+grid = json.load(open(sys.argv[2]))
+assert isinstance(grid, list) and len(grid) == 2 * 4, len(grid)
+for r in grid:
+    assert set(r) == {"strategy", "chips", "learners", "goodput"}, r
+    assert r["strategy"] in ("dp", "elastic_dp", "decoupled"), r
+    assert r["learners"] == (1 if r["strategy"] != "decoupled" else r["learners"]), r
+    assert 0 <= r["goodput"] <= 1, r
+cells = {(r["strategy"], r["chips"], r["learners"]) for r in grid}
+assert ("decoupled", 600000, 8) in cells and ("dp", 150000, 1) in cells, cells
+# More chips, same strategy: lower goodput (failures grow with N).
+g = {(r["strategy"], r["chips"], r["learners"]): r["goodput"] for r in grid}
+assert g[("dp", 600000, 1)] < g[("dp", 150000, 1)], g
+print("PASS: JSON outputs", len(grid), "grid cells")
+PY
+
+"$DDILOCO" simulate --config "$SRC/configs/sim/planning.yaml" "${short[@]}" > /dev/null
+"$DDILOCO" simulate --list | grep -q "^chips.mtbi_hours" || fail "--list lacks chips.mtbi_hours"
+
+printf 'chips:\n  count: -5\n' > bad.yaml
+expect_error "bad.yaml: chips.count: must be ≥ 1, got -5" "$DDILOCO" simulate --config bad.yaml
+printf 'decoupled:\n  learners: 4\n  quorum: 6\n' > bad.yaml
+expect_error "bad.yaml: decoupled.quorum: must be ≤ decoupled.learners = 4, got 6" \
+  "$DDILOCO" simulate --config bad.yaml
+expect_error "unknown key 'chips.mtbi_hour' (did you mean 'chips.mtbi_hours'?)" \
+  "$DDILOCO" simulate --set chips.mtbi_hour=3
+expect_error "--set: sim.strategies: every element must be one of dp, elastic_dp, decoupled" \
+  "$DDILOCO" simulate --set "sim.strategies=[ddp]"
+echo "PASS: simulate CLI"
