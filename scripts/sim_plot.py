@@ -5,7 +5,9 @@ with the paper's 150k-chip column (the calibration targets) marked.
     /usr/bin/python3 scripts/sim_plot.py [--config configs/sim/paper.yaml]
         [--ddiloco build/ddiloco] [--out docs/sim_goodput.png] [--set key=value ...]
 
-Runs `ddiloco simulate --sweep --json` on the config and prints the grid it plots. Needs
+Runs `ddiloco simulate --sweep --json` on the config and prints the grid it plots. The
+calibration marks come from the config file's `calibration` and `chips.count` (not from
+--set). Needs
 Debian's python3-matplotlib and python3-yaml (scripts/install_deps.sh installs both).
 """
 import argparse
@@ -64,16 +66,16 @@ def main():
     paper += list(calibration.get("decoupled", []))[: len(learners_list)]
     if calib_chips and paper:
         ax.scatter([calib_chips] * len(paper), [100 * p for p in paper], marker="x", s=60,
-                   color="black", zorder=5, label="paper, 150k chips (calibration)")
+                   color="black", zorder=5, label="calibration targets (the config's)")
     ax.set_xscale("log")
     ax.set_xticks(chips)
     ax.set_xticklabels([f"{c / 1e6:g}M" if c >= 1e6 else f"{c / 1e3:g}k" for c in chips])
     ax.minorticks_off()
-    ax.set_xlabel("chips (each fails once a year on average)")
+    ax.set_xlabel("chips")
     ax.set_ylabel("goodput (%)")
     ax.set_ylim(0, 101)
     ax.grid(alpha=0.3)
-    ax.set_title("Simulated goodput, one month per run (ddiloco simulate --sweep)")
+    ax.set_title(f"Simulated goodput ({args.config}, ddiloco simulate --sweep)", fontsize=10)
     ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)

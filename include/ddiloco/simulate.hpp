@@ -13,7 +13,8 @@
 //     failures (common random numbers), and a unit is the chips [m·N/M, (m+1)·N/M).
 //   * Speed. Optional per-chip speed variance (chips.speed_sigma): a chip's step-time factor
 //     is exp(σ·|z|) ≥ 1, z ~ N(0,1) (nominal is a chip's best speed), redrawn when it is
-//     replaced; a synchronous group steps at its slowest chip.
+//     replaced; a synchronous group steps at its slowest chip (a failed chip counts until it
+//     is back).
 //   * dp: one group; any failure stops every chip until all failed chips are back, then a
 //     restart (dp.restart_seconds, itself interruptible); the work since the last completed
 //     checkpoint (every dp.checkpoint_minutes, writing costs dp.checkpoint_seconds) is lost.
@@ -26,6 +27,8 @@
 //     publishes a snapshot every H inner steps and never waits; the syncer merges once K
 //     units have fresh snapshots and all live ones have reported or the adaptive grace
 //     window (paper_notes.md, Syncer step 2) has passed. Work counts as useful once merged.
+// At the end, dp's work is in the model; the live units' work reaches it in a last merge
+// if they make a quorum, else it is pending, not useful.
 // Outputs: goodput = useful chip-time ÷ allocated chip-time (N × wall time), the uptime of
 // the global model (fraction of wall time with outer progress: the job computing, or at
 // least K units computing), where the rest of the chip-time went, and the quorum sizes of
@@ -104,6 +107,11 @@ struct SimConfig {
 /// path gives the defaults. Throws ddiloco::Error naming the file or --set, the key and the
 /// expected value.
 SimConfig load_sim_config(const std::string& path, const std::vector<std::string>& overrides);
+/// The checks load_sim_config makes beyond each key's own range: quorum ≤ learners ≤ chips,
+/// and a bound on the work of each result of sim.strategies (events × units × repeats) so
+/// that a typo does not run for hours; sweep() checks each of its cells the same way. Throws
+/// ddiloco::Error naming `source` and the key.
+void validate(const SimConfig& config, const std::string& source);
 /// The effective config as YAML.
 std::string to_yaml(const SimConfig& config);
 struct SimKeyDoc {
@@ -113,13 +121,18 @@ std::vector<SimKeyDoc> sim_config_keys(const SimConfig& config = SimConfig{});
 
 /// Where the allocated chip-time went, chip-seconds. The fields add up to chips × wall time.
 struct ChipTime {
-  double useful = 0;      ///< compute that reached the model (checkpointed, merged, or at the end)
+  double useful = 0;      ///< compute that reached the model (checkpointed, or merged)
   double lost = 0;        ///< compute thrown away: since a checkpoint, a partial step, a lost unit
   double down = 0;        ///< chips idle: failed, or their group down or restarting
   double paused = 0;      ///< re-scale pauses
   double checkpoint = 0;  ///< writing checkpoints
   double straggler = 0;   ///< chips waiting for the slowest chip of their group
-  double total() const { return useful + lost + down + paused + checkpoint + straggler; }
+  /// At the end: units' compute (and its straggler wait) that no merge took because the live
+  /// units were fewer than K. Not useful: a model that stopped merging shows here.
+  double pending = 0;
+  double total() const {
+    return useful + lost + down + paused + checkpoint + straggler + pending;
+  }
 };
 
 struct SimResult {
@@ -146,11 +159,12 @@ struct SimResult {
 /// One strategy on the config's chips (learners and quorum from the config for decoupled;
 /// when M does not divide N the units differ by one chip), `config.repeats` runs, seeds
 /// config.seed, config.seed + 1, ... Deterministic: the same config gives the same result.
-/// Throws ddiloco::Error for a config load_sim_config would refuse (e.g. quorum > learners).
+/// Throws ddiloco::Error for a config validate() refuses (e.g. quorum > learners).
 SimResult simulate(const SimConfig& config, Strategy strategy);
 
 /// The paper-style grid: every chip count of sweep.chips × (dp, elastic_dp, decoupled for
-/// each M of sweep.learners), in that order.
+/// each M of sweep.learners, K = min(quorum, M)), in that order. Every cell is validated
+/// before the first runs (Error naming "--sweep" and the cell).
 std::vector<SimResult> sweep(const SimConfig& config);
 
 nlohmann::json to_json(const SimResult& r);

@@ -44,40 +44,50 @@ std::string describe(const SimConfig& c, const std::string& source) {
 }
 
 void print_table(const std::vector<SimResult>& results) {
-  std::printf("%-22s %9s %8s %7s %6s %6s %7s %6s %9s %9s\n", "strategy", "goodput", "uptime",
-              "lost", "down", "paused", "ckpt", "strag", "failures", "merges");
+  std::printf("%-22s %9s %8s %7s %6s %6s %7s %6s %7s %9s %9s\n", "strategy", "goodput",
+              "uptime", "lost", "down", "paused", "ckpt", "strag", "pending", "failures",
+              "merges");
   for (const auto& r : results) {
     const double all = r.chip_time.total();
     auto share = [&](double x) { return all > 0 ? percent(x / all) : std::string("-"); };
     std::string goodput = percent(r.goodput);
     if (r.repeats > 1) goodput += fmt::format(" ±{:.1f}", 100 * r.goodput_stddev);
-    std::printf("%-22s %9s %8s %7s %6s %6s %7s %6s %9lld %9s\n", row_name(r).c_str(),
+    std::printf("%-22s %9s %8s %7s %6s %6s %7s %6s %7s %9lld %9s\n", row_name(r).c_str(),
                 goodput.c_str(), percent(r.uptime).c_str(), share(r.chip_time.lost).c_str(),
                 share(r.chip_time.down).c_str(), share(r.chip_time.paused).c_str(),
                 share(r.chip_time.checkpoint).c_str(), share(r.chip_time.straggler).c_str(),
-                static_cast<long long>(r.failures),
+                share(r.chip_time.pending).c_str(), static_cast<long long>(r.failures),
                 r.strategy == Strategy::decoupled ? std::to_string(r.merges).c_str() : "-");
   }
   for (const auto& r : results) {
     if (r.strategy == Strategy::dp && std::isfinite(r.checkpoint_interval_s))
-      std::printf("dp checkpoints every %.0f s of compute (%lld written)\n",
+      std::printf("dp checkpoints every %.4g s of compute (%lld written)\n",
                   r.checkpoint_interval_s, static_cast<long long>(r.checkpoints));
     if (r.strategy != Strategy::decoupled || r.merges == 0) continue;
     std::string line;
     for (size_t k = 1; k < r.quorum_sizes.size(); ++k)
-      if (r.quorum_sizes[k] > 0)
-        line += fmt::format("  {}: {:.1f} %", k,
-                            100.0 * static_cast<double>(r.quorum_sizes[k]) /
-                                static_cast<double>(r.merges));
+      if (r.quorum_sizes[k] > 0) {
+        const double share =
+            100.0 * static_cast<double>(r.quorum_sizes[k]) / static_cast<double>(r.merges);
+        line += share < 0.05 ? fmt::format("  {}: <0.1 %", k)
+                             : fmt::format("  {}: {:.1f} %", k, share);
+      }
     std::printf("%s quorum sizes (share of merges):%s\n", row_name(r).c_str(), line.c_str());
   }
 }
 
-void print_grid(const SimConfig& c, const std::vector<SimResult>& results) {
-  std::printf("goodput (rows: strategy, columns: chips)\n%-14s", "");
-  for (int64_t n : c.sweep_chips)
-    std::printf(" %9s", n >= 1'000'000 ? fmt::format("{:.3g}M", n / 1e6).c_str()
-                                       : fmt::format("{:.3g}k", n / 1e3).c_str());
+std::string chips_label(int64_t n) {
+  if (n >= 1'000'000) return fmt::format("{:.3g}M", static_cast<double>(n) / 1e6);
+  if (n >= 1'000) return fmt::format("{:.3g}k", static_cast<double>(n) / 1e3);
+  return std::to_string(n);
+}
+
+// One grid (rows: strategies, columns: chip counts) of `value` per result.
+template <typename F>
+void print_grid(const SimConfig& c, const std::vector<SimResult>& results, const char* title,
+                F value) {
+  std::printf("%s (rows: strategy, columns: chips)\n%-14s", title, "");
+  for (int64_t n : c.sweep_chips) std::printf(" %9s", chips_label(n).c_str());
   std::printf("\n");
   const size_t per_column = 2 + c.sweep_learners.size();
   for (size_t row = 0; row < per_column; ++row) {
@@ -87,7 +97,7 @@ void print_grid(const SimConfig& c, const std::vector<SimResult>& results) {
                            : std::string(strategy_name(first.strategy));
     std::printf("%-14s", name.c_str());
     for (size_t col = 0; col < c.sweep_chips.size(); ++col)
-      std::printf(" %9s", percent(results[col * per_column + row].goodput).c_str());
+      std::printf(" %9s", percent(value(results[col * per_column + row])).c_str());
     std::printf("\n");
   }
 }
@@ -95,7 +105,12 @@ void print_grid(const SimConfig& c, const std::vector<SimResult>& results) {
 // Bisection for the value of `knob` in [lo, hi] at which `goodput(value)` (decreasing in it)
 // equals `target`; geometric when lo > 0.
 template <typename F>
-double fit_decreasing(F goodput, double target, double lo, double hi) {
+double fit_decreasing(F goodput, double target, double lo, double hi, const char* key,
+                      const char* knob) {
+  const double at_lo = goodput(lo), at_hi = goodput(hi);
+  if (!(at_lo >= target && target >= at_hi))
+    fail("{}: {} cannot be reached by fitting {}: goodput is {:.4f} at {} and {:.4f} at {}", key,
+         target, knob, at_lo, lo, at_hi, hi);
   for (int i = 0; i < 50; ++i) {
     const double mid = lo > 0 ? std::sqrt(lo * hi) : 0.5 * (lo + hi);
     if (goodput(mid) > target)
@@ -106,10 +121,16 @@ double fit_decreasing(F goodput, double target, double lo, double hi) {
   return 0.5 * (lo + hi);
 }
 
-int calibrate(SimConfig c) {
+int calibrate(SimConfig c, const std::string& source) {
   if (c.calibration_decoupled.size() != c.sweep_learners.size())
-    fail("calibration.decoupled: must list one goodput per sweep.learners ({} values), got {}",
-         c.sweep_learners.size(), c.calibration_decoupled.size());
+    fail("{}: calibration.decoupled: must list one goodput per sweep.learners ({} values), "
+         "got {}",
+         source, c.sweep_learners.size(), c.calibration_decoupled.size());
+  if (!c.failures) fail("{}: chips.failures: --calibrate needs failures, got false", source);
+  for (int m : c.sweep_learners)
+    if (m > c.chips)
+      fail("{}: sweep.learners: --calibrate runs each M on chips.count = {} chips, got M = {}",
+           source, c.chips, m);
   std::printf("calibrating on %lld chips, %.3g days × %d runs (seed %lld)\n",
               static_cast<long long>(c.chips), c.days, c.repeats,
               static_cast<long long>(c.seed));
@@ -121,14 +142,14 @@ int calibrate(SimConfig c) {
         t.recovery_minutes = minutes;
         return sim::simulate(t, Strategy::dp).goodput;
       },
-      c.calibration_dp, 1e-4, 1e4);
+      c.calibration_dp, 1e-4, 1e4, "calibration.dp", "chips.recovery_minutes");
   c.rescale_seconds = fit_decreasing(
       [&](double seconds) {
         SimConfig t = c;
         t.rescale_seconds = seconds;
         return sim::simulate(t, Strategy::elastic_dp).goodput;
       },
-      c.calibration_elastic_dp, 0, 1e5);
+      c.calibration_elastic_dp, 0, 1e5, "calibration.elastic_dp", "elastic.rescale_seconds");
   std::printf("fitted: chips.recovery_minutes: %.4g   elastic.rescale_seconds: %.4g\n",
               c.recovery_minutes, c.rescale_seconds);
   std::printf("%-16s %9s %9s %9s\n", "strategy", "paper", "simulated", "residual");
@@ -156,7 +177,10 @@ int simulate(const SimulateOptions& o) {
     return 0;
   }
   const SimConfig c = sim::load_sim_config(o.config, o.overrides);
-  if (o.calibrate) return calibrate(c);
+  if (o.calibrate) {
+    if (o.sweep || o.json) fail("--calibrate prints its own table: drop --sweep and --json");
+    return calibrate(c, o.config.empty() ? "defaults" : o.config);
+  }
   if (o.sweep) {
     const std::vector<SimResult> grid = sim::sweep(c);
     if (o.json) {
@@ -170,7 +194,9 @@ int simulate(const SimulateOptions& o) {
       return 0;
     }
     std::printf("%s\n", describe(c, o.config).c_str());
-    print_grid(c, grid);
+    print_grid(c, grid, "goodput", [](const SimResult& r) { return r.goodput; });
+    print_grid(c, grid, "uptime of the global model",
+               [](const SimResult& r) { return r.uptime; });
     return 0;
   }
   std::vector<SimResult> results;

@@ -20,6 +20,8 @@ using config_schema::one_of;
 using config_schema::positive;
 
 constexpr const char* kListHint = "`ddiloco simulate --list` shows the known keys";
+constexpr int64_t kMaxChips = 10'000'000'000;  // 1e10: far beyond any cluster; keeps N·M in int64
+constexpr double kMaxWork = 3e9;
 
 #define SIM_FIELD(T, KEY, MEMBER, DOC, ...)                                                 \
   config_schema::field<T, SimConfig>(KEY, [](SimConfig& c) -> T& { return c.MEMBER; }, DOC \
@@ -28,19 +30,28 @@ constexpr const char* kListHint = "`ddiloco simulate --list` shows the known key
 config_schema::Check<std::vector<std::string>> strategy_list() {
   return [](const std::vector<std::string>& v) -> std::string {
     if (v.empty()) return "must name at least one of dp, elastic_dp, decoupled";
-    for (const auto& s : v)
-      if (s != "dp" && s != "elastic_dp" && s != "decoupled")
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (v[i] != "dp" && v[i] != "elastic_dp" && v[i] != "decoupled")
         return "every element must be one of dp, elastic_dp, decoupled";
+      for (size_t j = 0; j < i; ++j)
+        if (v[j] == v[i]) return "must not name a strategy twice";
+    }
     return "";
   };
 }
+// A non-empty list with every element in [lo, hi].
 template <typename T>
-config_schema::Check<std::vector<T>> positive_list() {
-  return [](const std::vector<T>& v) -> std::string {
+config_schema::Check<std::vector<T>> list_in(T lo, T hi) {
+  return [lo, hi](const std::vector<T>& v) -> std::string {
     if (v.empty()) return "must not be empty";
     for (const T& x : v)
-      if (x <= 0) return "every element must be > 0";
+      if (x < lo || x > hi) return fmt::format("every element must be in [{}, {}]", lo, hi);
     return "";
+  };
+}
+config_schema::Check<int64_t> in_int64_range(int64_t lo, int64_t hi) {
+  return [lo, hi](const int64_t& v) {
+    return v >= lo && v <= hi ? std::string() : fmt::format("must be in [{}, {}]", lo, hi);
   };
 }
 
@@ -50,7 +61,7 @@ const std::vector<Entry<SimConfig>>& entries() {
       SIM_FIELD(double, "sim.days", days, "simulated wall time of one run, days",
                 in_range(0, 3650, true, false)),
       SIM_FIELD(int64_t, "sim.seed", seed, "seed of the fault trace and the chip speeds",
-                at_least<int64_t>(0)),
+                in_int64_range(0, int64_t{1} << 53)),
       SIM_FIELD(int, "sim.repeats", repeats,
                 "independent runs per result (seeds seed, seed+1, ...), averaged",
                 config_schema::in_int_range(1, 1000)),
@@ -58,7 +69,7 @@ const std::vector<Entry<SimConfig>>& entries() {
                 "what `ddiloco simulate` runs: dp, elastic_dp, decoupled", strategy_list()),
       // chips
       SIM_FIELD(int64_t, "chips.count", chips, "N, chips allocated for the whole run",
-                at_least<int64_t>(1)),
+                in_int64_range(1, kMaxChips)),
       SIM_FIELD(bool, "chips.failures", failures, "false: no chip ever fails"),
       SIM_FIELD(double, "chips.mtbi_hours", mtbi_hours,
                 "mean time between interruptions of one chip, hours (Poisson failures)",
@@ -80,7 +91,7 @@ const std::vector<Entry<SimConfig>>& entries() {
       // train
       SIM_FIELD(double, "train.step_seconds", step_seconds,
                 "one inner step of a synchronous group at nominal speed, seconds",
-                positive<double>()),
+                in_range(1e-3, 1e6, false, false)),
       // dp
       SIM_FIELD(double, "dp.checkpoint_minutes", checkpoint_minutes,
                 "dp: compute between checkpoints, minutes; 0 = Young-Daly optimum "
@@ -131,17 +142,20 @@ const std::vector<Entry<SimConfig>>& entries() {
                 in_range(0, 1, true, true)),
       SIM_FIELD(std::vector<double>, "calibration.decoupled", calibration_decoupled,
                 "--calibrate: the paper's decoupled goodputs at chips.count, one per "
-                "sweep.learners (compared, not fitted)"),
+                "sweep.learners (compared, not fitted)",
+                list_in<double>(0, 1)),
       // sweep
       SIM_FIELD(std::vector<int64_t>, "sweep.chips", sweep_chips,
-                "--sweep: the chip counts (columns)", positive_list<int64_t>()),
+                "--sweep: the chip counts (columns)", list_in<int64_t>(1, kMaxChips)),
       SIM_FIELD(std::vector<int>, "sweep.learners", sweep_learners,
-                "--sweep: the values of M for decoupled (rows)", positive_list<int>()),
+                "--sweep: the values of M for decoupled (rows)", list_in<int>(1, 4096)),
   };
   return table;
 }
 
 #undef SIM_FIELD
+
+}  // namespace
 
 void validate(const SimConfig& c, const std::string& source) {
   if (c.learners > c.chips)
@@ -155,17 +169,35 @@ void validate(const SimConfig& c, const std::string& source) {
       if (m > n)
         fail("{}: sweep.learners: {} units need at least {} chips, sweep.chips has {}", source,
              m, m, n);
-  // Events per simulated run grow with chips × days / MTBI; keep a typo from running for
-  // hours: 2.4M chips for a year is about 2.4M failures.
-  const double failures =
-      c.failures ? static_cast<double>(c.chips) * c.days * 24 / c.mtbi_hours : 0;
-  if (failures > 5e7)
-    fail("{}: chips.count × sim.days / chips.mtbi_hours: about {:.3g} failures per run, more "
-         "than the 5e7 this simulator handles in reasonable time",
-         source, failures);
+  // Bound the work of one result (events × the O(M) cost of each, × repeats) so that a
+  // typo does not run for hours: about 1e8 group updates a second on one core here.
+  const auto check_work = [&](const char* strategy, int64_t chips, int learners) {
+    const double seconds = c.days * 86400;
+    const double failures =
+        c.failures ? static_cast<double>(chips) * seconds / (c.mtbi_hours * 3600) : 0;
+    double events = 4 * failures;  // failure, recovery, and a pause end after each
+    const std::string name = strategy;
+    if (name == "decoupled")
+      events += static_cast<double>(learners) * seconds / (c.h * c.step_seconds);
+    if (name == "dp") {
+      SimConfig one = c;
+      one.chips = chips;
+      events += 2 * seconds / std::max(one.checkpoint_interval_s(), c.step_seconds);
+    }
+    const double work = events * (learners + 1) * c.repeats;
+    if (work > kMaxWork)
+      fail("{}: {} on {} chips{}: about {:.2g} event-unit updates over sim.days = {} and "
+           "sim.repeats = {}, more than the {:.0e} (about half a minute) allowed per result; "
+           "lower sim.days, sim.repeats or the units, or raise train.step_seconds or "
+           "decoupled.h",
+           source, strategy, chips,
+           name == "decoupled" ? fmt::format(" with {} units", learners) : std::string(),
+           work, c.days, c.repeats, kMaxWork);
+  };
+  // (sweep() checks each of its cells the same way before running any.)
+  for (const auto& strategy : c.strategies)
+    check_work(strategy.c_str(), c.chips, strategy == "decoupled" ? c.learners : 1);
 }
-
-}  // namespace
 
 Distribution SimConfig::recovery_distribution() const {
   if (recovery == "exponential") return Distribution::exponential;

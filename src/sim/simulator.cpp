@@ -165,6 +165,7 @@ struct Group {
   double slow = 1;        // step-time factor of the slowest chip
   int64_t slow_chip = -1;
   double steps = 0;       // inner steps since the segment or round began (fractional)
+  double segment_steps = 0;  // dp: steps of this checkpoint segment, set when it begins
   AtRisk unpublished;     // merge: since the last snapshot; checkpoint: since the last one
   AtRisk published;       // merge: in a snapshot the syncer has not merged yet
   int64_t size() const { return hi - lo; }
@@ -187,19 +188,14 @@ class Simulation {
                   : c.on_chip_failure == "down" ? OnFailure::restart
                                                 : OnFailure::elastic;
     restart_s_ = s == Strategy::dp ? c.restart_seconds : c.rejoin_seconds;
-    interval_steps_ = kNever;
-    if (s == Strategy::dp) {
-      const double interval = c.checkpoint_interval_s();
-      interval_steps_ = std::isfinite(interval)
-                            ? std::max(1.0, std::round(interval / c.step_seconds))
-                            : kNever;
-    }
+    interval_s_ = s == Strategy::dp ? c.checkpoint_interval_s() : kNever;
     groups_.resize(static_cast<size_t>(M));
     for (int m = 0; m < M; ++m) {
       Group& g = groups_[m];
       g.lo = c.chips * m / M;
       g.hi = c.chips * (m + 1) / M;
       rescan_slowest(g);
+      begin_segment(g);
     }
     fresh_.assign(static_cast<size_t>(M), false);
     result_.quorum_sizes.assign(static_cast<size_t>(M + 1), 0);
@@ -230,18 +226,29 @@ class Simulation {
         fault_event(trace_.pop());
     }
     advance_all(horizon);
-    // Work not lost by the end is not lost: the run goes on past the horizon.
+    // The end of the job. dp's work since its last checkpoint is in the model (only at risk
+    // until then). Units' work reaches the global model in a last merge of the live units,
+    // as the runtime's final flush does, if they make a quorum; otherwise it stays pending:
+    // a model that stopped merging shows in goodput instead of being credited at the end.
+    int live = 0;
+    for (const Group& g : groups_) live += g.live() ? 1 : 0;
+    const bool final_merge = commit_ != Commit::merge || live >= quorum_;
     for (Group& g : groups_) {
       g.unpublished.add(g.published);
-      commit(g.unpublished);
+      g.published = AtRisk{};
+      if (final_merge) {
+        commit(g.unpublished);
+      } else {
+        ct_.pending += g.unpublished.compute + g.unpublished.straggler;
+        g.unpublished = AtRisk{};
+      }
     }
     result_.wall_seconds = horizon;
     const double allocated = static_cast<double>(c_.chips) * horizon;
     result_.goodput = allocated > 0 ? ct_.useful / allocated : 0;
     result_.uptime = horizon > 0 ? uptime_s_ / horizon : 0;
     result_.chip_time = ct_;
-    result_.checkpoint_interval_s =
-        std::isfinite(interval_steps_) ? interval_steps_ * c_.step_seconds : kNever;
+    result_.checkpoint_interval_s = interval_s_;
     return result_;
   }
 
@@ -257,6 +264,15 @@ class Simulation {
 
   double step_wall(const Group& g) const { return c_.step_seconds * g.slow; }
 
+  // A new checkpoint segment (dp) or round: the interval is compute time, so it is counted in
+  // steps at the group's current speed.
+  void begin_segment(Group& g) const {
+    g.steps = 0;
+    g.segment_steps = std::isfinite(interval_s_)
+                          ? std::max(1.0, std::round(interval_s_ / step_wall(g)))
+                          : kNever;
+  }
+
   double next_event(const Group& g) const {
     switch (g.state) {
       case State::writing:
@@ -266,7 +282,7 @@ class Simulation {
       case State::running: {
         if (g.up() <= 0) return kNever;
         const double target = commit_ == Commit::merge        ? c_.h
-                              : commit_ == Commit::checkpoint ? interval_steps_
+                              : commit_ == Commit::checkpoint ? g.segment_steps
                                                               : kNever;
         if (!std::isfinite(target)) return kNever;
         return now_ + std::max(0.0, target - g.steps) * step_wall(g);
@@ -350,7 +366,10 @@ class Simulation {
         g.until = kNever;
         return;
       }
-      // Elastic: the step in progress is aborted on every chip that was computing it.
+      // Elastic: the step in progress is aborted on every chip that was computing it. Its
+      // chip-time is taken at the current chip count and speed, which a rejoin or a speed
+      // change earlier in the same step makes slightly off (by at most one step of the
+      // chips that changed); the totals stay exact.
       if (in_step) {
         const double partial = g.steps - std::floor(g.steps);
         const double up_before = static_cast<double>(g.up() + 1);
@@ -400,14 +419,14 @@ class Simulation {
       case State::restarting:
         g.state = State::running;
         g.until = kNever;
-        g.steps = 0;  // from the last checkpoint, or (a unit) from Θ
+        begin_segment(g);  // from the last checkpoint, or (a unit) from Θ
         return;
       case State::writing:
         commit(g.unpublished);
         ++result_.checkpoints;
         g.state = State::running;
         g.until = kNever;
-        g.steps = 0;
+        begin_segment(g);
         return;
       case State::running:
         g.steps = 0;
@@ -506,7 +525,7 @@ class Simulation {
   OnFailure on_failure_ = OnFailure::elastic;
   int quorum_ = 1;
   double restart_s_ = 0;
-  double interval_steps_ = kNever;
+  double interval_s_ = kNever;  // dp: compute (wall) seconds between checkpoints
   std::vector<Group> groups_;
   std::vector<bool> fresh_;
   int fresh_count_ = 0;
@@ -536,12 +555,13 @@ Strategy parse_strategy(const std::string& name, const std::string& source) {
 }
 
 SimResult simulate(const SimConfig& config, Strategy strategy) {
+  validate(config, "simulate");
   const auto start = std::chrono::steady_clock::now();
   SimResult total;
   std::vector<double> goodputs;
   double uptime = 0;
   for (int r = 0; r < config.repeats; ++r) {
-    Simulation sim(config, strategy, static_cast<uint64_t>(config.seed + r));
+    Simulation sim(config, strategy, static_cast<uint64_t>(config.seed) + static_cast<uint64_t>(r));
     const SimResult one = sim.run();
     if (r == 0) {
       total = one;
@@ -552,6 +572,7 @@ SimResult simulate(const SimConfig& config, Strategy strategy) {
       total.chip_time.paused += one.chip_time.paused;
       total.chip_time.checkpoint += one.chip_time.checkpoint;
       total.chip_time.straggler += one.chip_time.straggler;
+      total.chip_time.pending += one.chip_time.pending;
       total.failures += one.failures;
       total.checkpoints += one.checkpoints;
       total.merges += one.merges;
@@ -582,19 +603,33 @@ SimResult simulate(const SimConfig& config, Strategy strategy) {
   return total;
 }
 
-std::vector<SimResult> sweep(const SimConfig& config) {
-  std::vector<SimResult> out;
+namespace {
+std::vector<std::pair<SimConfig, Strategy>> sweep_cells(const SimConfig& config) {
+  std::vector<std::pair<SimConfig, Strategy>> cells;
   for (int64_t n : config.sweep_chips) {
     SimConfig c = config;
     c.chips = n;
-    out.push_back(simulate(c, Strategy::dp));
-    out.push_back(simulate(c, Strategy::elastic_dp));
+    c.strategies = {"dp"};
+    cells.emplace_back(c, Strategy::dp);
+    c.strategies = {"elastic_dp"};
+    cells.emplace_back(c, Strategy::elastic_dp);
+    c.strategies = {"decoupled"};
     for (int m : config.sweep_learners) {
       c.learners = m;
       c.quorum = std::min(config.quorum, m);
-      out.push_back(simulate(c, Strategy::decoupled));
+      cells.emplace_back(c, Strategy::decoupled);
     }
   }
+  return cells;
+}
+}  // namespace
+
+std::vector<SimResult> sweep(const SimConfig& config) {
+  const auto cells = sweep_cells(config);
+  // Every cell is checked before the first one runs.
+  for (const auto& [c, s] : cells) validate(c, "--sweep");
+  std::vector<SimResult> out;
+  for (const auto& [c, s] : cells) out.push_back(simulate(c, s));
   return out;
 }
 
@@ -627,7 +662,8 @@ nlohmann::json to_json(const SimResult& r) {
                     {"down", share(r.chip_time.down)},
                     {"paused", share(r.chip_time.paused)},
                     {"checkpoint", share(r.chip_time.checkpoint)},
-                    {"straggler", share(r.chip_time.straggler)}};
+                    {"straggler", share(r.chip_time.straggler)},
+                    {"pending", share(r.chip_time.pending)}};
   if (r.strategy == Strategy::dp) {
     j["checkpoints"] = r.checkpoints;
     if (std::isfinite(r.checkpoint_interval_s))

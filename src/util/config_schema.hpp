@@ -268,7 +268,10 @@ void load_node(const std::vector<Entry<C>>& entries, const std::string& list_hin
   }
   std::set<std::string> seen;
   for (const auto& kv : node) {
-    const std::string name = kv.first.as<std::string>();
+    if (!kv.first.IsScalar())
+      fail("{}: line {}: keys must be plain names, got '{}'", source, kv.first.Mark().line + 1,
+           scalar_text(kv.first));
+    const std::string name = kv.first.Scalar();
     const std::string key = prefix.empty() ? name : prefix + "." + name;
     if (!seen.insert(name).second)
       fail("{}: line {}: duplicate key '{}'", source, kv.first.Mark().line + 1, key);

@@ -44,7 +44,7 @@ PY
 "$DDILOCO" simulate --list | grep -q "^chips.mtbi_hours" || fail "--list lacks chips.mtbi_hours"
 
 printf 'chips:\n  count: -5\n' > bad.yaml
-expect_error "bad.yaml: chips.count: must be ≥ 1, got -5" "$DDILOCO" simulate --config bad.yaml
+expect_error "bad.yaml: chips.count: must be in [1, 10000000000], got -5" "$DDILOCO" simulate --config bad.yaml
 printf 'decoupled:\n  learners: 4\n  quorum: 6\n' > bad.yaml
 expect_error "bad.yaml: decoupled.quorum: must be ≤ decoupled.learners = 4, got 6" \
   "$DDILOCO" simulate --config bad.yaml
@@ -52,4 +52,8 @@ expect_error "unknown key 'chips.mtbi_hour' (did you mean 'chips.mtbi_hours'?)" 
   "$DDILOCO" simulate --set chips.mtbi_hour=3
 expect_error "--set: sim.strategies: every element must be one of dp, elastic_dp, decoupled" \
   "$DDILOCO" simulate --set "sim.strategies=[ddp]"
+expect_error "--sweep: decoupled on 150000 chips with 4096 units: about" \
+  "$DDILOCO" simulate --sweep --set "sweep.learners=[4096]" --set "sweep.chips=[150000]"
+expect_error "--calibrate prints its own table: drop --sweep and --json" \
+  "$DDILOCO" simulate --calibrate --json
 echo "PASS: simulate CLI"

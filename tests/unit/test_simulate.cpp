@@ -90,13 +90,19 @@ TEST(Simulate, OneLearnerUnitIsElasticDataParallel) {
       c.recovery = recovery;
       const SimResult elastic = simulate(c, Strategy::elastic_dp);
       const SimResult decoupled = simulate(c, Strategy::decoupled);
+      const ChipTime& d = decoupled.chip_time;
+      const ChipTime& e = elastic.chip_time;
       EXPECT_LT(relative(decoupled.goodput, elastic.goodput), 1e-9)
           << recovery << " σ=" << sigma << ": " << decoupled.goodput << " vs "
           << elastic.goodput;
+      EXPECT_LT(relative(d.straggler + 1, e.straggler + 1), 1e-9);
       EXPECT_LT(relative(decoupled.uptime, elastic.uptime), 1e-9);
-      EXPECT_LT(relative(decoupled.chip_time.lost, elastic.chip_time.lost), 1e-9);
-      EXPECT_LT(relative(decoupled.chip_time.paused, elastic.chip_time.paused), 1e-9);
+      EXPECT_LT(relative(d.lost, e.lost), 1e-9);
+      EXPECT_LT(relative(d.paused, e.paused), 1e-9);
+      EXPECT_LT(relative(d.down, e.down), 1e-9);
       EXPECT_EQ(decoupled.failures, elastic.failures);
+      EXPECT_EQ(e.pending, 0);
+      EXPECT_EQ(d.pending, 0);  // one live unit makes the quorum of the last merge
       EXPECT_LT(elastic.goodput, 0.999);  // failures did cost something
     }
   }
@@ -115,7 +121,8 @@ TEST(Simulate, ChipTimeAddsUpToTheAllocation) {
       EXPECT_LT(relative(r.chip_time.total(), allocated), 1e-9) << strategy_name(s) << policy;
       EXPECT_NEAR(r.goodput, r.chip_time.useful / allocated, 1e-12);
       for (double part : {r.chip_time.useful, r.chip_time.lost, r.chip_time.down,
-                          r.chip_time.paused, r.chip_time.checkpoint, r.chip_time.straggler})
+                          r.chip_time.paused, r.chip_time.checkpoint, r.chip_time.straggler,
+                          r.chip_time.pending})
         EXPECT_GE(part, -1e-6 * allocated) << strategy_name(s) << policy;
     }
   }
@@ -189,6 +196,39 @@ TEST(Simulate, QuorumDecidesUptimeAndMergeSizes) {
   EXPECT_LT(simulate(c, Strategy::decoupled).chip_time.lost, any.chip_time.lost);
 }
 
+TEST(Simulate, AStalledQuorumShowsInGoodput) {
+  // Units that go down and stay down for months: with K = M the global model stops merging,
+  // and the work the other units keep doing is never merged; with K = 1 it is.
+  SimConfig c = small_config();
+  c.chips = 8;
+  c.learners = 8;
+  c.mtbi_hours = 2000;
+  c.recovery_minutes = 1e7;
+  c.on_chip_failure = "down";
+  c.days = 30;
+  c.quorum = 1;
+  const SimResult any = simulate(c, Strategy::decoupled);
+  c.quorum = 8;
+  const SimResult all = simulate(c, Strategy::decoupled);
+  EXPECT_GT(all.failures, 0);
+  EXPECT_LT(all.uptime, 0.9);
+  EXPECT_LT(all.goodput, any.goodput - 0.1);
+  EXPECT_GT(all.chip_time.pending, 0.1 * all.chip_time.total());
+}
+
+TEST(Simulate, CheckpointIntervalIsComputeTimeAtTheGroupsSpeed) {
+  SimConfig c = small_config();
+  c.failures = false;
+  c.days = 1;
+  c.checkpoint_minutes = 10;
+  c.checkpoint_seconds = 0;
+  for (double sigma : {0.0, 0.5}) {
+    c.speed_sigma = sigma;
+    const SimResult r = simulate(c, Strategy::dp);
+    EXPECT_NEAR(static_cast<double>(r.checkpoints), 86400.0 / 600, 1.0) << "σ=" << sigma;
+  }
+}
+
 TEST(Simulate, StragglersCostLessInSmallerGroups) {
   SimConfig c = small_config();
   c.failures = false;
@@ -238,6 +278,14 @@ TEST(SimConfig, BadInputIsRefusedWithTheKeyNamed) {
   expect_error(file, {"chips.cout=5"}, "unknown key 'chips.cout' (did you mean 'chips.count'?)");
   expect_error(file, {"sim.strategies=[dp, ddp]"}, "sim.strategies: every element must be one of");
   expect_error(file, {"decoupled.learners=200"}, "decoupled.learners: must be ≤ chips.count = 100");
+  expect_error(file, {"sim.strategies=[dp, dp]"}, "sim.strategies: must not name a strategy twice");
+  expect_error(file, {"chips.count=1e12"}, "chips.count: must be in [1, 10000000000]");
+  expect_error(file, {"decoupled.learners=100", "chips.count=1000000", "sim.days=300"},
+               "decoupled on 1000000 chips with 100 units: about");
+  SimConfig tiny;
+  tiny.chips = 2;
+  tiny.learners = 3;
+  EXPECT_THROW(simulate(tiny, Strategy::decoupled), Error);
   const std::string typo = write_temp("ddiloco_sim_typo.yaml", "chips:\n  mtbi_hours: soon\n");
   expect_error(typo, {}, "ddiloco_sim_typo.yaml: chips.mtbi_hours: expected a finite number, got 'soon'");
   expect_error("/nonexistent/sim.yaml", {}, "/nonexistent/sim.yaml: config file not found");
