@@ -20,8 +20,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 limit_mib=50
-packages="libopenmpi-dev openmpi-bin libhdf5-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
-  libfmt-dev libopenblas-openmp-dev libgtest-dev libgmock-dev libbenchmark-dev"
+packages="libopenmpi-dev openmpi-bin libhdf5-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev"
+packages+=" libfmt-dev libopenblas-openmp-dev libgtest-dev libgmock-dev libbenchmark-dev"
 
 size_report() {
   local mib
@@ -48,6 +48,5 @@ carry=${CARRY_DEBS:-../shared/tools/carry-debs}
 if [[ -e .debs && ! -f .debs/.carry-debs ]]; then
   echo "pack_gpu_debs: .debs exists and is not a carry-debs output; move it away" >&2; exit 1
 fi
-# shellcheck disable=SC2086  # the list is split on purpose
-"$carry" --out .debs --force --tar --packages "$(echo $packages)"
+"$carry" --out .debs --force --tar --packages "$packages"
 size_report

@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# The device check, for a machine with an NVIDIA GPU and possibly no package access:
+#   1. dependencies: the system's Debian/Ubuntu packages if all are there, else the carried
+#      ones (.debs/, unpacked from .debs.tar.gz; made by scripts/pack_gpu_debs.sh); NCCL from
+#      the CUDA toolkit, NCCL_ROOT, or the nvidia-nccl Python wheel;
+#   2. configures and builds the `cuda` preset (ninja when present, all cores);
+#   3. runs the GPU tests (ctest -L gpu) and the CPU parity tests (ctest -R Parity);
+#   4. `ddiloco bench gpu` on a GPT-2 124M-shaped model: tokens/s and MFU, batch and sequence;
+#   5. a 4-unit decoupled run on the one GPU, once `ddiloco train` has a GPU path.
+# Logs go to ${OUT:-build-cuda/gpu_check}: summary.txt and at most 7 *.log (a device tool's
+# $OUT returns 8 files). Exits non-zero on any failure; without a GPU the build and the (skipped)
+# GPU tests run, then the script fails saying that no GPU step could run.
+#
+#   scripts/gpu_check.sh                 everything
+#   scripts/gpu_check.sh --build-only    steps 1-2 (and the GPU tests, which skip without a GPU)
+#   scripts/gpu_check.sh --debs          use the carried packages even where the system has them
+# Environment: BENCH_BATCH (default 8), BENCH_SEQ (1024), BENCH_STEPS (20), BENCH_WARMUP (3),
+# JOBS (default nproc), CUDA_ARCH (default: the preset's 90).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+build_only=0
+force_debs=0
+for arg in "$@"; do
+  case "$arg" in
+    --build-only) build_only=1 ;;
+    --debs) force_debs=1 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+logs=${OUT:-$root/build-cuda/gpu_check}
+mkdir -p "$logs"
+logs=$(cd "$logs" && pwd)
+summary=$logs/summary.txt
+rm -f "$logs"/*.log
+: >"$summary"
+t0=$(date +%s)
+say() { echo "gpu_check: $*" | tee -a "$summary"; }
+elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
+die() { say "FAILED: $*"; say "logs: $logs"; exit 1; }
+# Runs a command with its output appended to log file $1; on failure prints the log's tail.
+run_logged() {
+  local log=$logs/$1
+  shift
+  echo "+ $*" >>"$log"
+  if ! "$@" >>"$log" 2>&1; then
+    tail -n 60 "$log"
+    return 1
+  fi
+}
+
+say "start $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname), $(nproc) cores"
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  say "GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -n1)"
+else
+  say "GPU: none found (nvidia-smi -L failed or is missing)"
+fi
+
+# ------------------------------------------------------------------ 1. dependencies
+export PATH=/usr/local/cuda/bin:$PATH
+command -v nvcc >/dev/null || die "nvcc not found (looked in PATH and /usr/local/cuda/bin)"
+say "nvcc: $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), cmake: $(cmake --version | head -n1 | awk '{print $3}')"
+
+# What CMakeLists.txt needs from the system; any one missing means: use the carried packages
+# (all of them, so that versions do not mix).
+system_has_deps() {
+  local f
+  command -v mpicc >/dev/null && command -v mpirun >/dev/null || return 1
+  for f in /usr/include/hdf5/serial/hdf5.h /usr/include/yaml-cpp/yaml.h \
+           /usr/include/nlohmann/json.hpp /usr/include/CLI/CLI.hpp /usr/include/fmt/core.h \
+           /usr/include/gtest/gtest.h /usr/include/gmock/gmock.h \
+           /usr/include/benchmark/benchmark.h \
+           /usr/include/x86_64-linux-gnu/openblas-openmp/cblas.h; do
+    [[ -e $f ]] || return 1
+  done
+}
+
+cmake_extra=()
+if [[ $force_debs == 1 ]] || ! system_has_deps; then
+  if [[ ! -f .debs/env.sh ]]; then
+    [[ -f .debs.tar.gz ]] || die "the system lacks build packages (MPI, HDF5, yaml-cpp, ...) and
+  there is no .debs.tar.gz: run scripts/pack_gpu_debs.sh on a Debian 12 machine with package
+  access and bring .debs.tar.gz (carry it) here"
+    say "unpacking .debs.tar.gz"
+    tar -xzf .debs.tar.gz
+  fi
+  # shellcheck disable=SC1091
+  source .debs/env.sh
+  run_logged deps.log .debs/check-target.sh ||
+    die "the carried packages do not fit this machine (.debs/check-target.sh)"
+  # CMakeLists.txt looks for the OpenMP OpenBLAS at Debian's fixed path; point it into .debs.
+  cmake_extra+=(
+    "-DDDILOCO_OPENBLAS=$root/.debs/root/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so"
+    "-DDDILOCO_CBLAS_INCLUDE=$root/.debs/root/usr/include/x86_64-linux-gnu/openblas-openmp")
+  say "dependencies: carried Debian 12 packages in .debs/ (mpirun: $(command -v mpirun))"
+else
+  say "dependencies: the system's packages"
+fi
+# shellcheck source=scripts/mpi_env.sh
+source scripts/mpi_env.sh
+
+# NCCL: in the CUDA toolkit here; elsewhere NCCL_ROOT, or the wheel PyTorch brings
+# (nvidia/nccl/{include,lib}), whose lib has only libnccl.so.2: link a libnccl.so beside it.
+if [[ -z ${NCCL_ROOT:-} && ! -e /usr/local/cuda/include/nccl.h && ! -e /usr/include/nccl.h ]]; then
+  wheel=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
+  [[ -n $wheel && -e $wheel/include/nccl.h ]] ||
+    die "NCCL not found: not in /usr/local/cuda or /usr/include, NCCL_ROOT unset, no nvidia-nccl wheel"
+  shim=$root/build-cuda/nccl
+  mkdir -p "$shim/lib"
+  ln -sfn "$wheel/include" "$shim/include"
+  ln -sfn "$wheel/lib/libnccl.so.2" "$shim/lib/libnccl.so"
+  export NCCL_ROOT=$shim LD_LIBRARY_PATH=$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  say "NCCL: the Python wheel at $wheel"
+fi
+[[ -n ${NCCL_ROOT:-} ]] && cmake_extra+=("-DNCCL_ROOT=$NCCL_ROOT")
+[[ -n ${CUDA_ARCH:-} ]] && cmake_extra+=("-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH")
+# The nvcc on PATH rather than the preset's fixed /usr/local/cuda/bin/nvcc.
+cmake_extra+=("-DCMAKE_CUDA_COMPILER=$(command -v nvcc)")
+
+# ------------------------------------------------------------------ 2. configure and build
+jobs=${JOBS:-$(nproc)}
+generator=()
+if [[ ! -f build-cuda/CMakeCache.txt ]] && command -v ninja >/dev/null; then generator=(-G Ninja); fi
+say "configure: cmake --preset cuda ${generator[*]} ${cmake_extra[*]}"
+run_logged configure.log cmake --preset cuda "${generator[@]}" "${cmake_extra[@]}" ||
+  die "configure (log: configure.log)"
+tb=$(date +%s)
+run_logged build.log cmake --build build-cuda -j "$jobs" || die "build (log: build.log)"
+say "built in $(( $(date +%s) - tb )) s with $jobs jobs (total $(elapsed))"
+
+# ------------------------------------------------------------------ 3. tests
+have_gpu=0
+if [[ -x build-cuda/ddiloco ]] && nvidia-smi -L >/dev/null 2>&1; then have_gpu=1; fi
+# ctest's summary line ("100% tests passed, 0 tests failed out of N") goes to the summary.
+ctest_step() {
+  local log=$1
+  shift
+  local rc=0
+  run_logged "$log" ctest --test-dir build-cuda --output-on-failure "$@" || rc=$?
+  grep -E 'tests passed|tests failed|No tests were found' "$logs/$log" | tail -n 1 |
+    sed 's/^/  /' | tee -a "$summary"
+  local skipped
+  skipped=$(grep -c 'Skipped\|\*\*\*Skipped' "$logs/$log" || true)
+  ((skipped == 0)) || say "  ($skipped tests skipped; see $log)"
+  return "$rc"
+}
+say "GPU tests: ctest -L gpu"
+ctest_step ctest_gpu.log -L gpu || die "GPU tests (log: ctest_gpu.log)"
+if [[ $build_only == 1 ]]; then
+  say "--build-only: the CPU parity tests, the benchmark and the decoupled run were not run"
+  say "done in $(elapsed)"
+  exit 0
+fi
+[[ $have_gpu == 1 ]] || die "no GPU on this machine: the GPU tests above were SKIPPED, and the
+  benchmark and the decoupled run cannot run; this was not a device check (use --build-only)"
+say "CPU parity tests: ctest -R Parity"
+ctest_step ctest_cpu.log -R Parity || die "CPU parity tests (log: ctest_cpu.log)"
+
+# ------------------------------------------------------------------ 4. benchmark (GPT-2 124M)
+batch=${BENCH_BATCH:-8}
+seq=${BENCH_SEQ:-1024}
+if ! build-cuda/ddiloco bench gpu --help >/dev/null 2>&1; then
+  die "ddiloco bench gpu: not in this build"
+fi
+# GPT-2 small: 12 layers, 12 heads, 768 channels, vocabulary 50257 (124M parameters).
+bench=(build-cuda/ddiloco bench gpu --config configs/kjv_demo.yaml
+  --set model.vocab_size=50257 --set model.n_layer=12 --set model.n_head=12
+  --set model.n_embd=768 --set "model.seq_len=$seq" --set "train.batch_size=$batch"
+  --steps "${BENCH_STEPS:-20}" --warmup "${BENCH_WARMUP:-3}")
+say "benchmark: ${bench[*]}"
+run_logged bench_gpu.log "${bench[@]}" || die "ddiloco bench gpu (log: bench_gpu.log)"
+tail -n 15 "$logs/bench_gpu.log"
+tps=$(sed -n 's/.*tokens_per_s=\([0-9.eE+-]*\).*/\1/p' "$logs/bench_gpu.log" | tail -n 1)
+[[ -n $tps ]] || die "ddiloco bench gpu printed no tokens_per_s= (log: bench_gpu.log)"
+mfu=$(sed -n 's/.*mfu=\([0-9.eE+-]*\).*/\1/p' "$logs/bench_gpu.log" | tail -n 1)
+if [[ -z $mfu ]]; then
+  # Model FLOPs per token, as in PaLM (Chowdhery et al. 2022, appendix B): 6·N for the matrix
+  # products of forward+backward plus 12·L·T·C for attention; N without the position table.
+  # Against 989 TFLOP/s, the H100/H200 SXM dense bf16 peak (NVIDIA's datasheet).
+  mfu=$(awk -v tps="$tps" -v T="$seq" 'BEGIN {
+    V = 50257; L = 12; C = 768; N = V*C + L*(12*C*C + 13*C) + 2*C
+    printf "%.4f", tps * (6*N + 12*L*T*C) / 989e12 }')
+  mfu_note=" (computed here: (6N + 12LTC) FLOP/token, 989 TFLOP/s bf16 peak)"
+fi
+say "GPT-2 124M shape, batch $batch x seq $seq: tokens/s $tps, MFU $mfu${mfu_note:-}"
+
+# ------------------------------------------------------------------ 5. 4-unit decoupled run
+# The trainer's GPU path is chosen by a configuration key (run.device / train.device); until
+# one exists there is nothing to run.
+device_key=$(build-cuda/ddiloco config --list 2>/dev/null |
+  awk '$1 ~ /^(run|train|model)\.device$/ {print $1; exit}')
+if [[ -z $device_key ]]; then
+  say "4-unit decoupled GPU run: not yet available (trainer has no GPU path)"
+else
+  # Text for byte-level training that every checkout has: the repository's documentation.
+  run_logged decoupled.log build-cuda/ddiloco prepare-data --source files \
+    --out build-cuda/gpu_check_data README.md docs/*.md include/ddiloco/*.hpp ||
+    die "prepare-data (log: decoupled.log)"
+  train=(build-cuda/ddiloco train --config configs/kjv_decoupled.yaml
+    --set "$device_key=cuda" --set run.dir=build-cuda/gpu_check_run
+    --set 'data.train=build-cuda/gpu_check_data/train_*.bin'
+    --set 'data.val=build-cuda/gpu_check_data/val_*.bin')
+  ranks=$(build-cuda/ddiloco config --config configs/kjv_decoupled.yaml --ranks)
+  say "4-unit decoupled GPU run: mpirun -np $ranks ${train[*]}"
+  td=$(date +%s)
+  run_logged decoupled.log ddiloco_mpirun -np "$ranks" "${train[@]}" ||
+    die "4-unit decoupled GPU run (log: decoupled.log)"
+  grep -E '"event": ?"done"' build-cuda/gpu_check_run/metrics.jsonl | tail -n 1 | tee -a "$summary" || true
+  say "4-unit decoupled GPU run: finished in $(( $(date +%s) - td )) s"
+fi
+say "all checks passed in $(elapsed); logs: $logs"
