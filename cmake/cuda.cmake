@@ -13,6 +13,12 @@ if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
   set(CMAKE_CUDA_ARCHITECTURES 90 CACHE STRING "CUDA SM architectures to compile for")
 endif()
 enable_language(CUDA)
+# C++20 in device code too (the headers we share with the host use it). CMake < 3.26 does not
+# know nvcc's C++20 flag (and CUDA targets inherit CXX_STANDARD 20), so tell it.
+if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+endif()
 set(CMAKE_CUDA_STANDARD 20)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 set(CMAKE_CUDA_EXTENSIONS OFF)
