@@ -352,7 +352,10 @@ void GptCuda::get_gradients(std::span<float> host, size_t offset) const {
 float GptCuda::forward(const int32_t* tokens, const int32_t* targets, int B, int T,
                        bool for_backward) {
   if (targets == nullptr) fail("forward: the GPU model needs targets");
-  if (B < 1 || T < 1) fail("forward: batch and sequence length must be ≥ 1, got {} and {}", B, T);
+  if (B < 1) fail("forward: batch size must be ≥ 1, got {}", B);
+  if (T < 1 || T > impl_->config.seq_len)
+    fail("forward: sequence length must be in [1, model.seq_len = {}], got {}",
+         impl_->config.seq_len, T);
   const int V = impl_->config.vocab_size;
   const long N = static_cast<long>(B) * T;
   for (long i = 0; i < N; ++i) {
@@ -362,9 +365,6 @@ float GptCuda::forward(const int32_t* tokens, const int32_t* targets, int B, int
       fail("forward: target {} at position {} is outside the vocabulary [0, {})", targets[i], i,
            V);
   }
-  if (T > impl_->config.seq_len)
-    fail("forward: sequence length must be in [1, model.seq_len = {}], got {}",
-         impl_->config.seq_len, T);
   impl_->ensure_activations(B, T);
   DDILOCO_CUDA_CHECK(cudaMemcpyAsync(impl_->tokens.get(), tokens, N * sizeof(int32_t),
                                      cudaMemcpyHostToDevice, impl_->stream));
