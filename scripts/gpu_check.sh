@@ -52,7 +52,7 @@ run_logged() {
   fi
 }
 
-say "start $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname), $(nproc) cores"
+say "start $(date -u "+%Y-%m-%d %H:%M:%S UTC") on ${HOSTNAME:-?}, $(nproc) cores"
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   say "GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -n1)"
 else
@@ -117,8 +117,9 @@ if [[ -z ${NCCL_ROOT:-} && ! -e /usr/local/cuda/include/nccl.h && ! -e /usr/incl
 fi
 [[ -n ${NCCL_ROOT:-} ]] && cmake_extra+=("-DNCCL_ROOT=$NCCL_ROOT")
 [[ -n ${CUDA_ARCH:-} ]] && cmake_extra+=("-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH")
-# The nvcc on PATH rather than the preset's fixed /usr/local/cuda/bin/nvcc.
-cmake_extra+=("-DCMAKE_CUDA_COMPILER=$(command -v nvcc)")
+# The nvcc on PATH rather than the preset's fixed /usr/local/cuda/bin/nvcc; no Google
+# Benchmark micro-benchmarks (not part of the check: build time).
+cmake_extra+=("-DCMAKE_CUDA_COMPILER=$(command -v nvcc)" -DDDILOCO_BUILD_BENCH=OFF)
 
 # ------------------------------------------------------------------ 2. configure and build
 jobs=${JOBS:-$(nproc)}
