@@ -307,6 +307,30 @@ int main(int argc, char** argv) {
   bench_model->add_option("--steps", bench_opts.steps, "timed steps")->check(CLI::PositiveNumber);
   bench_model->add_option("--warmup", bench_opts.warmup, "untimed steps first")
       ->check(CLI::NonNegativeNumber);
+  cli::BenchGpuOptions bench_gpu_opts;
+  auto* bench_gpu = bench->add_subcommand(
+      "gpu", "GPU training step (bf16) tokens/s and MFU; GPT-2 124M shape by default");
+  bench_gpu->add_option("--n-layer", bench_gpu_opts.n_layer, "layers")->check(CLI::PositiveNumber);
+  bench_gpu->add_option("--n-head", bench_gpu_opts.n_head, "attention heads")
+      ->check(CLI::PositiveNumber);
+  bench_gpu->add_option("--n-embd", bench_gpu_opts.n_embd, "channels")->check(CLI::PositiveNumber);
+  bench_gpu->add_option("--vocab", bench_gpu_opts.vocab_size,
+                        "vocabulary (50304 = GPT-2's 50257 padded to a multiple of 128)")
+      ->check(CLI::PositiveNumber);
+  bench_gpu->add_option("--seq", bench_gpu_opts.seq_len, "sequence length T")
+      ->check(CLI::PositiveNumber);
+  bench_gpu->add_option("--batch", bench_gpu_opts.batch, "sequences per step B")
+      ->check(CLI::PositiveNumber);
+  bench_gpu->add_option("--steps", bench_gpu_opts.steps, "timed steps")->check(CLI::PositiveNumber);
+  bench_gpu->add_option("--warmup", bench_gpu_opts.warmup, "untimed steps first")
+      ->check(CLI::NonNegativeNumber);
+  bench_gpu->add_option("--peak-tflops", bench_gpu_opts.peak_tflops,
+                        "the device's dense bf16 peak for MFU (989 = H100/H200 SXM)")
+      ->check(CLI::PositiveNumber);
+  bench_gpu->add_option("--lr", bench_gpu_opts.lr, "AdamW learning rate")
+      ->check(CLI::PositiveNumber);
+  bench_gpu->add_option("--grad-clip", bench_gpu_opts.grad_clip, "global norm clip (0 = off)");
+  bench_gpu->add_option("--seed", bench_gpu_opts.seed, "weights and tokens");
   cli::BenchCheckpointOptions bench_ckpt;
   ConfigArgs bench_ckpt_args;
   auto* bench_checkpoint = bench->add_subcommand(
@@ -350,7 +374,9 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  const bool needs_mpi = train->parsed() || eval->parsed() || bench->parsed();
+  // bench gpu runs on one device and needs no MPI.
+  const bool needs_mpi =
+      train->parsed() || eval->parsed() || (bench->parsed() && !bench_gpu->parsed());
   std::optional<mpi::Session> session;
   try {
     if (needs_mpi) session.emplace(&argc, &argv);
@@ -366,6 +392,14 @@ int main(int argc, char** argv) {
       bench_opts.config = bench_args.path;
       bench_opts.overrides = bench_args.overrides;
       return cli::bench_model(bench_opts);
+    }
+    if (bench_gpu->parsed()) {
+#ifdef DDILOCO_HAVE_CUDA
+      return cli::bench_gpu(bench_gpu_opts);
+#else
+      fail("bench gpu: this ddiloco was built without CUDA; build it with the cuda preset "
+           "(cmake --preset cuda && cmake --build --preset cuda)");
+#endif
     }
     if (bench_checkpoint->parsed()) {
       bench_ckpt.config = bench_ckpt_args.path;
