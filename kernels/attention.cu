@@ -4,6 +4,7 @@
 // T×T products are computed (the masked half is zeroed by the softmax), which costs twice
 // the causal FLOPs in exchange for plain tensor-core GEMMs.
 #include <cmath>
+#include <initializer_list>
 
 #include "common.cuh"
 
@@ -17,57 +18,82 @@ using detail::store_f;
 constexpr int kThreads = 256;
 constexpr int kRowsPerBlock = kThreads / kWarp;
 
-// qkv (B,T,3,NH,hs) → q, k, v (B,NH,T,hs). One thread per element of q.
-__global__ void permute_qkv_kernel(bf16* q, bf16* k, bf16* v, const bf16* qkv, int B, int T,
+// Head-major copies. Index i runs over (B,NH,T,hs/VW) groups of VW consecutive elements of
+// one head's row (VW = 8: 16-byte moves when hs % 8 == 0, else VW = 1).
+struct HeadIndex {
+  size_t head;  // element offset in (B,NH,T,hs)
+  size_t row;   // element offset of the same (b,t,h,d) in a (B,T,NH·hs) row-major tensor
+};
+template <int VW>
+__device__ __forceinline__ HeadIndex head_index(size_t i, int T, int NH, int hs, size_t row_len) {
+  const int groups = hs / VW;
+  const int d = static_cast<int>(i % groups) * VW;
+  const int t = static_cast<int>((i / groups) % T);
+  const int h = static_cast<int>((i / (static_cast<size_t>(groups) * T)) % NH);
+  const size_t b = i / (static_cast<size_t>(groups) * T * NH);
+  return {((b * NH + h) * T + t) * hs + d, (b * T + t) * row_len + static_cast<size_t>(h) * hs + d};
+}
+
+template <int VW>
+__device__ __forceinline__ void copy_vec(bf16* dst, const bf16* src) {
+  if constexpr (VW == 8)
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+  else
+    *dst = *src;
+}
+
+// qkv (B,T,3,NH,hs) → q, k, v (B,NH,T,hs).
+template <int VW>
+__global__ void permute_qkv_kernel(bf16* q, bf16* k, bf16* v, const bf16* qkv, size_t n, int T,
                                    int NH, int hs) {
-  const size_t n = static_cast<size_t>(B) * NH * T * hs;
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
-  const int d = static_cast<int>(i % hs);
-  const int t = static_cast<int>((i / hs) % T);
-  const int h = static_cast<int>((i / (static_cast<size_t>(hs) * T)) % NH);
-  const size_t b = i / (static_cast<size_t>(hs) * T * NH);
   const size_t C = static_cast<size_t>(NH) * hs;
-  const size_t src = (b * T + t) * 3 * C + static_cast<size_t>(h) * hs + d;
-  q[i] = qkv[src];
-  k[i] = qkv[src + C];
-  v[i] = qkv[src + 2 * C];
+  const HeadIndex x = head_index<VW>(i, T, NH, hs, 3 * C);
+  copy_vec<VW>(q + x.head, qkv + x.row);
+  copy_vec<VW>(k + x.head, qkv + x.row + C);
+  copy_vec<VW>(v + x.head, qkv + x.row + 2 * C);
 }
 
 // Inverse: dq, dk, dv (B,NH,T,hs) → dqkv (B,T,3C).
+template <int VW>
 __global__ void unpermute_qkv_kernel(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv,
-                                     int B, int T, int NH, int hs) {
-  const size_t n = static_cast<size_t>(B) * NH * T * hs;
+                                     size_t n, int T, int NH, int hs) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
-  const int d = static_cast<int>(i % hs);
-  const int t = static_cast<int>((i / hs) % T);
-  const int h = static_cast<int>((i / (static_cast<size_t>(hs) * T)) % NH);
-  const size_t b = i / (static_cast<size_t>(hs) * T * NH);
   const size_t C = static_cast<size_t>(NH) * hs;
-  const size_t dst = (b * T + t) * 3 * C + static_cast<size_t>(h) * hs + d;
-  dqkv[dst] = dq[i];
-  dqkv[dst + C] = dk[i];
-  dqkv[dst + 2 * C] = dv[i];
+  const HeadIndex x = head_index<VW>(i, T, NH, hs, 3 * C);
+  copy_vec<VW>(dqkv + x.row, dq + x.head);
+  copy_vec<VW>(dqkv + x.row + C, dk + x.head);
+  copy_vec<VW>(dqkv + x.row + 2 * C, dv + x.head);
 }
 
 // y (B,NH,T,hs) ↔ out (B,T,C): to_bt = true gathers heads into rows (forward output),
 // false scatters rows into heads (the backward's dy).
-__global__ void heads_kernel(bf16* dst, const bf16* src, int B, int T, int NH, int hs,
+template <int VW>
+__global__ void heads_kernel(bf16* dst, const bf16* src, size_t n, int T, int NH, int hs,
                              bool to_bt) {
-  const size_t n = static_cast<size_t>(B) * NH * T * hs;
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
-  const int d = static_cast<int>(i % hs);
-  const int t = static_cast<int>((i / hs) % T);
-  const int h = static_cast<int>((i / (static_cast<size_t>(hs) * T)) % NH);
-  const size_t b = i / (static_cast<size_t>(hs) * T * NH);
-  const size_t bt = (b * T + t) * static_cast<size_t>(NH) * hs + static_cast<size_t>(h) * hs + d;
+  const HeadIndex x = head_index<VW>(i, T, NH, hs, static_cast<size_t>(NH) * hs);
   if (to_bt)
-    dst[bt] = src[i];
+    copy_vec<VW>(dst + x.row, src + x.head);
   else
-    dst[i] = src[bt];
+    copy_vec<VW>(dst + x.head, src + x.row);
 }
+
+// Launches one of the three permutes with VW = 8 when every row segment is 16-byte aligned.
+struct Permute {
+  bool vec;
+  size_t n;
+  unsigned grid;
+  Permute(int B, int T, int C, int hs, std::initializer_list<const void*> ptrs) {
+    vec = hs % 8 == 0;
+    for (const void* p : ptrs) vec = vec && detail::aligned16(p);
+    n = static_cast<size_t>(B) * T * C / (vec ? 8 : 1);
+    grid = detail::blocks_for(n, kThreads);
+  }
+};
 
 // One warp per row r of (B·NH·T, T); the row's query position is t = r % T and it sees
 // columns 0..t. Online max/sum in one read, then one read + write of the whole row (zeros
@@ -98,7 +124,8 @@ __global__ void softmax_forward_kernel(bf16* att, int rows, int T, float scale) 
   sum = mx == -INFINITY ? 0.0f : sum * __expf(mx - row_max);
   const float inv = 1.0f / detail::warp_sum(sum);
   for (int c = lane * VW; c < T; c += kWarp * VW) {
-    load_f<VW>(p + c, buf);
+    // Chunks wholly above the diagonal are written as zeros without being read.
+    if (c <= t) load_f<VW>(p + c, buf);
 #pragma unroll
     for (int k = 0; k < VW; ++k) buf[k] = c + k <= t ? __expf(buf[k] * scale - row_max) * inv : 0.0f;
     store_f<VW>(p + c, buf);
@@ -124,8 +151,10 @@ __global__ void softmax_backward_kernel(bf16* datt, const bf16* att, int rows, i
   }
   s = detail::warp_sum(s);
   for (int c = lane * VW; c < T; c += kWarp * VW) {
-    load_f<VW>(att + off + c, pv);
-    load_f<VW>(datt + off + c, dv);
+    if (c <= t) {  // above the diagonal: zeros, nothing to read
+      load_f<VW>(att + off + c, pv);
+      load_f<VW>(datt + off + c, dv);
+    }
 #pragma unroll
     for (int k = 0; k < VW; ++k) dv[k] = c + k <= t ? scale * pv[k] * (dv[k] - s) : 0.0f;
     store_f<VW>(datt + off + c, dv);
@@ -183,8 +212,11 @@ void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
   const size_t NC = static_cast<size_t>(B) * T * C;
   bf16 *q = scratch, *k = q + NC, *v = k + NC, *y = v + NC;
   cudaStream_t stream = blas.stream();
-  const unsigned grid = detail::blocks_for(NC, kThreads);
-  permute_qkv_kernel<<<grid, kThreads, 0, stream>>>(q, k, v, qkv, B, T, NH, hs);
+  const Permute pm(B, T, C, hs, {scratch, qkv, out});
+  if (pm.vec)
+    permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+  else
+    permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
   DDILOCO_CUDA_CHECK_LAUNCH();
   const long long sTh = static_cast<long long>(T) * hs, sTT = static_cast<long long>(T) * T;
   // att[j][i] = q_j·k_i (row-major (T,T) per head; see the derivation in llm.c).
@@ -194,7 +226,10 @@ void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
   // y[j][d] = Σ_i att[j][i]·v[i][d].
   batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, v, hs, sTh, att, T, sTT, y, hs, sTh,
                B * NH);
-  heads_kernel<<<grid, kThreads, 0, stream>>>(out, y, B, T, NH, hs, true);
+  if (pm.vec)
+    heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(out, y, pm.n, T, NH, hs, true);
+  else
+    heads_kernel<1><<<pm.grid, kThreads, 0, stream>>>(out, y, pm.n, T, NH, hs, true);
   DDILOCO_CUDA_CHECK_LAUNCH();
 }
 
@@ -205,10 +240,15 @@ void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const b
   bf16 *q = scratch, *k = q + NC, *v = k + NC, *dy = v + NC, *dq = dy + NC, *dk = dq + NC,
        *dv = dk + NC, *datt = dv + NC;
   cudaStream_t stream = blas.stream();
-  const unsigned grid = detail::blocks_for(NC, kThreads);
+  const Permute pm(B, T, C, hs, {scratch, qkv, dout, dqkv});
   // Q, K, V again from the saved qkv: cheaper than keeping three more (N,C) per layer.
-  permute_qkv_kernel<<<grid, kThreads, 0, stream>>>(q, k, v, qkv, B, T, NH, hs);
-  heads_kernel<<<grid, kThreads, 0, stream>>>(dy, dout, B, T, NH, hs, false);
+  if (pm.vec) {
+    permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+    heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
+  } else {
+    permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+    heads_kernel<1><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
+  }
   DDILOCO_CUDA_CHECK_LAUNCH();
   const long long sTh = static_cast<long long>(T) * hs, sTT = static_cast<long long>(T) * T;
   const int BNH = B * NH;
@@ -226,7 +266,10 @@ void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const b
                BNH);
   batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, q, hs, sTh, datt, T, sTT, dk, hs, sTh,
                BNH);
-  unpermute_qkv_kernel<<<grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, B, T, NH, hs);
+  if (pm.vec)
+    unpermute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, pm.n, T, NH, hs);
+  else
+    unpermute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, pm.n, T, NH, hs);
   DDILOCO_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,6 +1,8 @@
 // LayerNorm forward and backward (layers::layernorm_forward/backward), one warp per row.
 // Rows of C bf16 are read with 16-byte loads when C % 8 == 0 and the pointers are aligned
 // (VW = 8), else element by element (VW = 1). Statistics and all sums are fp32.
+#include <initializer_list>
+
 #include "common.cuh"
 
 namespace ddiloco::gpu {

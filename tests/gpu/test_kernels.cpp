@@ -99,8 +99,9 @@ TEST_P(GpuLayerNorm, ForwardBackward) {
   layernorm_backward(d_dinp.get(), d_dw.get(), d_db.get(), d_dout.get(), d_inp.get(), d_w.get(),
                      d_mean.get(), d_rstd.get(), N, C, nullptr);
   EXPECT_LE(scaled_error(download_bf16(d_out), out), kBf16Out);
-  EXPECT_LE(scaled_error(d_mean.download(), mean), kExact);
-  EXPECT_LE(scaled_error(d_rstd.download(), rstd), kExact);
+  // fp32 statistics from identical inputs; the CPU's vectorised sums associate differently.
+  EXPECT_LE(scaled_error(d_mean.download(), mean), 1e-4);
+  EXPECT_LE(scaled_error(d_rstd.download(), rstd), 1e-4);
   EXPECT_LE(scaled_error(download_bf16(d_dinp), dinp), kBf16Grad) << "dinp";
   EXPECT_LE(scaled_error(d_dw.download(), dw), 1e-4) << "dw (fp32 sums of N products)";
   EXPECT_LE(scaled_error(d_db.download(), db), 1e-4) << "db";
