@@ -161,6 +161,41 @@ void NcclComm::broadcast(void* data, size_t count, DType type, int root, cudaStr
   after();
 }
 
+void NcclComm::broadcast(std::span<const DeviceBuffer> buffers, DType type, int root,
+                         cudaStream_t compute) {
+  if (root < 0 || root >= size_)
+    fail("NCCL broadcast root {} is not a rank of this communicator (size {})", root, size_);
+  before(compute);
+  DDILOCO_NCCL_CHECK(comm_, ncclGroupStart());
+  // ncclGroupEnd must follow ncclGroupStart even when a call inside fails, or NCCL stays in
+  // group mode on this thread.
+  ncclResult_t status = ncclSuccess;
+  for (const DeviceBuffer& b : buffers) {
+    status = ncclBroadcast(b.data, b.data, b.count, nccl_type(type), root, comm_, stream_);
+    if (status != ncclSuccess) break;
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  DDILOCO_NCCL_CHECK(comm_, status);
+  DDILOCO_NCCL_CHECK(comm_, end);
+  after();
+}
+
+void NcclComm::allreduce(std::span<const DeviceBuffer> buffers, DType type, ReduceOp op,
+                         cudaStream_t compute) {
+  before(compute);
+  DDILOCO_NCCL_CHECK(comm_, ncclGroupStart());
+  ncclResult_t status = ncclSuccess;
+  for (const DeviceBuffer& b : buffers) {
+    status = ncclAllReduce(b.data, b.data, b.count, nccl_type(type),
+                           op == ReduceOp::sum ? ncclSum : ncclAvg, comm_, stream_);
+    if (status != ncclSuccess) break;
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  DDILOCO_NCCL_CHECK(comm_, status);
+  DDILOCO_NCCL_CHECK(comm_, end);
+  after();
+}
+
 void NcclComm::join(cudaStream_t compute) {
   DDILOCO_CUDA_CHECK(cudaStreamWaitEvent(compute, done_, 0));
 }

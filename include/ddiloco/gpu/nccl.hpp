@@ -18,6 +18,7 @@
 #include <nccl.h>
 
 #include <cstddef>
+#include <span>
 
 #include "ddiloco/gpu/check.hpp"
 
@@ -57,6 +58,13 @@ enum class ReduceOp { sum, avg };
 
 /// Bytes of one element of `type`.
 constexpr size_t dtype_bytes(DType type) { return type == DType::f32 ? 4 : 2; }
+
+/// A device buffer: `count` elements at device pointer `data` (e.g. one tensor of a fragment,
+/// or one gradient bucket).
+struct DeviceBuffer {
+  void* data = nullptr;
+  size_t count = 0;
+};
 
 /// An NCCL communicator over the ranks of an MPI communicator (normally a unit's), with a
 /// stream of its own for the collectives.
@@ -110,6 +118,13 @@ class NcclComm {
   /// In-place broadcast of `count` elements from NCCL rank `root` (the unit leader, 0, for
   /// merged fragments), after the work enqueued on `compute` so far.
   void broadcast(void* data, size_t count, DType type, int root, cudaStream_t compute);
+  /// Several buffers in one NCCL group (ncclGroupStart/End: one launch, not one per buffer):
+  /// the tensors of a fragment the leader applied (HostStaging::ranges), or gradient buckets.
+  /// Elements of `type`; in place, as above.
+  void broadcast(std::span<const DeviceBuffer> buffers, DType type, int root,
+                 cudaStream_t compute);
+  void allreduce(std::span<const DeviceBuffer> buffers, DType type, ReduceOp op,
+                 cudaStream_t compute);
 
   /// Makes `compute` wait (on the GPU, not the host) for every collective issued so far.
   void join(cudaStream_t compute);

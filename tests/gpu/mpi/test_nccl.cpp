@@ -180,6 +180,54 @@ TEST(Nccl, BroadcastFromTheLeader) {
   EXPECT_THROW(nccl.broadcast(dev.p, 1, DType::f32, nccl.size(), compute.s), Error);
 }
 
+TEST(Nccl, GroupedBroadcastAndAllReduceOfSeveralBuffers) {
+  DDILOCO_REQUIRE_GPU();
+  Unit unit;
+  if (unit.comm == MPI_COMM_NULL) return;
+  NcclComm nccl(unit.comm);
+  const int n = nccl.size();
+  Stream compute;
+  constexpr size_t kN = 100'000;
+  Pinned<float> host(kN);
+  Device dev(kN * sizeof(float));
+  auto* d = static_cast<float*>(dev.p);
+  // Two "tensors" of a fragment, [10, 30010) and [50000, 50777), with gaps left alone.
+  const DeviceBuffer parts[] = {{d + 10, 30'000}, {d + 50'000, 777}};
+  auto inside = [](size_t i) { return (i >= 10 && i < 30'010) || (i >= 50'000 && i < 50'777); };
+
+  for (size_t i = 0; i < kN; ++i) host[i] = nccl.rank() == 0 ? static_cast<float>(i) : -1.0f;
+  DDILOCO_CUDA_CHECK(cudaMemcpyAsync(d, host.p, kN * sizeof(float), cudaMemcpyHostToDevice,
+                                     compute.s));
+  nccl.broadcast(parts, DType::f32, 0, compute.s);
+  nccl.join(compute.s);
+  DDILOCO_CUDA_CHECK(cudaMemcpyAsync(host.p, d, kN * sizeof(float), cudaMemcpyDeviceToHost,
+                                     compute.s));
+  DDILOCO_CUDA_CHECK(cudaStreamSynchronize(compute.s));
+  size_t wrong = 0;
+  for (size_t i = 0; i < kN; ++i) {
+    const float want = nccl.rank() == 0 || inside(i) ? static_cast<float>(i) : -1.0f;
+    wrong += host[i] != want;
+  }
+  EXPECT_EQ(wrong, 0u) << "broadcast";
+
+  for (size_t i = 0; i < kN; ++i) host[i] = grad(nccl.rank(), i);
+  DDILOCO_CUDA_CHECK(cudaMemcpyAsync(d, host.p, kN * sizeof(float), cudaMemcpyHostToDevice,
+                                     compute.s));
+  nccl.allreduce(parts, DType::f32, ReduceOp::sum, compute.s);
+  nccl.synchronize();
+  DDILOCO_CUDA_CHECK(cudaMemcpy(host.p, d, kN * sizeof(float), cudaMemcpyDeviceToHost));
+  wrong = 0;
+  for (size_t i = 0; i < kN; ++i) {
+    float want = grad(nccl.rank(), i);
+    if (inside(i)) {
+      want = 0;
+      for (int r = 0; r < n; ++r) want += grad(r, i);
+    }
+    wrong += host[i] != want;
+  }
+  EXPECT_EQ(wrong, 0u) << "all-reduce";
+}
+
 TEST(Nccl, TwoRanksOnOneGpuAreRefusedOnEveryRank) {
   DDILOCO_REQUIRE_GPU();
   DDILOCO_CUDA_CHECK(cudaSetDevice(0));  // both ranks on device 0
