@@ -7,6 +7,7 @@
 #include <initializer_list>
 
 #include "common.cuh"
+#include "flash_attention.cuh"
 
 namespace ddiloco::gpu {
 namespace {
@@ -266,6 +267,60 @@ void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const b
                BNH);
   batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, q, hs, sTh, datt, T, sTT, dk, hs, sTh,
                BNH);
+  if (pm.vec)
+    unpermute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, pm.n, T, NH, hs);
+  else
+    unpermute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, pm.n, T, NH, hs);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+bool attention_flash_supported(int T, int C, int NH) {
+  return NH > 0 && C % NH == 0 && C / NH == 64 && T % 64 == 0 && T > 0;
+}
+
+void attention_forward_flash(bf16* out, float* lse, const bf16* qkv, bf16* scratch, int B, int T,
+                             int C, int NH, cudaStream_t stream) {
+  if (!attention_flash_supported(T, C, NH))
+    throw_error("attention_forward_flash: needs head size 64 and T a multiple of 64");
+  const int hs = C / NH;
+  const size_t NC = static_cast<size_t>(B) * T * C;
+  bf16 *q = scratch, *k = q + NC, *v = k + NC, *y = v + NC;
+  const Permute pm(B, T, C, hs, {scratch, qkv, out});
+  if (pm.vec)
+    permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+  else
+    permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+  detail::flash_forward(q, k, v, y, lse, B * NH, T, 1.0f / std::sqrt(static_cast<float>(hs)),
+                        stream);
+  if (pm.vec)
+    heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(out, y, pm.n, T, NH, hs, true);
+  else
+    heads_kernel<1><<<pm.grid, kThreads, 0, stream>>>(out, y, pm.n, T, NH, hs, true);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+void attention_backward_flash(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                              const float* lse, bf16* scratch, float* delta, int B, int T, int C,
+                              int NH, cudaStream_t stream) {
+  if (!attention_flash_supported(T, C, NH))
+    throw_error("attention_backward_flash: needs head size 64 and T a multiple of 64");
+  const int hs = C / NH;
+  const size_t NC = static_cast<size_t>(B) * T * C;
+  bf16 *q = scratch, *k = q + NC, *v = k + NC, *dy = v + NC, *dq = dy + NC, *dk = dq + NC,
+       *dv = dk + NC;
+  const Permute pm(B, T, C, hs, {scratch, qkv, dout, dqkv});
+  if (pm.vec) {
+    permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+    heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
+  } else {
+    permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+    heads_kernel<1><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
+  }
+  DDILOCO_CUDA_CHECK_LAUNCH();
+  detail::flash_delta(delta, dout, out, B, T, NH, stream);
+  detail::flash_backward(q, k, v, dy, lse, delta, dq, dk, dv, B * NH, T,
+                         1.0f / std::sqrt(static_cast<float>(hs)), stream);
   if (pm.vec)
     unpermute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, pm.n, T, NH, hs);
   else

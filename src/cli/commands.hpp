@@ -42,6 +42,7 @@ struct BenchGpuOptions {
   double lr = 6e-4;
   double grad_clip = 1.0;
   uint64_t seed = 1;
+  std::string attention = "flash";  // flash | cublas (gpu::AttentionKind)
 };
 /// Training-step throughput of the GPU model (forward + backward + clip + AdamW) on random
 /// tokens: tokens/s and MFU against peak_tflops. Only in builds with DDILOCO_HAVE_CUDA;

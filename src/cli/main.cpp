@@ -331,6 +331,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   bench_gpu->add_option("--grad-clip", bench_gpu_opts.grad_clip, "global norm clip (0 = off)");
   bench_gpu->add_option("--seed", bench_gpu_opts.seed, "weights and tokens");
+  bench_gpu->add_option("--attention", bench_gpu_opts.attention,
+                        "flash (fused, head size 64, T % 64 == 0) or cublas (batched GEMMs)")
+      ->check(CLI::IsMember({"flash", "cublas"}));
   cli::BenchCheckpointOptions bench_ckpt;
   ConfigArgs bench_ckpt_args;
   auto* bench_checkpoint = bench->add_subcommand(

@@ -39,7 +39,9 @@ int bench_gpu(const BenchGpuOptions& o) {
   cudaDeviceProp prop{};
   DDILOCO_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
 
-  gpu::GptCuda model(config, AdamWConfig{0.9, 0.95, 1e-8, 0.1});
+  const gpu::AttentionKind attention =
+      o.attention == "cublas" ? gpu::AttentionKind::cublas : gpu::AttentionKind::flash;
+  gpu::GptCuda model(config, AdamWConfig{0.9, 0.95, 1e-8, 0.1}, attention);
   model.init_weights(o.seed);
 
   // Random tokens, uploaded once: the step then touches only device memory.
@@ -59,8 +61,8 @@ int bench_gpu(const BenchGpuOptions& o) {
               prop.name, prop.major, prop.minor, config.n_layer, config.n_head, config.n_embd,
               config.vocab_size, params / 1e6);
   std::printf("bench gpu: batch B=%d sequence T=%d (%zu tokens/step), bf16 activations, fp32 "
-              "master weights, steps=%d (+%d warm-up)\n",
-              B, T, N, o.steps, o.warmup);
+              "master weights, %s attention, steps=%d (+%d warm-up)\n",
+              B, T, N, o.attention.c_str(), o.steps, o.warmup);
 
   auto stream = static_cast<cudaStream_t>(model.stream());
   const int total = o.warmup + o.steps;

@@ -15,6 +15,8 @@ void throw_cublas_error(cublasStatus_t status, const char* call, const char* fil
        cublasGetStatusString(status), call, file, line);
 }
 
+void throw_error(const char* message) { throw Error(message); }
+
 bool cuda_device_available() {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);

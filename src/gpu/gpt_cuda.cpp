@@ -86,10 +86,12 @@ struct Activations {
   bf16 *encoded, *ln1, *qkv, *atty, *att, *residual2, *ln2, *fch, *fch_gelu, *residual3, *lnf,
       *logits, *scratch, *dresidual, *dln, *datty, *dwide;
   // fp32
-  float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd, *losses, *loss;
+  float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd, *losses, *loss, *lse,
+      *delta;
   size_t total_bf16 = 0, total_f32 = 0;
 
-  Activations(const GptConfig& c, int B, int T, bf16* hbase, float* fbase) {
+  // flash: no (B,NH,T,T) probabilities; a (B,NH,T) log-sum-exp per layer and one delta.
+  Activations(const GptConfig& c, int B, int T, bool flash, bf16* hbase, float* fbase) {
     const size_t L = c.n_layer, C = c.n_embd, NH = c.n_head, V = c.vocab_size;
     const size_t N = static_cast<size_t>(B) * T, NC = N * C;
     auto round = [](size_t n) { return (n + 127) / 128 * 128; };
@@ -107,7 +109,7 @@ struct Activations {
     ln1 = h(L * NC);
     qkv = h(L * 3 * NC);
     atty = h(L * NC);
-    att = h(L * B * NH * T * T);
+    att = h(flash ? 0 : L * B * NH * T * T);
     residual2 = h(L * NC);
     ln2 = h(L * NC);
     fch = h(L * 4 * NC);
@@ -117,9 +119,11 @@ struct Activations {
     logits = h(N * V);
     // Attention scratch (forward: q,k,v,y; backward: q,k,v,dy,dq,dk,dv,datt), also the
     // output of the projections before their residual add.
+    // (The flash path needs no (B,NH,T,T) gradient buffer: 7·N·C covers its backward.)
     scratch = h(std::max(attention_forward_scratch_elems(B, T, static_cast<int>(C)),
-                         attention_backward_scratch_elems(B, T, static_cast<int>(C),
-                                                          static_cast<int>(NH))));
+                         flash ? 7 * NC
+                               : attention_backward_scratch_elems(B, T, static_cast<int>(C),
+                                                                  static_cast<int>(NH))));
     dresidual = h(NC);
     dln = h(NC);
     datty = h(NC);
@@ -132,6 +136,8 @@ struct Activations {
     lnf_rstd = f(N);
     losses = f(N);
     loss = f(1);
+    lse = f(flash ? L * B * NH * T : 0);
+    delta = f(flash ? static_cast<size_t>(B) * NH * T : 0);
   }
 };
 
@@ -141,6 +147,7 @@ struct GptCuda::Impl {
   GptConfig config;
   ParameterLayout layout;
   AdamWConfig adamw;
+  AttentionKind attention;
   cudaStream_t stream = nullptr;
   std::unique_ptr<BlasContext> blas;
   DeviceBuffer<float> params, grads, m, v;
@@ -156,8 +163,11 @@ struct GptCuda::Impl {
   int64_t t = 0;  // AdamW steps taken
   enum class Pass { none, inference, training, backward_done } pass = Pass::none;
 
-  Impl(const GptConfig& c, const AdamWConfig& a)
-      : config(c), layout((c.validate(), ParameterLayout::gpt2(c))), adamw(a) {
+  Impl(const GptConfig& c, const AdamWConfig& a, AttentionKind kind)
+      : config(c), layout((c.validate(), ParameterLayout::gpt2(c))), adamw(a), attention(kind) {
+    if (kind == AttentionKind::flash && c.n_embd / c.n_head != 64)
+      fail("GPU model: flash attention needs head size n_embd/n_head = 64, got {}",
+           c.n_embd / c.n_head);
     DDILOCO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     blas = std::make_unique<BlasContext>(stream);
     const size_t P = layout.size();
@@ -189,7 +199,7 @@ struct GptCuda::Impl {
   }
 
   void ensure_activations(int b, int t_len) {
-    const Activations need(config, b, t_len, nullptr, nullptr);
+    const Activations need(config, b, t_len, flash(), nullptr, nullptr);
     if (need.total_bf16 > acts_bf16.size() || need.total_f32 > acts_f32.size()) {
       DDILOCO_CUDA_CHECK(cudaStreamSynchronize(stream));  // old buffers may still be in use
       if (need.total_bf16 > acts_bf16.size()) acts_bf16.resize(need.total_bf16);
@@ -203,8 +213,10 @@ struct GptCuda::Impl {
     }
   }
 
+  bool flash() const { return attention == AttentionKind::flash; }
+
   Activations acts() const {
-    return Activations(config, B, T, acts_bf16.get(), acts_f32.get());
+    return Activations(config, B, T, flash(), acts_bf16.get(), acts_f32.get());
   }
 
   void check_range(size_t offset, size_t n, const char* what) const {
@@ -219,6 +231,9 @@ struct GptCuda::Impl {
       fail("forward: sequence length must be in [1, model.seq_len = {}], got {}", config.seq_len,
            t_len);
     if (tgt == nullptr) fail("forward: the GPU model needs targets");
+    if (flash() && !attention_flash_supported(t_len, config.n_embd, config.n_head))
+      fail("forward: flash attention needs a sequence length that is a multiple of 64, got {}",
+           t_len);
     ensure_activations(b, t_len);
     B = b;
     T = t_len;
@@ -238,7 +253,8 @@ struct GptCuda::Impl {
       bf16* ln1 = a.ln1 + l * NC;
       bf16* qkv = a.qkv + l * 3 * NC;
       bf16* atty = a.atty + l * NC;
-      bf16* att = a.att + static_cast<size_t>(l) * B * NH * T * T;
+      bf16* att = flash() ? nullptr : a.att + static_cast<size_t>(l) * B * NH * T * T;
+      float* lse = flash() ? a.lse + static_cast<size_t>(l) * B * NH * T : nullptr;
       bf16* residual2 = a.residual2 + l * NC;
       bf16* ln2 = a.ln2 + l * NC;
       bf16* fch = a.fch + l * 4 * NC;
@@ -247,7 +263,10 @@ struct GptCuda::Impl {
       layernorm_forward(ln1, a.ln1_mean + l * N, a.ln1_rstd + l * N, residual, p.ln1w, p.ln1b, N,
                         C, stream);
       matmul_forward(*blas, qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
-      attention_forward(*blas, atty, att, qkv, a.scratch, B, T, C, NH);
+      if (flash())
+        attention_forward_flash(atty, lse, qkv, a.scratch, B, T, C, NH, stream);
+      else
+        attention_forward(*blas, atty, att, qkv, a.scratch, B, T, C, NH);
       bf16* proj = a.scratch;  // free again once attention_forward's GEMMs are enqueued
       matmul_forward(*blas, proj, atty, p.projw, p.projb, N, C, C);
       residual_forward(residual2, residual, proj, static_cast<long>(NC), stream);
@@ -298,8 +317,14 @@ struct GptCuda::Impl {
       // Attention branch.
       matmul_backward(*blas, a.datty, d.projw, d.projb, a.dresidual, a.atty + l * NC, p.projw, N,
                       C, C);
-      attention_backward(*blas, a.dwide, a.datty, a.qkv + l * 3 * NC,
-                         a.att + static_cast<size_t>(l) * B * NH * T * T, a.scratch, B, T, C, NH);
+      if (flash())
+        attention_backward_flash(a.dwide, a.datty, a.qkv + l * 3 * NC, a.atty + l * NC,
+                                 a.lse + static_cast<size_t>(l) * B * NH * T, a.scratch, a.delta,
+                                 B, T, C, NH, stream);
+      else
+        attention_backward(*blas, a.dwide, a.datty, a.qkv + l * 3 * NC,
+                           a.att + static_cast<size_t>(l) * B * NH * T * T, a.scratch, B, T, C,
+                           NH);
       matmul_backward(*blas, a.dln, d.qkvw, d.qkvb, a.dwide, a.ln1 + l * NC, p.qkvw, N, C, 3 * C);
       layernorm_backward(a.dresidual, d.ln1w, d.ln1b, a.dln, residual, p.ln1w,
                          a.ln1_mean + l * N, a.ln1_rstd + l * N, N, C, stream);
@@ -308,13 +333,14 @@ struct GptCuda::Impl {
   }
 };
 
-GptCuda::GptCuda(const GptConfig& config, const AdamWConfig& adamw)
-    : impl_(std::make_unique<Impl>(config, adamw)) {}
+GptCuda::GptCuda(const GptConfig& config, const AdamWConfig& adamw, AttentionKind attention)
+    : impl_(std::make_unique<Impl>(config, adamw, attention)) {}
 GptCuda::~GptCuda() = default;
 
 const GptConfig& GptCuda::config() const { return impl_->config; }
 const ParameterLayout& GptCuda::layout() const { return impl_->layout; }
 size_t GptCuda::num_parameters() const { return impl_->layout.size(); }
+AttentionKind GptCuda::attention() const { return impl_->attention; }
 
 void GptCuda::init_weights(uint64_t seed) {
   // The CPU model's initialiser, so both paths start from identical weights.

@@ -28,6 +28,7 @@
 #include "ddiloco/gpu/gpt_cuda.hpp"
 #include "ddiloco/model.hpp"
 #include "ddiloco/optim.hpp"
+#include "ddiloco/rng.hpp"
 #include "gpu_test.hpp"
 #include "io/h5.hpp"
 
@@ -220,6 +221,69 @@ TEST(GpuParity, AdamWStepsMatchCpu) {
               loss_rel, norm_rel, mean_abs, mean_abs / lr_mean, mx);
 }
 
+// The fixture's head size is 8; this shape (head size 64, T a multiple of 64) runs both
+// attention paths on GPT-2's own init, against the CPU model, with the fixture's limits.
+class GpuModel : public ::testing::TestWithParam<AttentionKind> {};
+
+TEST_P(GpuModel, MatchesCpuAtHeadSize64) {
+  DDILOCO_REQUIRE_GPU();
+  const GptConfig config{96, 128, 2, 2, 128};
+  const int B = 2, T = 128, N = B * T;
+  Rng rng(5);
+  std::vector<int32_t> tokens(N), targets(N);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng.below(config.vocab_size));
+  for (auto& t : targets) t = static_cast<int32_t>(rng.below(config.vocab_size));
+  Gpt<float> cpu(config);
+  cpu.init_weights(11);
+  cpu.zero_grad();
+  const float cpu_loss = cpu.forward(tokens.data(), targets.data(), B, T);
+  cpu.backward();
+
+  GptCuda gpu(config, {}, GetParam());
+  gpu.init_weights(11);
+  std::vector<float> p(gpu.num_parameters());
+  gpu.get_parameters(p);
+  EXPECT_TRUE(std::equal(p.begin(), p.end(), cpu.parameters().begin())) << "init_weights";
+  gpu.zero_grad();
+  const float gpu_loss = gpu.forward(tokens.data(), targets.data(), B, T);
+  gpu.backward();
+  std::vector<float> grads(gpu.num_parameters());
+  gpu.get_gradients(grads);
+  EXPECT_LE(std::abs(gpu_loss - cpu_loss) / cpu_loss, kLossRel)
+      << "loss: gpu " << gpu_loss << ", cpu " << cpu_loss;
+  const auto cg = cpu.gradients();
+  double d2 = 0, g2 = 0, worst = 0;
+  std::string worst_name;
+  for (const auto& t : gpu.layout().tensors()) {
+    double scale = 0, err = 0;
+    for (size_t i = 0; i < t.numel; ++i) {
+      if (is_key_bias(t, i, config.n_embd)) continue;
+      const double want = cg[t.offset + i], e = std::abs(grads[t.offset + i] - want);
+      scale = std::max(scale, std::abs(want));
+      err = (e <= err) ? err : (std::isnan(e) ? INFINITY : e);
+      d2 += e * e;
+      g2 += want * want;
+    }
+    const double rel = scale > 0 ? err / scale : err;
+    EXPECT_LE(rel, kGradTensorRel) << "gradient of " << t.name;
+    if (!(rel <= worst)) {
+      worst = rel;
+      worst_name = t.name;
+    }
+  }
+  EXPECT_LE(std::sqrt(d2 / g2), kGradL2Rel);
+  std::printf("gpu model (%s attention, hs 64): loss gpu %.6f cpu %.6f; gradients worst "
+              "max|Δ|/max|g| %.3g (%s), ‖Δ‖/‖g‖ %.3g\n",
+              GetParam() == AttentionKind::flash ? "flash" : "cublas", gpu_loss, cpu_loss, worst,
+              worst_name.c_str(), std::sqrt(d2 / g2));
+}
+
+INSTANTIATE_TEST_SUITE_P(Attention, GpuModel,
+                         ::testing::Values(AttentionKind::cublas, AttentionKind::flash),
+                         [](const auto& param_info) {
+                           return param_info.param == AttentionKind::flash ? "flash" : "cublas";
+                         });
+
 TEST(GpuParity, RejectsBadTokens) {
   DDILOCO_REQUIRE_GPU();
   const Fixture& r = fixture();
@@ -229,6 +293,8 @@ TEST(GpuParity, RejectsBadTokens) {
   EXPECT_THROW(gpu.forward(tokens.data(), targets.data(), r.B, r.T), Error);
   EXPECT_THROW(gpu.forward(r.tokens.data(), r.targets.data(), r.B, r.config.seq_len + 1), Error);
   EXPECT_THROW(gpu.backward(), Error);
+  // Flash attention: head size 8 is refused at construction.
+  EXPECT_THROW(GptCuda(r.config, {}, AttentionKind::flash), Error);
 }
 
 }  // namespace

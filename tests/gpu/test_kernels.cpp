@@ -21,6 +21,7 @@
 #include <ostream>
 #include <vector>
 
+#include "ddiloco/error.hpp"
 #include "ddiloco/gpu/kernels.hpp"
 #include "ddiloco/layers.hpp"
 #include "ddiloco/model.hpp"
@@ -200,6 +201,65 @@ TEST_P(GpuAttention, ForwardBackward) {
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention,
                          ::testing::Values(AttnShape{2, 64, 64, 4}, AttnShape{2, 20, 48, 3},
                                            AttnShape{1, 1, 16, 2}, AttnShape{1, 256, 768, 12}));
+
+// The fused head-size-64 path against the same CPU reference; it never stores P, so only the
+// output and the input gradient are compared. Same bf16 tolerance as the cuBLAS path (P is
+// rounded to bf16 before P·V there too; here the scores stay fp32, which only helps).
+class GpuFlashAttention : public ::testing::TestWithParam<AttnShape> {};
+
+TEST_P(GpuFlashAttention, ForwardBackward) {
+  DDILOCO_REQUIRE_GPU();
+  const auto [B, T, C, NH] = GetParam();
+  ASSERT_TRUE(attention_flash_supported(T, C, NH));
+  const size_t NC = static_cast<size_t>(B) * T * C;
+  const auto qkv = random_bf16_values(3 * NC, 24);
+  const auto dout = random_bf16_values(NC, 25);
+  std::vector<float> out(NC), att(static_cast<size_t>(B) * NH * T * T), dqkv(3 * NC);
+  layers::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  layers::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+
+  DeviceArray<bf16> d_qkv(to_bf16(qkv)), d_out(NC), d_dout(to_bf16(dout)), d_dqkv(3 * NC);
+  DeviceArray<bf16> scratch(attention_backward_scratch_elems(B, T, C, NH));
+  DeviceArray<float> d_lse(static_cast<size_t>(B) * NH * T), d_delta(static_cast<size_t>(B) * NH * T);
+  attention_forward_flash(d_out.get(), d_lse.get(), d_qkv.get(), scratch.get(), B, T, C, NH,
+                          nullptr);
+  const auto g_out = download_bf16(d_out);
+  attention_backward_flash(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(),
+                           scratch.get(), d_delta.get(), B, T, C, NH, nullptr);
+  EXPECT_LE(scaled_error(g_out, out), kAttn) << "out";
+  EXPECT_LE(scaled_error(download_bf16(d_dqkv), dqkv), kAttn) << "dqkv";
+  // Each third (dQ, dK, dV) on its own scale, so an error in the smaller ones is not hidden.
+  const auto g = download_bf16(d_dqkv);
+  for (int part = 0; part < 3; ++part) {
+    std::vector<float> gp, cp;
+    for (size_t row = 0; row < static_cast<size_t>(B) * T; ++row)
+      for (int c = 0; c < C; ++c) {
+        gp.push_back(g[row * 3 * C + part * C + c]);
+        cp.push_back(dqkv[row * 3 * C + part * C + c]);
+      }
+    EXPECT_LE(scaled_error(gp, cp), kAttn) << "d" << "qkv"[part];
+  }
+  // logsumexp of the first row of the first head: only its own score, q₀·k₀/√hs.
+  double s = 0;
+  for (int d = 0; d < C / NH; ++d) s += static_cast<double>(qkv[d]) * qkv[C + d];
+  EXPECT_NEAR(d_lse.download()[0], s / std::sqrt(C / NH), 2e-2 * std::max(1.0, std::abs(s)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuFlashAttention,
+                         ::testing::Values(AttnShape{2, 64, 128, 2}, AttnShape{2, 128, 64, 1},
+                                           AttnShape{1, 256, 768, 12}, AttnShape{1, 1024, 128, 2}));
+
+TEST(GpuKernels, FlashRejectsUnsupportedShapes) {
+  DDILOCO_REQUIRE_GPU();
+  EXPECT_FALSE(attention_flash_supported(64, 96, 2));   // head size 48
+  EXPECT_FALSE(attention_flash_supported(100, 128, 2)); // T not a multiple of 64
+  EXPECT_TRUE(attention_flash_supported(1024, 768, 12));
+  DeviceArray<bf16> buf(3 * 100 * 128 * 4);
+  DeviceArray<float> lse(1000);
+  EXPECT_THROW(attention_forward_flash(buf.get(), lse.get(), buf.get(), buf.get(), 1, 100, 128, 2,
+                                       nullptr),
+               Error);
+}
 
 TEST(GpuKernels, GeluAndResidual) {
   DDILOCO_REQUIRE_GPU();

@@ -18,6 +18,10 @@ namespace ddiloco::gpu {
 [[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* call, const char* file,
                                      int line);
 
+/// Throw ddiloco::Error(message): for .cu files, which keep fmt (and its C++20 consteval
+/// format strings, which nvcc's front end rejects) out of device compilation.
+[[noreturn]] void throw_error(const char* message);
+
 /// True when cudaGetDeviceCount reports at least one usable device. Never throws: a machine
 /// without a driver reports false (tests use it to skip).
 bool cuda_device_available();

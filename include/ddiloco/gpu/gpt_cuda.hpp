@@ -25,11 +25,20 @@
 
 namespace ddiloco::gpu {
 
+/// How attention is computed (kernels.hpp):
+///   cublas: strided-batched cuBLAS GEMMs + softmax kernels, the (B,NH,T,T) probabilities
+///           stored per layer in bf16 (llm.c's non-cuDNN path); any shape.
+///   flash:  fused FlashAttention-2-style kernels, only a (B,NH,T) log-sum-exp per layer;
+///           needs head size 64 and T a multiple of 64 (Error otherwise). Far less memory
+///           traffic at T = 1024: the path for throughput.
+enum class AttentionKind { cublas, flash };
+
 class GptCuda {
  public:
   /// Allocates parameters, gradients and AdamW state on the current device (throws Error
   /// when that fails) and zeroes them; call init_weights or set_parameters next.
-  explicit GptCuda(const GptConfig& config, const AdamWConfig& adamw = {});
+  explicit GptCuda(const GptConfig& config, const AdamWConfig& adamw = {},
+                   AttentionKind attention = AttentionKind::cublas);
   ~GptCuda();
   GptCuda(const GptCuda&) = delete;
   GptCuda& operator=(const GptCuda&) = delete;
@@ -37,6 +46,7 @@ class GptCuda {
   const GptConfig& config() const;
   const ParameterLayout& layout() const;
   size_t num_parameters() const;
+  AttentionKind attention() const;
 
   /// The CPU model's GPT-2 initialisation (Gpt<float>::init_weights): same seed, same fp32
   /// weights. Synchronises.

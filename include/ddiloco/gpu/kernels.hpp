@@ -141,6 +141,23 @@ void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
 void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const bf16* qkv,
                         const bf16* att, bf16* scratch, int B, int T, int C, int NH);
 
+/// True when the fused path below handles the shape: head size C/NH == 64 and T % 64 == 0.
+bool attention_flash_supported(int T, int C, int NH);
+/// Fused causal attention (kernels/flash_attention.cu, FlashAttention-2's algorithm on WMMA
+/// bf16 tensor cores): same inputs and output as attention_forward, but instead of the
+/// (B,NH,T,T) probabilities it saves lse (B,NH,T) fp32, the log-sum-exp of each scaled,
+/// masked score row, from which the backward pass recomputes them. Needs
+/// attention_flash_supported (throws Error otherwise). scratch:
+/// attention_forward_scratch_elems(B,T,C) bf16 elements.
+void attention_forward_flash(bf16* out, float* lse, const bf16* qkv, bf16* scratch, int B, int T,
+                             int C, int NH, cudaStream_t stream);
+/// dqkv (B,T,3C) from dout (B,T,C), the saved qkv, the forward output out (B,T,C) and lse.
+/// scratch: attention_backward_scratch_elems(B,T,C,NH) bf16 elements (only 7·B·T·C are
+/// used); delta: B·NH·T fp32 of scratch.
+void attention_backward_flash(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                              const float* lse, bf16* scratch, float* delta, int B, int T, int C,
+                              int NH, cudaStream_t stream);
+
 /// The softmax step alone, in place: rows (B·NH·T) of length T, row r = (bh, t) keeps
 /// columns ≤ t: att = softmax(scale·att) there, 0 above. Exposed for the tests.
 void attention_softmax_forward(bf16* att, int BNH, int T, float scale, cudaStream_t stream);
