@@ -52,35 +52,41 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src) {
   }
 }
 
-// out (16×64 fp32, stride kLdS) = A (16 rows of a tile, stride kLd) · Bᵀ where B holds 64 rows
+// A warp's 16 rows × 64 of a tile as four matrix_a fragments (16×16 each, along the 64). The
+// operand that stays fixed across a kernel's loop (Q in the forward and dQ kernels, K and V in
+// the dK/dV kernel) is loaded into registers once instead of once per tile product.
+__device__ __forceinline__ void load_rows(FragA (&fa)[kHS / 16], const bf16* a) {
+#pragma unroll
+  for (int kk = 0; kk < kHS / 16; ++kk) wmma::load_matrix_sync(fa[kk], a + kk * 16, kLd);
+}
+
+// out (16×64 fp32, stride kLdS) = A · Bᵀ with A given as fragments (load_rows) and B 64 rows
 // of 64 (stride kLd): out[r][c] = Σ_d A[r][d]·B[c][d].
-__device__ __forceinline__ void mm_abt(float* out, const bf16* a, const bf16* b) {
+__device__ __forceinline__ void mm_abt(float* out, const FragA (&fa)[kHS / 16], const bf16* b) {
 #pragma unroll
   for (int n = 0; n < kBlk / 16; ++n) {
     FragC acc;
     wmma::fill_fragment(acc, 0.0f);
 #pragma unroll
     for (int kk = 0; kk < kHS / 16; ++kk) {
-      FragA fa;
       FragBT fb;
-      wmma::load_matrix_sync(fa, a + kk * 16, kLd);
       wmma::load_matrix_sync(fb, b + n * 16 * kLd + kk * 16, kLd);
-      wmma::mma_sync(acc, fa, fb, acc);
+      wmma::mma_sync(acc, fa[kk], fb, acc);
     }
     wmma::store_matrix_sync(out + n * 16, acc, kLdS, wmma::mem_row_major);
   }
 }
 
 // acc[n] += A (16×64 bf16, stride kLd) · B (64×64 bf16 tile, stride kLd), n over 16-column
-// slices of the result.
+// slices of the result; each A fragment is loaded once.
 __device__ __forceinline__ void mm_ab_acc(FragC* acc, const bf16* a, const bf16* b) {
 #pragma unroll
-  for (int n = 0; n < kHS / 16; ++n) {
+  for (int kk = 0; kk < kBlk / 16; ++kk) {
+    FragA fa;
+    wmma::load_matrix_sync(fa, a + kk * 16, kLd);
 #pragma unroll
-    for (int kk = 0; kk < kBlk / 16; ++kk) {
-      FragA fa;
+    for (int n = 0; n < kHS / 16; ++n) {
       FragB fb;
-      wmma::load_matrix_sync(fa, a + kk * 16, kLd);
       wmma::load_matrix_sync(fb, b + kk * 16 * kLd + n * 16, kLd);
       wmma::mma_sync(acc[n], fa, fb, acc[n]);
     }
@@ -121,6 +127,9 @@ __global__ void __launch_bounds__(kThreads)
   const size_t head = static_cast<size_t>(blockIdx.y) * T * kHS;
   load_tile(Qs, q + head + static_cast<size_t>(qb) * kBlk * kHS);
   for (int i = lane; i < 16 * kLdS; i += kWarp) Ow[i] = 0.0f;
+  __syncthreads();
+  FragA qf[kHS / 16];
+  load_rows(qf, Qs + warp * 16 * kLd);
 
   // Lane → row r of the warp's 16, columns h, h+2, ..., h+62 (2-way bank conflicts at most).
   const int r = lane & 15, h = lane >> 4;
@@ -131,7 +140,7 @@ __global__ void __launch_bounds__(kThreads)
     load_tile(Ks, k + head + static_cast<size_t>(kb) * kBlk * kHS);
     load_tile(Vs, v + head + static_cast<size_t>(kb) * kBlk * kHS);
     __syncthreads();
-    mm_abt(Sw, Qs + warp * 16 * kLd, Ks);
+    mm_abt(Sw, qf, Ks);
     __syncwarp();
     float mx = -INFINITY;
     for (int j = 0; j < kBlk / 2; ++j) {
@@ -155,19 +164,13 @@ __global__ void __launch_bounds__(kThreads)
     m = m_new;
     __syncwarp();
     // Sw ← P·V (16×64), then O += it.
+    {
+      FragC pv[kHS / 16];
+      for (auto& a : pv) wmma::fill_fragment(a, 0.0f);
+      mm_ab_acc(pv, Pw, Vs);
 #pragma unroll
-    for (int n = 0; n < kHS / 16; ++n) {
-      FragC acc;
-      wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-      for (int kk = 0; kk < kBlk / 16; ++kk) {
-        FragA fa;
-        FragB fb;
-        wmma::load_matrix_sync(fa, Pw + kk * 16, kLd);
-        wmma::load_matrix_sync(fb, Vs + kk * 16 * kLd + n * 16, kLd);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
-      wmma::store_matrix_sync(Sw + n * 16, acc, kLdS, wmma::mem_row_major);
+      for (int n = 0; n < kHS / 16; ++n)
+        wmma::store_matrix_sync(Sw + n * 16, pv[n], kLdS, wmma::mem_row_major);
     }
     __syncwarp();
     for (int j = 0; j < kHS / 2; ++j) {
@@ -227,6 +230,10 @@ __global__ void __launch_bounds__(kThreads)
   const size_t head = bh * T * kHS;
   load_tile(Qs, q + head + static_cast<size_t>(qb) * kBlk * kHS);
   load_tile(dOs, dy + head + static_cast<size_t>(qb) * kBlk * kHS);
+  __syncthreads();
+  FragA qf[kHS / 16], dof[kHS / 16];
+  load_rows(qf, Qs + warp * 16 * kLd);
+  load_rows(dof, dOs + warp * 16 * kLd);
   const int r = lane & 15, h = lane >> 4;
   const int qrow = qb * kBlk + warp * 16 + r;
   const float L = lse[bh * T + qrow], D = delta[bh * T + qrow];
@@ -237,8 +244,8 @@ __global__ void __launch_bounds__(kThreads)
     load_tile(Ks, k + head + static_cast<size_t>(kb) * kBlk * kHS);
     load_tile(Vs, v + head + static_cast<size_t>(kb) * kBlk * kHS);
     __syncthreads();
-    mm_abt(Sw, Qs + warp * 16 * kLd, Ks);    // S = Q·Kᵀ
-    mm_abt(dPw, dOs + warp * 16 * kLd, Vs);  // dP = dO·Vᵀ
+    mm_abt(Sw, qf, Ks);    // S = Q·Kᵀ
+    mm_abt(dPw, dof, Vs);  // dP = dO·Vᵀ
     __syncwarp();
     for (int j = 0; j < kBlk / 2; ++j) {
       const int c = h + 2 * j;
@@ -281,6 +288,10 @@ __global__ void __launch_bounds__(kThreads)
   const size_t head = bh * T * kHS;
   load_tile(Ks, k + head + static_cast<size_t>(kb) * kBlk * kHS);
   load_tile(Vs, v + head + static_cast<size_t>(kb) * kBlk * kHS);
+  __syncthreads();
+  FragA kf[kHS / 16], vf[kHS / 16];
+  load_rows(kf, Ks + warp * 16 * kLd);
+  load_rows(vf, Vs + warp * 16 * kLd);
   const int r = lane & 15, h = lane >> 4;
   const int krow = kb * kBlk + warp * 16 + r;
   FragC dk_acc[kHS / 16], dv_acc[kHS / 16];
@@ -295,8 +306,8 @@ __global__ void __launch_bounds__(kThreads)
       Ds[i] = delta[bh * T + qb * kBlk + i];
     }
     __syncthreads();
-    mm_abt(STw, Ks + warp * 16 * kLd, Qs);    // Sᵀ = K·Qᵀ
-    mm_abt(dPTw, Vs + warp * 16 * kLd, dOs);  // dPᵀ = V·dOᵀ
+    mm_abt(STw, kf, Qs);    // Sᵀ = K·Qᵀ
+    mm_abt(dPTw, vf, dOs);  // dPᵀ = V·dOᵀ
     __syncwarp();
     for (int j = 0; j < kBlk / 2; ++j) {
       const int c = h + 2 * j;  // query column
