@@ -103,10 +103,20 @@ fi
 source scripts/mpi_env.sh
 
 # NCCL: in the CUDA toolkit here; elsewhere NCCL_ROOT, or the wheel PyTorch brings
-# (nvidia/nccl/{include,lib}), whose lib has only libnccl.so.2: link a libnccl.so beside it.
+# (nvidia-nccl-cu1x: .../nvidia/<...>/{include/nccl.h,lib/libnccl.so.2}), whose lib has only
+# libnccl.so.2: a folder of links gives CMake the libnccl.so it looks for.
+find_nccl_wheel='
+import os, nvidia
+for base in nvidia.__path__:
+    for top, dirs, files in os.walk(base):
+        prefix = os.path.dirname(top)
+        if "nccl.h" in files and os.path.basename(top) == "include" and \
+           os.path.exists(os.path.join(prefix, "lib", "libnccl.so.2")):
+            print(prefix)
+            raise SystemExit'
 if [[ -z ${NCCL_ROOT:-} && ! -e /usr/local/cuda/include/nccl.h && ! -e /usr/include/nccl.h ]]; then
-  wheel=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
-  [[ -n $wheel && -e $wheel/include/nccl.h ]] ||
+  wheel=$(python3 -c "$find_nccl_wheel" 2>/dev/null || true)
+  [[ -n $wheel ]] ||
     die "NCCL not found: not in /usr/local/cuda or /usr/include, NCCL_ROOT unset, no nvidia-nccl wheel"
   shim=$root/build-cuda/nccl
   mkdir -p "$shim/lib"
