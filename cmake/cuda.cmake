@@ -22,10 +22,9 @@ endif()
 set(CMAKE_CUDA_STANDARD 20)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 set(CMAKE_CUDA_EXTENSIONS OFF)
-# CMake 3.25.0/3.25.1 (Debian 12's) sets a property on CUDA::nvToolsExt even where that library
-# does not exist, as in CUDA 13, and fails ("set_property could not find TARGET
-# CUDA::nvToolsExt"; later CMake checks first). An empty target for it to set the property on; nothing
-# here links it.
+# CMake 3.25.1 (Debian 12's) sets a property on CUDA::nvToolsExt even where that library does
+# not exist, as in CUDA 13, and fails ("set_property could not find TARGET CUDA::nvToolsExt";
+# later CMake checks first). An empty target for it to set the property on; nothing links it.
 if(CMAKE_VERSION VERSION_LESS 3.26 AND NOT TARGET CUDA::nvToolsExt)
   add_library(CUDA::nvToolsExt INTERFACE IMPORTED)
 endif()

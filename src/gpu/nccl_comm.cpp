@@ -122,6 +122,9 @@ NcclComm::NcclComm(MPI_Comm comm) {
 
 NcclComm::~NcclComm() {
   if (comm_ != nullptr) {
+    // NCCL's calls act on the communicator's device; the caller's current device is restored.
+    int current = -1;
+    cudaGetDevice(&current);
     cudaSetDevice(device_);
     // Finalize waits for the other ranks (the communicator becomes globally quiescent); while
     // an error unwinds this rank alone they may never come, so abort, which never waits.
@@ -129,6 +132,7 @@ NcclComm::~NcclComm() {
       ncclCommAbort(comm_);
     else
       ncclCommDestroy(comm_);
+    if (current >= 0) cudaSetDevice(current);
   }
   // Destroying a stream or event with work pending is allowed: CUDA releases it afterwards.
   if (done_ != nullptr) cudaEventDestroy(done_);
