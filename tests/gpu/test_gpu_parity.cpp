@@ -12,8 +12,9 @@
 //                         ‖Δ‖₂ ≤ 3e-2 · ‖g_cpu‖₂ (the key third of attn.c_attn.bias, zero in
 //                         exact arithmetic, is left out: both sides hold only rounding noise)
 //   steps                 loss rel 2e-2, grad norm rel 3e-2, same clip decisions; parameters
-//                         after 3 steps: mean |Δ| ≤ 0.1·lr (Adam's first updates are
-//                         ≈ lr·sign(g), so elements with a near-zero gradient may flip)
+//                         after 3 steps: mean |Δ| ≤ 0.25·lr (Adam's first updates are
+//                         ≈ lr·sign(g), so elements whose gradient is within bf16 noise of
+//                         zero may move 2·lr apart), max |Δ| ≤ 4·Σlr (a bound on the steps)
 // The measured values are printed ("gpu parity: ...") so the limits can be tightened from
 // real runs.
 #include <gtest/gtest.h>
@@ -43,7 +44,7 @@ constexpr double kGradTensorRel = 0.1;
 constexpr double kGradL2Rel = 3e-2;
 constexpr double kStepLossRel = 2e-2;
 constexpr double kStepNormRel = 3e-2;
-constexpr double kParamMeanAbsInLr = 0.1;
+constexpr double kParamMeanAbsInLr = 0.25;
 
 struct Fixture {
   GptConfig config;
@@ -198,7 +199,10 @@ TEST(GpuParity, AdamWStepsMatchCpu) {
     const double lrel = std::abs(gl - cl) / cl, nrel = std::abs(gn - cn) / cn;
     EXPECT_LE(lrel, kStepLossRel) << "loss: gpu " << gl << ", cpu " << cl;
     EXPECT_LE(nrel, kStepNormRel) << "grad norm: gpu " << gn << ", cpu " << cn;
-    EXPECT_EQ(gn > r.grad_clip, cn > r.grad_clip) << "clip decision";
+    // The clip decision must agree unless the norm is within the norm tolerance of the limit.
+    if (std::abs(cn - r.grad_clip) > 2 * kStepNormRel * r.grad_clip) {
+      EXPECT_EQ(gn > r.grad_clip, cn > r.grad_clip) << "clip decision, cpu norm " << cn;
+    }
     loss_rel = std::max(loss_rel, lrel);
     norm_rel = std::max(norm_rel, nrel);
   }
@@ -215,7 +219,7 @@ TEST(GpuParity, AdamWStepsMatchCpu) {
   const double mean_abs = sum / params.size();
   const double lr_mean = lr_sum / r.steps;
   EXPECT_LE(mean_abs, kParamMeanAbsInLr * lr_mean) << "mean |Δθ| after the steps";
-  EXPECT_LE(mx, 3.0 * lr_sum) << "max |Δθ| after the steps (bounded by the step sizes)";
+  EXPECT_LE(mx, 4.0 * lr_sum) << "max |Δθ| after the steps (bounded by the step sizes)";
   std::printf("gpu parity: steps loss max rel %.3g, grad norm max rel %.3g; params mean |Δ| "
               "%.3g (%.3g lr), max |Δ| %.3g\n",
               loss_rel, norm_rel, mean_abs, mean_abs / lr_mean, mx);
