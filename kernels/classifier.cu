@@ -15,10 +15,10 @@ constexpr int kThreads = 512;
 
 template <int VW>
 __global__ void softmax_crossentropy_kernel(float* losses, bf16* logits, const int32_t* targets,
-                                            int V, float dloss_scale) {
+                                            int V, int ld, float dloss_scale) {
   __shared__ float shared[32];
   const int row = blockIdx.x;
-  bf16* z = logits + static_cast<size_t>(row) * V;
+  bf16* z = logits + static_cast<size_t>(row) * ld;
   const int target = targets[row];
   // Read before the block reductions' barriers: the gradient pass below overwrites it.
   const float z_target = __bfloat162float(z[target]);
@@ -47,9 +47,10 @@ __global__ void softmax_crossentropy_kernel(float* losses, bf16* logits, const i
 #pragma unroll
     for (int k = 0; k < VW; ++k) {
       const float p = expf(buf[k] - row_max) * inv;
-      buf[k] = (p - (c + k == target ? 1.0f : 0.0f)) * dloss_scale;
+      // Columns in [V, ld) of the last chunk: 0 rather than whatever was there.
+      buf[k] = c + k < V ? (p - (c + k == target ? 1.0f : 0.0f)) * dloss_scale : 0.0f;
     }
-    store_f<VW>(z + c, buf);  // with VW = 8, V % 8 == 0: a chunk never crosses the row end
+    store_f<VW>(z + c, buf);  // VW = 8 only when ld % 8 == 0: a chunk ends inside the row
   }
 }
 
@@ -64,12 +65,15 @@ __global__ void mean_kernel(float* mean, const float* x, int n) {
 }  // namespace
 
 void softmax_crossentropy(float* losses, bf16* logits, const int32_t* targets, int N, int V,
-                          float dloss_scale, cudaStream_t stream) {
-  if (V % 8 == 0 && detail::aligned16(logits))
-    softmax_crossentropy_kernel<8><<<N, kThreads, 0, stream>>>(losses, logits, targets, V,
+                          int ld, float dloss_scale, cudaStream_t stream) {
+  if (ld < V) throw_error("softmax_crossentropy: row stride smaller than the vocabulary");
+  // 16-byte chunks need 16-byte aligned rows; the last chunk may run into [V, ld), which
+  // exists when ld % 8 == 0 (ld ≥ V rounded up to 8).
+  if (ld % 8 == 0 && detail::aligned16(logits))
+    softmax_crossentropy_kernel<8><<<N, kThreads, 0, stream>>>(losses, logits, targets, V, ld,
                                                                dloss_scale);
   else
-    softmax_crossentropy_kernel<1><<<N, kThreads, 0, stream>>>(losses, logits, targets, V,
+    softmax_crossentropy_kernel<1><<<N, kThreads, 0, stream>>>(losses, logits, targets, V, ld,
                                                                dloss_scale);
   DDILOCO_CUDA_CHECK_LAUNCH();
 }

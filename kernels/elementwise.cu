@@ -101,7 +101,7 @@ __global__ void residual_scalar(bf16* out, const bf16* a, const bf16* b, size_t 
 // threadIdx.y strides over this block's rows; the 8 partial sums meet in shared memory and
 // one fp32 atomic per column and block goes to global memory.
 constexpr int kBiasRowsPerBlock = 256;
-__global__ void bias_backward_kernel(float* dbias, const bf16* dout, int N, int OUT) {
+__global__ void bias_backward_kernel(float* dbias, const bf16* dout, int N, int OUT, int ld) {
   __shared__ float partial[8][33];
   const int col = blockIdx.x * 32 + threadIdx.x;
   const int row0 = blockIdx.y * kBiasRowsPerBlock;
@@ -109,7 +109,7 @@ __global__ void bias_backward_kernel(float* dbias, const bf16* dout, int N, int 
   float s = 0.0f;
   if (col < OUT)
     for (int r = row0 + threadIdx.y; r < row1; r += 8)
-      s += __bfloat162float(dout[static_cast<size_t>(r) * OUT + col]);
+      s += __bfloat162float(dout[static_cast<size_t>(r) * ld + col]);
   partial[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && col < OUT) {
@@ -192,10 +192,10 @@ void residual_forward(bf16* out, const bf16* a, const bf16* b, long n, cudaStrea
   DDILOCO_CUDA_CHECK_LAUNCH();
 }
 
-void bias_backward(float* dbias, const bf16* dout, int N, int OUT, cudaStream_t stream) {
+void bias_backward(float* dbias, const bf16* dout, int N, int OUT, int ld, cudaStream_t stream) {
   const dim3 block(32, 8);
   const dim3 grid((OUT + 31) / 32, (N + kBiasRowsPerBlock - 1) / kBiasRowsPerBlock);
-  bias_backward_kernel<<<grid, block, 0, stream>>>(dbias, dout, N, OUT);
+  bias_backward_kernel<<<grid, block, 0, stream>>>(dbias, dout, N, OUT, ld);
   DDILOCO_CUDA_CHECK_LAUNCH();
 }
 

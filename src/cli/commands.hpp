@@ -43,6 +43,7 @@ struct BenchGpuOptions {
   double grad_clip = 1.0;
   uint64_t seed = 1;
   std::string attention = "flash";  // flash | cublas (gpu::AttentionKind)
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
 };
 /// Training-step throughput of the GPU model (forward + backward + clip + AdamW) on random
 /// tokens: tokens/s and MFU against peak_tflops. Only in builds with DDILOCO_HAVE_CUDA;

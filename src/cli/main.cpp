@@ -308,8 +308,11 @@ int main(int argc, char** argv) {
   bench_model->add_option("--warmup", bench_opts.warmup, "untimed steps first")
       ->check(CLI::NonNegativeNumber);
   cli::BenchGpuOptions bench_gpu_opts;
+  ConfigArgs bench_gpu_args;
   auto* bench_gpu = bench->add_subcommand(
-      "gpu", "GPU training step (bf16) tokens/s and MFU; GPT-2 124M shape by default");
+      "gpu", "GPU training step (bf16) tokens/s and MFU; GPT-2 124M shape by default, or the "
+             "model, train.batch_size and optimizer of --config/--set (explicit flags win)");
+  bench_gpu_args.add_to(bench_gpu, false);
   bench_gpu->add_option("--n-layer", bench_gpu_opts.n_layer, "layers")->check(CLI::PositiveNumber);
   bench_gpu->add_option("--n-head", bench_gpu_opts.n_head, "attention heads")
       ->check(CLI::PositiveNumber);
@@ -397,6 +400,25 @@ int main(int argc, char** argv) {
       return cli::bench_model(bench_opts);
     }
     if (bench_gpu->parsed()) {
+      if (!bench_gpu_args.path.empty() || !bench_gpu_args.overrides.empty()) {
+        // The config's shape and optimizer, except where a flag was given explicitly.
+        const Config c = load_config(bench_gpu_args.path, bench_gpu_args.overrides);
+        auto unset = [&](const char* flag) { return bench_gpu->get_option(flag)->count() == 0; };
+        cli::BenchGpuOptions& o = bench_gpu_opts;
+        if (unset("--n-layer")) o.n_layer = c.model.n_layer;
+        if (unset("--n-head")) o.n_head = c.model.n_head;
+        if (unset("--n-embd")) o.n_embd = c.model.n_embd;
+        if (unset("--vocab")) o.vocab_size = c.model.vocab_size;
+        if (unset("--seq")) o.seq_len = c.model.seq_len;
+        if (unset("--batch")) o.batch = c.train.batch_size;
+        if (unset("--lr")) o.lr = c.train.lr;
+        if (unset("--grad-clip")) o.grad_clip = c.train.grad_clip;
+        if (unset("--seed")) o.seed = static_cast<uint64_t>(c.run.seed);
+        o.beta1 = c.train.beta1;
+        o.beta2 = c.train.beta2;
+        o.eps = c.train.eps;
+        o.weight_decay = c.train.weight_decay;
+      }
 #ifdef DDILOCO_HAVE_CUDA
       return cli::bench_gpu(bench_gpu_opts);
 #else

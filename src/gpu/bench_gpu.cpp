@@ -41,7 +41,7 @@ int bench_gpu(const BenchGpuOptions& o) {
 
   const gpu::AttentionKind attention =
       o.attention == "cublas" ? gpu::AttentionKind::cublas : gpu::AttentionKind::flash;
-  gpu::GptCuda model(config, AdamWConfig{0.9, 0.95, 1e-8, 0.1}, attention);
+  gpu::GptCuda model(config, AdamWConfig{o.beta1, o.beta2, o.eps, o.weight_decay}, attention);
   model.init_weights(o.seed);
 
   // Random tokens, uploaded once: the step then touches only device memory.

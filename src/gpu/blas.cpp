@@ -126,19 +126,23 @@ void BlasContext::gemm(bool trans_a, bool trans_b, int m, int n, int k, const bf
 }
 
 void matmul_forward(BlasContext& blas, bf16* out, const bf16* inp, const bf16* w,
-                    const bf16* bias, int N, int IN, int OUT) {
+                    const bf16* bias, int N, int IN, int OUT, int ld_out) {
+  if (ld_out == 0) ld_out = OUT;
+  if (ld_out < OUT) fail("matmul_forward: row stride {} < OUT = {}", ld_out, OUT);
   // Column-major view: outᵀ(OUT,N) = w(IN,OUT col-major)ᵀ · inpᵀ(IN,N).
-  blas.gemm(true, false, OUT, N, IN, w, IN, inp, IN, out, false, OUT, 0.0f, bias);
+  blas.gemm(true, false, OUT, N, IN, w, IN, inp, IN, out, false, ld_out, 0.0f, bias);
 }
 
 void matmul_backward(BlasContext& blas, bf16* dinp, float* dw, float* dbias, const bf16* dout,
-                     const bf16* inp, const bf16* w, int N, int IN, int OUT) {
+                     const bf16* inp, const bf16* w, int N, int IN, int OUT, int ld_dout) {
+  if (ld_dout == 0) ld_dout = OUT;
+  if (ld_dout < OUT) fail("matmul_backward: row stride {} < OUT = {}", ld_dout, OUT);
   // dinpᵀ(IN,N) = w(IN,OUT col-major) · doutᵀ(OUT,N)
-  if (dinp != nullptr) blas.gemm(false, false, IN, N, OUT, w, IN, dout, OUT, dinp, false, IN,
+  if (dinp != nullptr) blas.gemm(false, false, IN, N, OUT, w, IN, dout, ld_dout, dinp, false, IN,
                                  0.0f, nullptr);
   // dwᵀ(IN,OUT) += inpᵀ(IN,N) · dout(N,OUT), fp32 output accumulated in place (beta = 1).
-  blas.gemm(false, true, IN, OUT, N, inp, IN, dout, OUT, dw, true, IN, 1.0f, nullptr);
-  if (dbias != nullptr) bias_backward(dbias, dout, N, OUT, blas.stream());
+  blas.gemm(false, true, IN, OUT, N, inp, IN, dout, ld_dout, dw, true, IN, 1.0f, nullptr);
+  if (dbias != nullptr) bias_backward(dbias, dout, N, OUT, ld_dout, blas.stream());
 }
 
 }  // namespace ddiloco::gpu

@@ -51,6 +51,11 @@ class DeviceBuffer {
 
 constexpr int kTensorsPerLayer = 12;
 
+// Row stride of the logits: the vocabulary rounded up to 128 (50257 → 50304, as llm.c pads
+// GPT-2's), so every row starts 256-byte aligned and the LM-head GEMM gets aligned operands
+// and full tiles; the padding columns are never part of the softmax.
+size_t padded_vocab(int V) { return (static_cast<size_t>(V) + 127) / 128 * 128; }
+
 // One block's tensors inside a flat buffer (bf16 parameters or fp32 gradients), in
 // ParameterLayout::gpt2's order.
 template <typename T>
@@ -92,7 +97,7 @@ struct Activations {
 
   // flash: no (B,NH,T,T) probabilities; a (B,NH,T) log-sum-exp per layer and one delta.
   Activations(const GptConfig& c, int B, int T, bool flash, bf16* hbase, float* fbase) {
-    const size_t L = c.n_layer, C = c.n_embd, NH = c.n_head, V = c.vocab_size;
+    const size_t L = c.n_layer, C = c.n_embd, NH = c.n_head;
     const size_t N = static_cast<size_t>(B) * T, NC = N * C;
     auto round = [](size_t n) { return (n + 127) / 128 * 128; };
     auto h = [&](size_t n) {
@@ -116,7 +121,7 @@ struct Activations {
     fch_gelu = h(L * 4 * NC);
     residual3 = h(L * NC);
     lnf = h(NC);
-    logits = h(N * V);
+    logits = h(N * padded_vocab(c.vocab_size));
     // Attention scratch (forward: q,k,v,y; backward: q,k,v,dy,dq,dk,dv,datt), also the
     // output of the projections before their residual add.
     // (The flash path needs no (B,NH,T,T) gradient buffer: 7·N·C covers its backward.)
@@ -279,8 +284,10 @@ struct GptCuda::Impl {
     }
     const bf16* last = a.residual3 + (config.n_layer - 1) * NC;
     layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, last, w.lnfw, w.lnfb, N, C, stream);
-    matmul_forward(*blas, a.logits, a.lnf, w.wte, nullptr, N, C, V);
-    softmax_crossentropy(a.losses, a.logits, tgt, N, V, for_backward ? 1.0f / N : 0.0f, stream);
+    const int Vp = static_cast<int>(padded_vocab(V));
+    matmul_forward(*blas, a.logits, a.lnf, w.wte, nullptr, N, C, V, Vp);
+    softmax_crossentropy(a.losses, a.logits, tgt, N, V, Vp, for_backward ? 1.0f / N : 0.0f,
+                         stream);
     mean_loss(a.loss, a.losses, N, stream);
     pass = for_backward ? Pass::training : Pass::inference;
   }
@@ -298,7 +305,8 @@ struct GptCuda::Impl {
     Weights<float> g(layout, grads.get(), config.n_layer);
     Activations a = acts();
     // a.logits holds d(mean loss)/d(logits) since the fused forward.
-    matmul_backward(*blas, a.dln, g.wte, nullptr, a.logits, a.lnf, w.wte, N, C, V);
+    matmul_backward(*blas, a.dln, g.wte, nullptr, a.logits, a.lnf, w.wte, N, C, V,
+                    static_cast<int>(padded_vocab(V)));
     DDILOCO_CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, NC * sizeof(bf16), stream));
     const bf16* last = a.residual3 + (config.n_layer - 1) * NC;
     layernorm_backward(a.dresidual, g.lnfw, g.lnfb, a.dln, last, w.lnfw, a.lnf_mean, a.lnf_rstd,

@@ -17,6 +17,7 @@
 // identical inputs, so they get 1e-3 (tensor-core accumulation order and split-K).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ostream>
 #include <vector>
@@ -160,6 +161,41 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuMatmul,
                                            MatmulShape{33, 24, 40, false},
                                            MatmulShape{128, 64, 50, false}));
 
+// The LM head's layout: output rows padded (ld_out > OUT), bias-free; backward reads the
+// padded gradient rows.
+TEST(GpuKernels, MatmulPaddedRows) {
+  DDILOCO_REQUIRE_GPU();
+  const int N = 48, IN = 64, OUT = 77, LD = 128;
+  const auto inp = random_bf16_values(static_cast<size_t>(N) * IN, 26);
+  const auto w = random_bf16_values(static_cast<size_t>(OUT) * IN, 27, 0.1);
+  const auto dout = random_bf16_values(static_cast<size_t>(N) * OUT, 28);
+  std::vector<float> out(static_cast<size_t>(N) * OUT), dinp(static_cast<size_t>(N) * IN),
+      dw(static_cast<size_t>(OUT) * IN, 0.0f);
+  layers::matmul_forward(out.data(), inp.data(), w.data(), static_cast<const float*>(nullptr), N,
+                         IN, OUT);
+  layers::matmul_backward(dinp.data(), dw.data(), static_cast<float*>(nullptr), dout.data(),
+                          inp.data(), w.data(), N, IN, OUT);
+  std::vector<float> dout_padded(static_cast<size_t>(N) * LD, 1e4f);  // padding never read
+  for (int n = 0; n < N; ++n)
+    std::copy_n(dout.begin() + static_cast<long>(n) * OUT, OUT,
+                dout_padded.begin() + static_cast<long>(n) * LD);
+  BlasContext blas(nullptr);
+  DeviceArray<bf16> d_inp(to_bf16(inp)), d_w(to_bf16(w)), d_out(static_cast<size_t>(N) * LD),
+      d_dout(to_bf16(dout_padded)), d_dinp(dinp.size());
+  DeviceArray<float> d_dw(dw.size());
+  matmul_forward(blas, d_out.get(), d_inp.get(), d_w.get(), nullptr, N, IN, OUT, LD);
+  matmul_backward(blas, d_dinp.get(), d_dw.get(), nullptr, d_dout.get(), d_inp.get(), d_w.get(),
+                  N, IN, OUT, LD);
+  const auto padded = download_bf16(d_out);
+  std::vector<float> got(out.size());
+  for (int n = 0; n < N; ++n)
+    std::copy_n(padded.begin() + static_cast<long>(n) * LD, OUT,
+                got.begin() + static_cast<long>(n) * OUT);
+  EXPECT_LE(scaled_error(got, out), kBf16Out) << "out";
+  EXPECT_LE(scaled_error(download_bf16(d_dinp), dinp), kBf16Out) << "dinp";
+  EXPECT_LE(scaled_error(d_dw.download(), dw), kGemmWeightGrad) << "dw";
+}
+
 struct AttnShape {
   int B, T, C, NH;
 };
@@ -294,12 +330,20 @@ TEST(GpuKernels, Conversions) {
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], test::round_bf16(x[i])) << i;
 }
 
-class GpuCrossEntropy : public ::testing::TestWithParam<int> {};
+struct VocabShape {
+  int V, ld;  // vocabulary and row stride of the logits
+};
+std::ostream& operator<<(std::ostream& os, const VocabShape& s) {
+  return os << "V=" << s.V << " ld=" << s.ld;
+}
+class GpuCrossEntropy : public ::testing::TestWithParam<VocabShape> {};
 
-// V = 1000 takes the 16-byte path, V = 77 the scalar one.
+// V = 1000: the 16-byte path; V = 77: scalar; V = 77 and 50257 in rows padded to a multiple of
+// 128 (as the model lays out its logits): the 16-byte path with a partial last chunk.
 TEST_P(GpuCrossEntropy, LossAndGradient) {
   DDILOCO_REQUIRE_GPU();
-  const int N = 7, V = GetParam();
+  const int N = 7;
+  const auto [V, ld] = GetParam();
   const auto logits = random_bf16_values(static_cast<size_t>(N) * V, 21, 3.0);
   const auto targets = random_tokens(N, V, 22);
   std::vector<float> probs = logits, losses(N);
@@ -307,23 +351,37 @@ TEST_P(GpuCrossEntropy, LossAndGradient) {
                                                           targets.data(), N, V);
   layers::softmax_crossentropy_backward(probs.data(), targets.data(), N, V, 1.0f / N);
 
-  DeviceArray<bf16> d_logits(to_bf16(logits));
+  // Rows of ld elements; the padding holds a large value that must not enter the softmax.
+  std::vector<float> padded(static_cast<size_t>(N) * ld, 1e4f);
+  for (int n = 0; n < N; ++n)
+    std::copy_n(logits.begin() + static_cast<long>(n) * V, V,
+                padded.begin() + static_cast<long>(n) * ld);
+  auto unpad = [&](const std::vector<float>& x) {
+    std::vector<float> out(static_cast<size_t>(N) * V);
+    for (int n = 0; n < N; ++n)
+      std::copy_n(x.begin() + static_cast<long>(n) * ld, V, out.begin() + static_cast<long>(n) * V);
+    return out;
+  };
+  DeviceArray<bf16> d_logits(to_bf16(padded));
   DeviceArray<int32_t> d_targets(targets);
   DeviceArray<float> d_losses(N), d_mean(1);
-  softmax_crossentropy(d_losses.get(), d_logits.get(), d_targets.get(), N, V, 1.0f / N, nullptr);
+  softmax_crossentropy(d_losses.get(), d_logits.get(), d_targets.get(), N, V, ld, 1.0f / N,
+                       nullptr);
   mean_loss(d_mean.get(), d_losses.get(), N, nullptr);
   EXPECT_LE(scaled_error(d_losses.download(), losses), kExact) << "losses";
   EXPECT_NEAR(d_mean.download()[0], mean, kExact * mean) << "mean loss";
-  EXPECT_LE(scaled_error(download_bf16(d_logits), probs), kBf16Grad) << "dlogits";
+  EXPECT_LE(scaled_error(unpad(download_bf16(d_logits)), probs), kBf16Grad) << "dlogits";
 
   // dloss_scale = 0: losses only, logits untouched.
-  DeviceArray<bf16> d_logits2(to_bf16(logits));
-  softmax_crossentropy(d_losses.get(), d_logits2.get(), d_targets.get(), N, V, 0.0f, nullptr);
+  DeviceArray<bf16> d_logits2(to_bf16(padded));
+  softmax_crossentropy(d_losses.get(), d_logits2.get(), d_targets.get(), N, V, ld, 0.0f, nullptr);
   EXPECT_LE(scaled_error(d_losses.download(), losses), kExact);
-  EXPECT_EQ(download_bf16(d_logits2), logits);
+  EXPECT_EQ(unpad(download_bf16(d_logits2)), logits);
 }
 
-INSTANTIATE_TEST_SUITE_P(Vocab, GpuCrossEntropy, ::testing::Values(1000, 77));
+INSTANTIATE_TEST_SUITE_P(Vocab, GpuCrossEntropy,
+                         ::testing::Values(VocabShape{1000, 1000}, VocabShape{77, 77},
+                                           VocabShape{77, 128}, VocabShape{50257, 50304}));
 
 // Clip + AdamW over a real layout (decay mask by tensor), two steps, one clipped and one not.
 TEST(GpuKernels, ClipAndAdamWMatchCpu) {

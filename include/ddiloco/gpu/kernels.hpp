@@ -68,14 +68,16 @@ class BlasContext {
 };
 
 /// out(N,OUT) = inp(N,IN) · w(OUT,IN)ᵀ + bias(OUT). bf16 in and out, fp32 accumulation; the
-/// bias is added in the GEMM's epilogue. bias may be nullptr.
+/// bias is added in the GEMM's epilogue. bias may be nullptr. ld_out: row stride of out in
+/// elements (≥ OUT; 0 = OUT), e.g. logits padded to a multiple of 128 columns so that every
+/// row is 16-byte aligned whatever the vocabulary.
 void matmul_forward(BlasContext& blas, bf16* out, const bf16* inp, const bf16* w,
-                    const bf16* bias, int N, int IN, int OUT);
+                    const bf16* bias, int N, int IN, int OUT, int ld_out = 0);
 /// dinp(N,IN) = dout(N,OUT)·w (bf16, overwritten; skipped when dinp is nullptr);
 /// dw(OUT,IN) += doutᵀ·inp (fp32, accumulated by the GEMM with beta = 1);
-/// dbias(OUT) += Σ_N dout (fp32; skipped when nullptr).
+/// dbias(OUT) += Σ_N dout (fp32; skipped when nullptr). ld_dout: row stride of dout (0 = OUT).
 void matmul_backward(BlasContext& blas, bf16* dinp, float* dw, float* dbias, const bf16* dout,
-                     const bf16* inp, const bf16* w, int N, int IN, int OUT);
+                     const bf16* inp, const bf16* w, int N, int IN, int OUT, int ld_dout = 0);
 
 // ------------------------------------------------------------------------- embeddings
 
@@ -109,9 +111,9 @@ void gelu_forward(bf16* out, const bf16* inp, long n, cudaStream_t stream);
 void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, long n, cudaStream_t stream);
 /// out = a + b (residual connection), bf16, n elements; out may alias a or b.
 void residual_forward(bf16* out, const bf16* a, const bf16* b, long n, cudaStream_t stream);
-/// dbias(OUT) += Σ_N dout(N,OUT): column sums of a bf16 matrix into fp32 (the bias gradient
-/// of a Linear layer).
-void bias_backward(float* dbias, const bf16* dout, int N, int OUT, cudaStream_t stream);
+/// dbias(OUT) += Σ_N dout(N,OUT): column sums of a bf16 matrix (row stride ld ≥ OUT) into
+/// fp32 (the bias gradient of a Linear layer).
+void bias_backward(float* dbias, const bf16* dout, int N, int OUT, int ld, cudaStream_t stream);
 /// dst = bf16(src) (round to nearest even), n elements.
 void fp32_to_bf16(bf16* dst, const float* src, size_t n, cudaStream_t stream);
 /// dst = float(src), n elements (exact).
@@ -167,13 +169,14 @@ void attention_softmax_backward(bf16* datt, const bf16* att, int BNH, int T, flo
 
 // ------------------------------------------------------------------- loss (classifier)
 
-/// Softmax + cross-entropy over logits (N,V) bf16, fused with its backward (llm.c's
-/// fused_classifier): losses(N) fp32 receive −log softmax(logits)[target] (nats); when
-/// dloss_scale ≠ 0 the logits are replaced IN PLACE by (softmax − onehot(target))·dloss_scale
-/// (bf16), i.e. d(Σ_n dloss_scale·loss_n)/d logits — 1/N for the mean loss. The logits never
-/// need a second (N,V) buffer and are read twice, not three times. One block per row.
+/// Softmax + cross-entropy over logits (N,V) bf16 with row stride ld ≥ V, fused with its
+/// backward (llm.c's fused_classifier): losses(N) fp32 receive −log softmax(logits)[target]
+/// (nats); when dloss_scale ≠ 0 the logits are replaced IN PLACE by
+/// (softmax − onehot(target))·dloss_scale (bf16), i.e. d(Σ_n dloss_scale·loss_n)/d logits —
+/// 1/N for the mean loss — and the padding columns [V, ld) are set to 0. The logits never need
+/// a second (N,V) buffer and are read twice, not three times. One block per row.
 void softmax_crossentropy(float* losses, bf16* logits, const int32_t* targets, int N, int V,
-                          float dloss_scale, cudaStream_t stream);
+                          int ld, float dloss_scale, cudaStream_t stream);
 /// *mean = Σ losses / N (fp32, accumulated in double), one block. Device scalar out.
 void mean_loss(float* mean, const float* losses, int N, cudaStream_t stream);
 
