@@ -14,6 +14,7 @@
 #include "ddiloco/config.hpp"
 #include "ddiloco/data_loader.hpp"
 #include "ddiloco/error.hpp"
+#include "ddiloco/gpu/unit_backend.hpp"
 #include "ddiloco/model_io.hpp"
 #include "ddiloco/mpi.hpp"
 #include "ddiloco/run_dir.hpp"
@@ -253,6 +254,10 @@ int report(const std::exception& e, bool with_mpi) {
 }  // namespace
 
 int main(int argc, char** argv) {
+#ifdef DDILOCO_HAVE_CUDA
+  // Before any configuration is read: run.device: cuda is accepted only where this is installed.
+  ddiloco::gpu::install_cuda_unit_backend();
+#endif
   CLI::App app{"ddiloco: Decoupled DiLoCo training (learner units, syncer, chaos) on MPI"};
   app.set_version_flag("--version", std::string("ddiloco ") + DDILOCO_VERSION);
   app.require_subcommand(1);

@@ -477,6 +477,49 @@ void GptCuda::reset_optimizer() {
   impl_->t = 0;
 }
 
+void GptCuda::get_optimizer_state(std::span<float> m, std::span<float> v) const {
+  const size_t P = impl_->layout.size();
+  if (m.size() != P || v.size() != P)
+    fail("get_optimizer_state: expected {} moments each, got {} and {}", P, m.size(), v.size());
+  DDILOCO_CUDA_CHECK(cudaMemcpyAsync(m.data(), impl_->m.get(), P * sizeof(float),
+                                     cudaMemcpyDeviceToHost, impl_->stream));
+  DDILOCO_CUDA_CHECK(cudaMemcpyAsync(v.data(), impl_->v.get(), P * sizeof(float),
+                                     cudaMemcpyDeviceToHost, impl_->stream));
+  synchronize();
+}
+
+void GptCuda::set_optimizer_state(std::span<const float> m, std::span<const float> v,
+                                  int64_t step) {
+  const size_t P = impl_->layout.size();
+  if (m.size() != P || v.size() != P)
+    fail("set_optimizer_state: expected {} moments each, got {} and {}", P, m.size(), v.size());
+  if (step < 0) fail("set_optimizer_state: step count must be ≥ 0, got {}", step);
+  DDILOCO_CUDA_CHECK(cudaMemcpyAsync(impl_->m.get(), m.data(), P * sizeof(float),
+                                     cudaMemcpyHostToDevice, impl_->stream));
+  DDILOCO_CUDA_CHECK(cudaMemcpyAsync(impl_->v.get(), v.data(), P * sizeof(float),
+                                     cudaMemcpyHostToDevice, impl_->stream));
+  synchronize();
+  impl_->t = step;
+}
+
+void GptCuda::read_loss_and_grad_norm(float& loss, float& grad_norm) const {
+  if (impl_->pass == Impl::Pass::none) fail("loss: no forward pass has run");
+  // Both copies on the model's stream, one wait: the step's only host synchronisation.
+  float values[2] = {0, 0};
+  DDILOCO_CUDA_CHECK(cudaMemcpyAsync(&values[0], impl_->acts().loss, sizeof(float),
+                                     cudaMemcpyDeviceToHost, impl_->stream));
+  DDILOCO_CUDA_CHECK(cudaMemcpyAsync(&values[1], impl_->clip.get(), sizeof(float),
+                                     cudaMemcpyDeviceToHost, impl_->stream));
+  synchronize();
+  loss = values[0];
+  grad_norm = values[1];
+}
+
+float* GptCuda::loss_device() {
+  if (impl_->pass == Impl::Pass::none) fail("loss_device: no forward pass has run");
+  return impl_->acts().loss;
+}
+
 float* GptCuda::parameters_device() { return impl_->params.get(); }
 float* GptCuda::gradients_device() { return impl_->grads.get(); }
 

@@ -92,6 +92,19 @@ class GptCuda {
   int64_t step_count() const;
   /// Forget AdamW's moments and step count.
   void reset_optimizer();
+  /// host ← AdamW's fp32 first/second moments (num_parameters() each, layout order), the
+  /// state a checkpoint holds. Synchronises. Error when a span has the wrong size.
+  void get_optimizer_state(std::span<float> m, std::span<float> v) const;
+  /// AdamW's moments ← host (num_parameters() each) and its step count ← step (≥ 0), e.g. a
+  /// resumed checkpoint's. Synchronises. Error when a span has the wrong size or step < 0.
+  void set_optimizer_state(std::span<const float> m, std::span<const float> v, int64_t step);
+
+  /// The mean loss of the last forward pass and the norm of the last clip_grad_norm, read with
+  /// one synchronisation (the trainer's one host wait per step). Error before any forward pass.
+  void read_loss_and_grad_norm(float& loss, float& grad_norm) const;
+  /// Device pointer to the mean loss (one fp32) of the last forward pass, e.g. to all-reduce
+  /// it with the gradients; valid until the next forward pass with a larger (B,T).
+  float* loss_device();
 
   /// Device pointers (fp32, num_parameters() elements) for collectives (NCCL all-reduce of
   /// gradients, fragment exchange); use them on stream() or after synchronize().
