@@ -4,9 +4,10 @@
 #      ones (.debs/, unpacked from .debs.tar.gz; made by scripts/pack_gpu_debs.sh); NCCL from
 #      the CUDA toolkit, NCCL_ROOT, or the nvidia-nccl Python wheel;
 #   2. configures and builds the `cuda` preset (ninja when present, all cores);
-#   3. runs the GPU tests (ctest -L gpu) and the CPU parity tests (ctest -R Parity);
+#   3. runs the GPU tests (ctest -L gpu, but for step 5's) and the CPU parity tests (-R Parity);
 #   4. `ddiloco bench gpu` on a GPT-2 124M-shaped model: tokens/s and MFU, batch and sequence;
-#   5. a 4-unit decoupled run on the one GPU, once `ddiloco train` has a GPU path.
+#   5. tests/e2e/gpu_train.sh: the trainer on the GPU, among others a 4-unit decoupled run
+#      sharing the one GPU (tokens/s printed).
 # Logs go to ${OUT:-build-cuda/gpu_check}: summary.txt and at most 7 *.log (a device tool's
 # $OUT returns 8 files). Exits non-zero on any failure; without a GPU the build and the (skipped)
 # GPU tests run, then the script fails saying that no GPU step could run.
@@ -42,15 +43,15 @@ t0=$(date +%s)
 say() { echo "gpu_check: $*" | tee -a "$summary"; }
 elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
 die() { say "FAILED: $*"; say "logs: $logs"; exit 1; }
-# Runs a command with its output appended to log file $1; on failure prints the log's tail.
+# Runs a command with its output appended to log file $1; on failure prints the log's tail and
+# returns the command's status.
 run_logged() {
-  local log=$logs/$1
+  local log=$logs/$1 rc=0
   shift
   echo "+ $*" >>"$log"
-  if ! "$@" >>"$log" 2>&1; then
-    tail -n 60 "$log"
-    return 1
-  fi
+  "$@" >>"$log" 2>&1 || rc=$?
+  ((rc == 0)) || tail -n 60 "$log"
+  return "$rc"
 }
 
 say "start $(date -u "+%Y-%m-%d %H:%M:%S UTC") on ${HOSTNAME:-?}, $(nproc) cores"
@@ -159,8 +160,9 @@ ctest_step() {
   ((skipped == 0)) || say "  ($skipped tests skipped; see $log)"
   return "$rc"
 }
-say "GPU tests: ctest -L gpu"
-ctest_step ctest_gpu.log -L gpu || die "GPU tests (log: ctest_gpu.log)"
+# e2e_gpu_train (tests/e2e/gpu_train.sh) is step 5, run once, with its own log.
+say "GPU tests: ctest -L gpu -E '^e2e_gpu_train\$'"
+ctest_step ctest_gpu.log -L gpu -E '^e2e_gpu_train$' || die "GPU tests (log: ctest_gpu.log)"
 if [[ $build_only == 1 ]]; then
   say "--build-only: the CPU parity tests, the benchmark and the decoupled run were not run"
   say "done in $(elapsed)"
@@ -190,27 +192,18 @@ last=$(grep -E '^batch=[0-9]+ seq_len=[0-9]+ tokens_per_s=' "$logs/bench_gpu.log
 say "GPT-2 124M shape: $last"
 
 # ------------------------------------------------------------------ 5. 4-unit decoupled run
-# The trainer's GPU path is chosen by a configuration key (run.device / train.device); until
-# one exists there is nothing to run.
-device_key=$(build-cuda/ddiloco config --list 2>/dev/null |
-  awk '$1 ~ /^(run|train|model)\.device$/ {print $1; exit}')
-if [[ -z $device_key ]]; then
-  say "4-unit decoupled GPU run: not yet available (trainer has no GPU path)"
-else
-  # Text for byte-level training that every checkout has: the repository's documentation.
-  run_logged decoupled.log build-cuda/ddiloco prepare-data --source files \
-    --out build-cuda/gpu_check_data README.md docs/*.md include/ddiloco/*.hpp ||
-    die "prepare-data (log: decoupled.log)"
-  train=(build-cuda/ddiloco train --config configs/kjv_decoupled.yaml
-    --set "$device_key=cuda" --set run.dir=build-cuda/gpu_check_run
-    --set 'data.train=build-cuda/gpu_check_data/train_*.bin'
-    --set 'data.val=build-cuda/gpu_check_data/val_*.bin')
-  ranks=$(build-cuda/ddiloco config --config configs/kjv_decoupled.yaml --ranks)
-  say "4-unit decoupled GPU run: mpirun -np $ranks ${train[*]}"
-  td=$(date +%s)
-  run_logged decoupled.log ddiloco_mpirun -np "$ranks" "${train[@]}" ||
-    die "4-unit decoupled GPU run (log: decoupled.log)"
-  grep -E '"event": ?"done"' build-cuda/gpu_check_run/metrics.jsonl | tail -n 1 | tee -a "$summary" || true
-  say "4-unit decoupled GPU run: finished in $(( $(date +%s) - td )) s"
+# tests/e2e/gpu_train.sh: (a) mode single on the GPU against the CPU, (b) decoupled with 4
+# one-rank units sharing the GPU and the syncer on the CPU (mpirun -np 5), (c) a NaN unit that
+# rejoins, (d) streaming with carry, checkpoint and resume; it prints the tokens/s of (a), (b).
+gpu_train=(bash tests/e2e/gpu_train.sh build-cuda/ddiloco .)
+say "4-unit decoupled GPU run (and the trainer's other GPU checks): ${gpu_train[*]}"
+td=$(date +%s)
+rc=0
+run_logged decoupled.log "${gpu_train[@]}" || rc=$?
+grep -E '^\((a|b)\) ' "$logs/decoupled.log" | sed 's/^/  /' | tee -a "$summary" || true
+if ((rc == 77)); then
+  die "tests/e2e/gpu_train.sh skipped itself on a machine with a GPU: $(grep SKIP "$logs/decoupled.log")"
 fi
+((rc == 0)) || die "4-unit decoupled GPU run (log: decoupled.log)"
+say "4-unit decoupled GPU run: passed in $(( $(date +%s) - td )) s"
 say "all checks passed in $(elapsed); logs: $logs"
