@@ -213,20 +213,36 @@ void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
   const size_t NC = static_cast<size_t>(B) * T * C;
   bf16 *q = scratch, *k = q + NC, *v = k + NC, *y = v + NC;
   cudaStream_t stream = blas.stream();
+  OpProfiler* prof = blas.profiler();
+  // Each batched product: 2·T·T·hs per head, computed dense (the masked half included).
+  const double gemm_flops = 2.0 * T * T * hs * B * NH;
   const Permute pm(B, T, C, hs, {scratch, qkv, out});
-  if (pm.vec)
-    permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
-  else
-    permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
-  DDILOCO_CUDA_CHECK_LAUNCH();
+  {
+    ProfileScope ps(prof, "permute qkv");
+    if (pm.vec)
+      permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+    else
+      permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+    DDILOCO_CUDA_CHECK_LAUNCH();
+  }
   const long long sTh = static_cast<long long>(T) * hs, sTT = static_cast<long long>(T) * T;
-  // att[j][i] = q_j·k_i (row-major (T,T) per head; see the derivation in llm.c).
-  batched_gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, k, hs, sTh, q, hs, sTh, att, T, sTT,
-               B * NH);
-  attention_softmax_forward(att, B * NH, T, 1.0f / std::sqrt(static_cast<float>(hs)), stream);
-  // y[j][d] = Σ_i att[j][i]·v[i][d].
-  batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, v, hs, sTh, att, T, sTT, y, hs, sTh,
-               B * NH);
+  {
+    // att[j][i] = q_j·k_i (row-major (T,T) per head; see the derivation in llm.c).
+    ProfileScope ps(prof, "QK^T gemm", gemm_flops);
+    batched_gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, k, hs, sTh, q, hs, sTh, att, T, sTT,
+                 B * NH);
+  }
+  {
+    ProfileScope ps(prof, "softmax");
+    attention_softmax_forward(att, B * NH, T, 1.0f / std::sqrt(static_cast<float>(hs)), stream);
+  }
+  {
+    // y[j][d] = Σ_i att[j][i]·v[i][d].
+    ProfileScope ps(prof, "PV gemm", gemm_flops);
+    batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, v, hs, sTh, att, T, sTT, y, hs, sTh,
+                 B * NH);
+  }
+  ProfileScope ps(prof, "unpermute y");
   if (pm.vec)
     heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(out, y, pm.n, T, NH, hs, true);
   else
@@ -241,32 +257,54 @@ void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const b
   bf16 *q = scratch, *k = q + NC, *v = k + NC, *dy = v + NC, *dq = dy + NC, *dk = dq + NC,
        *dv = dk + NC, *datt = dv + NC;
   cudaStream_t stream = blas.stream();
+  OpProfiler* prof = blas.profiler();
+  const double gemm_flops = 2.0 * T * T * hs * B * NH;  // each product, dense
   const Permute pm(B, T, C, hs, {scratch, qkv, dout, dqkv});
-  // Q, K, V again from the saved qkv: cheaper than keeping three more (N,C) per layer.
-  if (pm.vec) {
-    permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
-    heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
-  } else {
-    permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
-    heads_kernel<1><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
+  {
+    // Q, K, V again from the saved qkv: cheaper than keeping three more (N,C) per layer.
+    ProfileScope ps(prof, "permute qkv + dy");
+    if (pm.vec) {
+      permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+      heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
+    } else {
+      permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+      heads_kernel<1><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
+    }
+    DDILOCO_CUDA_CHECK_LAUNCH();
   }
-  DDILOCO_CUDA_CHECK_LAUNCH();
   const long long sTh = static_cast<long long>(T) * hs, sTT = static_cast<long long>(T) * T;
   const int BNH = B * NH;
-  // dP[j][i] = dy_j·v_i
-  batched_gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, v, hs, sTh, dy, hs, sTh, datt, T, sTT,
-               BNH);
-  // dV[j][d] = Σ_i P[i][j]·dy[i][d]
-  batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, dy, hs, sTh, att, T, sTT, dv, hs, sTh,
-               BNH);
-  // dS = P ⊙ (dP − rowsum(P ⊙ dP)) / √hs, in place
-  attention_softmax_backward(datt, att, BNH, T, 1.0f / std::sqrt(static_cast<float>(hs)),
-                             stream);
-  // dQ[j][d] = Σ_i dS[j][i]·k[i][d];  dK[j][d] = Σ_i dS[i][j]·q[i][d]
-  batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, k, hs, sTh, datt, T, sTT, dq, hs, sTh,
-               BNH);
-  batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, q, hs, sTh, datt, T, sTT, dk, hs, sTh,
-               BNH);
+  {
+    // dP[j][i] = dy_j·v_i
+    ProfileScope ps(prof, "dP = dY V^T gemm", gemm_flops);
+    batched_gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, v, hs, sTh, dy, hs, sTh, datt, T,
+                 sTT, BNH);
+  }
+  {
+    // dV[j][d] = Σ_i P[i][j]·dy[i][d]
+    ProfileScope ps(prof, "dV = P^T dY gemm", gemm_flops);
+    batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, dy, hs, sTh, att, T, sTT, dv, hs,
+                 sTh, BNH);
+  }
+  {
+    // dS = P ⊙ (dP − rowsum(P ⊙ dP)) / √hs, in place
+    ProfileScope ps(prof, "softmax bwd");
+    attention_softmax_backward(datt, att, BNH, T, 1.0f / std::sqrt(static_cast<float>(hs)),
+                               stream);
+  }
+  {
+    // dQ[j][d] = Σ_i dS[j][i]·k[i][d]
+    ProfileScope ps(prof, "dQ = dS K gemm", gemm_flops);
+    batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, k, hs, sTh, datt, T, sTT, dq, hs,
+                 sTh, BNH);
+  }
+  {
+    // dK[j][d] = Σ_i dS[i][j]·q[i][d]
+    ProfileScope ps(prof, "dK = dS^T Q gemm", gemm_flops);
+    batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, q, hs, sTh, datt, T, sTT, dk, hs,
+                 sTh, BNH);
+  }
+  ProfileScope ps(prof, "unpermute dqkv");
   if (pm.vec)
     unpermute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, pm.n, T, NH, hs);
   else
@@ -279,20 +317,30 @@ bool attention_flash_supported(int T, int C, int NH) {
 }
 
 void attention_forward_flash(bf16* out, float* lse, const bf16* qkv, bf16* scratch, int B, int T,
-                             int C, int NH, cudaStream_t stream) {
+                             int C, int NH, cudaStream_t stream, OpProfiler* prof) {
   if (!attention_flash_supported(T, C, NH))
     throw_error("attention_forward_flash: needs head size 64 and T a multiple of 64");
   const int hs = C / NH;
   const size_t NC = static_cast<size_t>(B) * T * C;
   bf16 *q = scratch, *k = q + NC, *v = k + NC, *y = v + NC;
   const Permute pm(B, T, C, hs, {scratch, qkv, out});
-  if (pm.vec)
-    permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
-  else
-    permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
-  DDILOCO_CUDA_CHECK_LAUNCH();
-  detail::flash_forward(q, k, v, y, lse, B * NH, T, 1.0f / std::sqrt(static_cast<float>(hs)),
-                        stream);
+  {
+    ProfileScope ps(prof, "permute qkv");
+    if (pm.vec)
+      permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+    else
+      permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+    DDILOCO_CUDA_CHECK_LAUNCH();
+  }
+  {
+    // FLOPs of the computed (causal) 64×64 tiles: S = QKᵀ and O = PV, 2·64³ each per tile.
+    const double nb = T / 64;
+    ProfileScope ps(prof, "flash fwd kernel",
+                    2 * 2.0 * 64 * 64 * 64 * B * NH * nb * (nb + 1) / 2);
+    detail::flash_forward(q, k, v, y, lse, B * NH, T, 1.0f / std::sqrt(static_cast<float>(hs)),
+                          stream);
+  }
+  ProfileScope ps(prof, "unpermute y");
   if (pm.vec)
     heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(out, y, pm.n, T, NH, hs, true);
   else
@@ -302,7 +350,7 @@ void attention_forward_flash(bf16* out, float* lse, const bf16* qkv, bf16* scrat
 
 void attention_backward_flash(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
                               const float* lse, bf16* scratch, float* delta, int B, int T, int C,
-                              int NH, cudaStream_t stream) {
+                              int NH, cudaStream_t stream, OpProfiler* prof) {
   if (!attention_flash_supported(T, C, NH))
     throw_error("attention_backward_flash: needs head size 64 and T a multiple of 64");
   const int hs = C / NH;
@@ -310,17 +358,24 @@ void attention_backward_flash(bf16* dqkv, const bf16* dout, const bf16* qkv, con
   bf16 *q = scratch, *k = q + NC, *v = k + NC, *dy = v + NC, *dq = dy + NC, *dk = dq + NC,
        *dv = dk + NC;
   const Permute pm(B, T, C, hs, {scratch, qkv, dout, dqkv});
-  if (pm.vec) {
-    permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
-    heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
-  } else {
-    permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
-    heads_kernel<1><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
+  {
+    ProfileScope ps(prof, "permute qkv + dy");
+    if (pm.vec) {
+      permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+      heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
+    } else {
+      permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+      heads_kernel<1><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
+    }
+    DDILOCO_CUDA_CHECK_LAUNCH();
   }
-  DDILOCO_CUDA_CHECK_LAUNCH();
-  detail::flash_delta(delta, dout, out, B, T, NH, stream);
+  {
+    ProfileScope ps(prof, "delta = rowsum(dO*O)");
+    detail::flash_delta(delta, dout, out, B, T, NH, stream);
+  }
   detail::flash_backward(q, k, v, dy, lse, delta, dq, dk, dv, B * NH, T,
-                         1.0f / std::sqrt(static_cast<float>(hs)), stream);
+                         1.0f / std::sqrt(static_cast<float>(hs)), stream, prof);
+  ProfileScope ps(prof, "unpermute dqkv");
   if (pm.vec)
     unpermute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, pm.n, T, NH, hs);
   else

@@ -348,14 +348,23 @@ void flash_forward(const bf16* q, const bf16* k, const bf16* v, bf16* y, float* 
 
 void flash_backward(const bf16* q, const bf16* k, const bf16* v, const bf16* dy,
                     const float* lse, const float* delta, bf16* dq, bf16* dk, bf16* dv, int BNH,
-                    int T, float scale, cudaStream_t stream) {
+                    int T, float scale, cudaStream_t stream, OpProfiler* prof) {
   static const bool once = (allow_smem(flash_backward_dq_kernel, kDqSmem),
                             allow_smem(flash_backward_dkdv_kernel, kDkvSmem), true);
   (void)once;
   const dim3 grid(T / kBlk, BNH);
-  flash_backward_dkdv_kernel<<<grid, kThreads, kDkvSmem, stream>>>(q, k, v, dy, lse, delta, dk,
-                                                                   dv, T, scale);
-  DDILOCO_CUDA_CHECK_LAUNCH();
+  // FLOPs of the tiles on or below the diagonal (the ones computed): per (64×64) tile pair,
+  // 2·64·64·64 per product; dK/dV recomputes S, dP and forms dV, dK (4 products), dQ
+  // recomputes S, dP and forms dQ (3).
+  const double nb = T / kBlk;
+  const double tile = 2.0 * kBlk * kBlk * 64 * BNH * nb * (nb + 1) / 2;
+  {
+    ProfileScope ps(prof, "dK,dV kernel", prof ? 4 * tile : 0);
+    flash_backward_dkdv_kernel<<<grid, kThreads, kDkvSmem, stream>>>(q, k, v, dy, lse, delta,
+                                                                     dk, dv, T, scale);
+    DDILOCO_CUDA_CHECK_LAUNCH();
+  }
+  ProfileScope ps(prof, "dQ kernel", prof ? 3 * tile : 0);
   flash_backward_dq_kernel<<<grid, kThreads, kDqSmem, stream>>>(q, k, v, dy, lse, delta, dq, T,
                                                                 scale);
   DDILOCO_CUDA_CHECK_LAUNCH();

@@ -57,11 +57,18 @@ __global__ void adamw_kernel(float* params, bf16* params_bf16, const float* grad
 
 void grad_norm_and_clip_scale(float* norm_out, float* scale_out, double* accum,
                               const float* grads, size_t n, float max_norm,
-                              cudaStream_t stream) {
-  DDILOCO_CUDA_CHECK(cudaMemsetAsync(accum, 0, sizeof(double), stream));
-  sum_squares_kernel<<<detail::grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(accum,
-                                                                                      grads, n);
-  DDILOCO_CUDA_CHECK_LAUNCH();
+                              cudaStream_t stream, OpProfiler* prof) {
+  {
+    ProfileScope ps(prof, "memset accum");
+    DDILOCO_CUDA_CHECK(cudaMemsetAsync(accum, 0, sizeof(double), stream));
+  }
+  {
+    ProfileScope ps(prof, "sum of squares");
+    sum_squares_kernel<<<detail::grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(
+        accum, grads, n);
+    DDILOCO_CUDA_CHECK_LAUNCH();
+  }
+  ProfileScope ps(prof, "clip coefficient");
   clip_scale_kernel<<<1, 1, 0, stream>>>(norm_out, scale_out, accum, max_norm);
   DDILOCO_CUDA_CHECK_LAUNCH();
 }

@@ -44,6 +44,11 @@ struct BenchGpuOptions {
   uint64_t seed = 1;
   std::string attention = "flash";  // flash | cublas (gpu::AttentionKind)
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  // profile: after the timed steps, profile_steps more with CUDA events around every
+  // operation, and a table of where the step's time goes. The timed steps are not
+  // instrumented either way.
+  bool profile = false;
+  int profile_steps = 3;
 };
 /// Training-step throughput of the GPU model (forward + backward + clip + AdamW) on random
 /// tokens: tokens/s and MFU against peak_tflops. Only in builds with DDILOCO_HAVE_CUDA;

@@ -342,6 +342,13 @@ int main(int argc, char** argv) {
   bench_gpu->add_option("--attention", bench_gpu_opts.attention,
                         "flash (fused, head size 64, T % 64 == 0) or cublas (batched GEMMs)")
       ->check(CLI::IsMember({"flash", "cublas"}));
+  bench_gpu->add_flag("--profile", bench_gpu_opts.profile,
+                      "after the timed steps, run --profile-steps more with CUDA events around "
+                      "every operation and print where the step's time goes (per category: "
+                      "ms/step, % of step, GEMM TFLOP/s)");
+  bench_gpu->add_option("--profile-steps", bench_gpu_opts.profile_steps,
+                        "instrumented steps for --profile")
+      ->check(CLI::PositiveNumber);
   cli::BenchCheckpointOptions bench_ckpt;
   ConfigArgs bench_ckpt_args;
   auto* bench_checkpoint = bench->add_subcommand(

@@ -12,15 +12,95 @@
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "cli/commands.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/gpu/check.hpp"
 #include "ddiloco/gpu/gpt_cuda.hpp"
+#include "ddiloco/gpu/profiler.hpp"
 #include "ddiloco/rng.hpp"
 
 namespace ddiloco::cli {
+namespace {
+
+// `--profile`: `steps` more training steps with the model's OpProfiler on, then the table.
+// Rows are the profiler's categories in order of first appearance, summed over layers and
+// averaged over the profiled steps; groups (a matmul's dgrad/wgrad/bias, attention's
+// sub-steps, the grad-norm kernels) are indented above their members and left out of the
+// sums. % is of the profiled step (its own start/end events), whose time includes the events'
+// overhead and any gaps between operations ("unattributed" below the table).
+void profile_steps(gpu::GptCuda& model, const int32_t* tokens, const int32_t* targets, int B,
+                   int T, const BenchGpuOptions& o, double timed_step_ms) {
+  auto stream = static_cast<cudaStream_t>(model.stream());
+  gpu::OpProfiler prof(model.stream());
+  cudaEvent_t start = nullptr, stop = nullptr;
+  DDILOCO_CUDA_CHECK(cudaEventCreate(&start));
+  DDILOCO_CUDA_CHECK(cudaEventCreate(&stop));
+  model.set_profiler(&prof);
+  double step_ms = 0;
+  for (int i = 0; i < o.profile_steps; ++i) {
+    DDILOCO_CUDA_CHECK(cudaEventRecord(start, stream));
+    model.zero_grad();
+    model.forward_device(tokens, targets, B, T);
+    model.backward();
+    model.clip_grad_norm(static_cast<float>(o.grad_clip));
+    model.step(o.lr);
+    DDILOCO_CUDA_CHECK(cudaEventRecord(stop, stream));
+    prof.collect();  // synchronises
+    float ms = 0;
+    DDILOCO_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    step_ms += ms;
+  }
+  model.set_profiler(nullptr);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  const double n = o.profile_steps;
+  step_ms /= n;
+
+  std::printf("\nprofile: %d instrumented steps, per step (summed over the %d layers); %% of the "
+              "instrumented step %.2f ms; TFLOP/s = FLOPs/time for GEMMs (attention GEMMs: "
+              "cublas dense T*T, flash causal tiles)\n",
+              o.profile_steps, model.config().n_layer, step_ms);
+  std::printf("%-58s %7s %9s %7s %9s\n", "category", "calls", "ms/step", "% step", "TFLOP/s");
+  double leaf_ms = 0, fwd = 0, bwd = 0, opt = 0, gemm_ms = 0, gemm_flops = 0;
+  for (const auto& r : prof.rows()) {
+    const double ms = r.ms / n;
+    std::string label(static_cast<size_t>(2 * r.depth), ' ');
+    // Nested rows show their own part of the name only; the group above says which.
+    const size_t cut = r.name.rfind(" / ");
+    label += r.depth > 0 && cut != std::string::npos ? r.name.substr(cut + 3) : r.name;
+    if (r.group) label += " (group)";
+    char tf[32] = "";
+    if (r.flops > 0 && r.ms > 0)
+      std::snprintf(tf, sizeof tf, "%9.1f", r.flops / (r.ms / 1e3) / 1e12);
+    std::printf("%-58s %7.0f %9.3f %7.2f %9s\n", label.c_str(), static_cast<double>(r.count) / n,
+                ms, 100.0 * ms / step_ms, tf);
+    if (r.group) continue;
+    leaf_ms += ms;
+    if (r.name.rfind("fwd", 0) == 0) fwd += ms;
+    if (r.name.rfind("bwd", 0) == 0) bwd += ms;
+    if (r.name.rfind("opt", 0) == 0) opt += ms;
+    if (r.flops > 0) {
+      gemm_ms += ms;
+      gemm_flops += r.flops / n;
+    }
+  }
+  std::printf("%-58s %7s %9.3f %7.2f\n", "sum of categories (leaves)", "", leaf_ms,
+              100.0 * leaf_ms / step_ms);
+  std::printf("%-58s %7s %9.3f %7.2f\n", "unattributed (event overhead, launch gaps)", "",
+              step_ms - leaf_ms, 100.0 * (step_ms - leaf_ms) / step_ms);
+  std::printf("%-58s %7s %9.3f\n", "instrumented step (events around it)", "", step_ms);
+  std::printf("%-58s %7s %9.3f\n", "timed step above (no instrumentation)", "", timed_step_ms);
+  std::printf("profile: forward %.2f ms, backward %.2f ms, zero_grad+clip+AdamW %.2f ms; GEMMs "
+              "(incl. attention's) %.2f ms = %.1f %% of the step at %.1f TFLOP/s; non-GEMM %.2f "
+              "ms\n",
+              fwd, bwd, opt, gemm_ms, 100.0 * gemm_ms / step_ms,
+              gemm_ms > 0 ? gemm_flops / (gemm_ms / 1e3) / 1e12 : 0.0, leaf_ms - gemm_ms);
+}
+
+}  // namespace
 
 int bench_gpu(const BenchGpuOptions& o) {
   if (!gpu::cuda_device_available())
@@ -104,7 +184,6 @@ int bench_gpu(const BenchGpuOptions& o) {
     wall = span;
   }
   for (auto& e : events) cudaEventDestroy(e);
-  cudaFree(tokens);
 
   size_t free_b = 0, total_b = 0;
   DDILOCO_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -121,6 +200,9 @@ int bench_gpu(const BenchGpuOptions& o) {
               static_cast<double>(total_b) / (1u << 30));
   std::printf("model FLOPs/token %.3g (6N + 12·L·C·T); achieved %.1f TFLOP/s; peak %.1f TFLOP/s\n",
               flops_per_token, achieved / 1e12, o.peak_tflops);
+  // The profile goes first so that the summary line stays the last one (scripts parse it).
+  if (o.profile) profile_steps(model, tokens, targets, B, T, o, step_ms);
+  cudaFree(tokens);
   std::printf("batch=%d seq_len=%d tokens_per_s=%.0f mfu=%.4f (%.1f %%)\n", B, T, tps, mfu,
               100.0 * mfu);
   return 0;

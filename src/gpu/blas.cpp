@@ -137,12 +137,22 @@ void matmul_backward(BlasContext& blas, bf16* dinp, float* dw, float* dbias, con
                      const bf16* inp, const bf16* w, int N, int IN, int OUT, int ld_dout) {
   if (ld_dout == 0) ld_dout = OUT;
   if (ld_dout < OUT) fail("matmul_backward: row stride {} < OUT = {}", ld_dout, OUT);
-  // dinpᵀ(IN,N) = w(IN,OUT col-major) · doutᵀ(OUT,N)
-  if (dinp != nullptr) blas.gemm(false, false, IN, N, OUT, w, IN, dout, ld_dout, dinp, false, IN,
-                                 0.0f, nullptr);
-  // dwᵀ(IN,OUT) += inpᵀ(IN,N) · dout(N,OUT), fp32 output accumulated in place (beta = 1).
-  blas.gemm(false, true, IN, OUT, N, inp, IN, dout, ld_dout, dw, true, IN, 1.0f, nullptr);
-  if (dbias != nullptr) bias_backward(dbias, dout, N, OUT, ld_dout, blas.stream());
+  OpProfiler* prof = blas.profiler();
+  const double flops = 2.0 * N * IN * OUT;  // each of the two GEMMs
+  if (dinp != nullptr) {
+    // dinpᵀ(IN,N) = w(IN,OUT col-major) · doutᵀ(OUT,N)
+    ProfileScope ps(prof, "dgrad", flops);
+    blas.gemm(false, false, IN, N, OUT, w, IN, dout, ld_dout, dinp, false, IN, 0.0f, nullptr);
+  }
+  {
+    // dwᵀ(IN,OUT) += inpᵀ(IN,N) · dout(N,OUT), fp32 output accumulated in place (beta = 1).
+    ProfileScope ps(prof, "wgrad", flops);
+    blas.gemm(false, true, IN, OUT, N, inp, IN, dout, ld_dout, dw, true, IN, 1.0f, nullptr);
+  }
+  if (dbias != nullptr) {
+    ProfileScope ps(prof, "bias grad");
+    bias_backward(dbias, dout, N, OUT, ld_dout, blas.stream());
+  }
 }
 
 }  // namespace ddiloco::gpu

@@ -166,6 +166,7 @@ struct GptCuda::Impl {
   int B = 0, T = 0;
   bool clip_pending = false;
   int64_t t = 0;  // AdamW steps taken
+  OpProfiler* prof = nullptr;  // per-operation timing (bench gpu --profile); null = off
   enum class Pass { none, inference, training, backward_done } pass = Pass::none;
 
   Impl(const GptConfig& c, const AdamWConfig& a, AttentionKind kind)
@@ -248,10 +249,17 @@ struct GptCuda::Impl {
     Weights<bf16> w(layout, params_bf16.get(), config.n_layer);
     Activations a = acts();
     // Keep the tokens for backward (encoder) when they live in a caller's buffer.
-    if (tok != tokens.get())
+    if (tok != tokens.get()) {
+      ProfileScope ps(prof, "fwd token copy");
       DDILOCO_CUDA_CHECK(cudaMemcpyAsync(tokens.get(), tok, N * sizeof(int32_t),
                                          cudaMemcpyDeviceToDevice, stream));
-    encoder_forward(a.encoded, tok, w.wte, w.wpe, B, T, C, stream);
+    }
+    // FLOPs of a Linear layer's GEMM: 2·N·IN·OUT.
+    const double fl = 2.0 * N * C * C;
+    {
+      ProfileScope ps(prof, "fwd embedding");
+      encoder_forward(a.encoded, tok, w.wte, w.wpe, B, T, C, stream);
+    }
     for (int l = 0; l < config.n_layer; ++l) {
       const Block<bf16>& p = w.blocks[l];
       const bf16* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
@@ -265,29 +273,67 @@ struct GptCuda::Impl {
       bf16* fch = a.fch + l * 4 * NC;
       bf16* fch_gelu = a.fch_gelu + l * 4 * NC;
       bf16* residual3 = a.residual3 + l * NC;
-      layernorm_forward(ln1, a.ln1_mean + l * N, a.ln1_rstd + l * N, residual, p.ln1w, p.ln1b, N,
-                        C, stream);
-      matmul_forward(*blas, qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
-      if (flash())
-        attention_forward_flash(atty, lse, qkv, a.scratch, B, T, C, NH, stream);
-      else
-        attention_forward(*blas, atty, att, qkv, a.scratch, B, T, C, NH);
+      {
+        ProfileScope ps(prof, "fwd layernorm");
+        layernorm_forward(ln1, a.ln1_mean + l * N, a.ln1_rstd + l * N, residual, p.ln1w, p.ln1b,
+                          N, C, stream);
+      }
+      {
+        ProfileScope ps(prof, "fwd matmul qkv", 3 * fl);
+        matmul_forward(*blas, qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
+      }
+      {
+        ProfileScope ps(prof, "fwd attention");
+        if (flash())
+          attention_forward_flash(atty, lse, qkv, a.scratch, B, T, C, NH, stream, prof);
+        else
+          attention_forward(*blas, atty, att, qkv, a.scratch, B, T, C, NH);
+      }
       bf16* proj = a.scratch;  // free again once attention_forward's GEMMs are enqueued
-      matmul_forward(*blas, proj, atty, p.projw, p.projb, N, C, C);
-      residual_forward(residual2, residual, proj, static_cast<long>(NC), stream);
-      layernorm_forward(ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, residual2, p.ln2w, p.ln2b,
-                        N, C, stream);
-      matmul_forward(*blas, fch, ln2, p.fcw, p.fcb, N, C, 4 * C);
-      gelu_forward(fch_gelu, fch, static_cast<long>(4 * NC), stream);
-      matmul_forward(*blas, proj, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
+      {
+        ProfileScope ps(prof, "fwd matmul attn_proj", fl);
+        matmul_forward(*blas, proj, atty, p.projw, p.projb, N, C, C);
+      }
+      {
+        ProfileScope ps(prof, "fwd residual");
+        residual_forward(residual2, residual, proj, static_cast<long>(NC), stream);
+      }
+      {
+        ProfileScope ps(prof, "fwd layernorm");
+        layernorm_forward(ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, residual2, p.ln2w,
+                          p.ln2b, N, C, stream);
+      }
+      {
+        ProfileScope ps(prof, "fwd matmul fc", 4 * fl);
+        matmul_forward(*blas, fch, ln2, p.fcw, p.fcb, N, C, 4 * C);
+      }
+      {
+        ProfileScope ps(prof, "fwd gelu");
+        gelu_forward(fch_gelu, fch, static_cast<long>(4 * NC), stream);
+      }
+      {
+        ProfileScope ps(prof, "fwd matmul fc_proj", 4 * fl);
+        matmul_forward(*blas, proj, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
+      }
+      ProfileScope ps(prof, "fwd residual");
       residual_forward(residual3, residual2, proj, static_cast<long>(NC), stream);
     }
     const bf16* last = a.residual3 + (config.n_layer - 1) * NC;
-    layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, last, w.lnfw, w.lnfb, N, C, stream);
+    {
+      ProfileScope ps(prof, "fwd layernorm");
+      layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, last, w.lnfw, w.lnfb, N, C, stream);
+    }
     const int Vp = static_cast<int>(padded_vocab(V));
-    matmul_forward(*blas, a.logits, a.lnf, w.wte, nullptr, N, C, V, Vp);
-    softmax_crossentropy(a.losses, a.logits, tgt, N, V, Vp, for_backward ? 1.0f / N : 0.0f,
-                         stream);
+    {
+      ProfileScope ps(prof, "fwd matmul lm_head", 2.0 * N * C * V);
+      matmul_forward(*blas, a.logits, a.lnf, w.wte, nullptr, N, C, V, Vp);
+    }
+    {
+      ProfileScope ps(prof, "fwd classifier (softmax+CE, dlogits)");
+      softmax_crossentropy(a.losses, a.logits, tgt, N, V, Vp, for_backward ? 1.0f / N : 0.0f,
+                           stream);
+    }
+    ProfileScope ps(prof, "fwd mean loss");
     mean_loss(a.loss, a.losses, N, stream);
     pass = for_backward ? Pass::training : Pass::inference;
   }
@@ -305,38 +351,71 @@ struct GptCuda::Impl {
     Weights<float> g(layout, grads.get(), config.n_layer);
     Activations a = acts();
     // a.logits holds d(mean loss)/d(logits) since the fused forward.
-    matmul_backward(*blas, a.dln, g.wte, nullptr, a.logits, a.lnf, w.wte, N, C, V,
-                    static_cast<int>(padded_vocab(V)));
-    DDILOCO_CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, NC * sizeof(bf16), stream));
+    {
+      ProfileScope ps(prof, "bwd matmul lm_head");
+      matmul_backward(*blas, a.dln, g.wte, nullptr, a.logits, a.lnf, w.wte, N, C, V,
+                      static_cast<int>(padded_vocab(V)));
+    }
+    {
+      ProfileScope ps(prof, "bwd memset dresidual");
+      DDILOCO_CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, NC * sizeof(bf16), stream));
+    }
     const bf16* last = a.residual3 + (config.n_layer - 1) * NC;
-    layernorm_backward(a.dresidual, g.lnfw, g.lnfb, a.dln, last, w.lnfw, a.lnf_mean, a.lnf_rstd,
-                       N, C, stream);
+    {
+      ProfileScope ps(prof, "bwd layernorm");
+      layernorm_backward(a.dresidual, g.lnfw, g.lnfb, a.dln, last, w.lnfw, a.lnf_mean,
+                         a.lnf_rstd, N, C, stream);
+    }
     for (int l = config.n_layer - 1; l >= 0; --l) {
       const Block<bf16>& p = w.blocks[l];
       const Block<float>& d = g.blocks[l];
       const bf16* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
       // MLP branch.
-      matmul_backward(*blas, a.dwide, d.fcprojw, d.fcprojb, a.dresidual, a.fch_gelu + l * 4 * NC,
-                      p.fcprojw, N, 4 * C, C);
-      gelu_backward(a.dwide, a.fch + l * 4 * NC, a.dwide, static_cast<long>(4 * NC), stream);
-      matmul_backward(*blas, a.dln, d.fcw, d.fcb, a.dwide, a.ln2 + l * NC, p.fcw, N, C, 4 * C);
-      layernorm_backward(a.dresidual, d.ln2w, d.ln2b, a.dln, a.residual2 + l * NC, p.ln2w,
-                         a.ln2_mean + l * N, a.ln2_rstd + l * N, N, C, stream);
+      {
+        ProfileScope ps(prof, "bwd matmul fc_proj");
+        matmul_backward(*blas, a.dwide, d.fcprojw, d.fcprojb, a.dresidual,
+                        a.fch_gelu + l * 4 * NC, p.fcprojw, N, 4 * C, C);
+      }
+      {
+        ProfileScope ps(prof, "bwd gelu");
+        gelu_backward(a.dwide, a.fch + l * 4 * NC, a.dwide, static_cast<long>(4 * NC), stream);
+      }
+      {
+        ProfileScope ps(prof, "bwd matmul fc");
+        matmul_backward(*blas, a.dln, d.fcw, d.fcb, a.dwide, a.ln2 + l * NC, p.fcw, N, C, 4 * C);
+      }
+      {
+        ProfileScope ps(prof, "bwd layernorm");
+        layernorm_backward(a.dresidual, d.ln2w, d.ln2b, a.dln, a.residual2 + l * NC, p.ln2w,
+                           a.ln2_mean + l * N, a.ln2_rstd + l * N, N, C, stream);
+      }
       // Attention branch.
-      matmul_backward(*blas, a.datty, d.projw, d.projb, a.dresidual, a.atty + l * NC, p.projw, N,
-                      C, C);
-      if (flash())
-        attention_backward_flash(a.dwide, a.datty, a.qkv + l * 3 * NC, a.atty + l * NC,
-                                 a.lse + static_cast<size_t>(l) * B * NH * T, a.scratch, a.delta,
-                                 B, T, C, NH, stream);
-      else
-        attention_backward(*blas, a.dwide, a.datty, a.qkv + l * 3 * NC,
-                           a.att + static_cast<size_t>(l) * B * NH * T * T, a.scratch, B, T, C,
-                           NH);
-      matmul_backward(*blas, a.dln, d.qkvw, d.qkvb, a.dwide, a.ln1 + l * NC, p.qkvw, N, C, 3 * C);
+      {
+        ProfileScope ps(prof, "bwd matmul attn_proj");
+        matmul_backward(*blas, a.datty, d.projw, d.projb, a.dresidual, a.atty + l * NC, p.projw,
+                        N, C, C);
+      }
+      {
+        ProfileScope ps(prof, "bwd attention");
+        if (flash())
+          attention_backward_flash(a.dwide, a.datty, a.qkv + l * 3 * NC, a.atty + l * NC,
+                                   a.lse + static_cast<size_t>(l) * B * NH * T, a.scratch,
+                                   a.delta, B, T, C, NH, stream, prof);
+        else
+          attention_backward(*blas, a.dwide, a.datty, a.qkv + l * 3 * NC,
+                             a.att + static_cast<size_t>(l) * B * NH * T * T, a.scratch, B, T,
+                             C, NH);
+      }
+      {
+        ProfileScope ps(prof, "bwd matmul qkv");
+        matmul_backward(*blas, a.dln, d.qkvw, d.qkvb, a.dwide, a.ln1 + l * NC, p.qkvw, N, C,
+                        3 * C);
+      }
+      ProfileScope ps(prof, "bwd layernorm");
       layernorm_backward(a.dresidual, d.ln1w, d.ln1b, a.dln, residual, p.ln1w,
                          a.ln1_mean + l * N, a.ln1_rstd + l * N, N, C, stream);
     }
+    ProfileScope ps(prof, "bwd embedding");
     encoder_backward(g.wte, g.wpe, a.dresidual, tokens.get(), B, T, C, stream);
   }
 };
@@ -432,6 +511,7 @@ void GptCuda::get_losses(std::span<float> host) const {
 }
 
 void GptCuda::zero_grad() {
+  ProfileScope ps(impl_->prof, "opt zero_grad memset");
   DDILOCO_CUDA_CHECK(cudaMemsetAsync(impl_->grads.get(), 0, impl_->layout.size() * sizeof(float),
                                      impl_->stream));
 }
@@ -439,8 +519,10 @@ void GptCuda::zero_grad() {
 void GptCuda::backward() { impl_->backward(); }
 
 void GptCuda::clip_grad_norm(float max_norm) {
+  ProfileScope ps(impl_->prof, "opt grad norm + clip coefficient");
   grad_norm_and_clip_scale(impl_->clip.get(), impl_->clip.get() + 1, impl_->accum.get(),
-                           impl_->grads.get(), impl_->layout.size(), max_norm, impl_->stream);
+                           impl_->grads.get(), impl_->layout.size(), max_norm, impl_->stream,
+                           impl_->prof);
   impl_->clip_pending = true;
 }
 
@@ -459,6 +541,7 @@ void GptCuda::step(double lr) {
   // Bias corrections in double on the host, as ddiloco::AdamW computes them.
   const double bc1 = 1.0 - std::pow(s.adamw.beta1, static_cast<double>(s.t));
   const double bc2 = 1.0 - std::pow(s.adamw.beta2, static_cast<double>(s.t));
+  ProfileScope ps(s.prof, "opt AdamW (applies clip, writes bf16 copy)");
   adamw_step(s.params.get(), s.params_bf16.get(), s.grads.get(), s.m.get(), s.v.get(),
              s.decay_mask.get(), s.layout.size(), static_cast<float>(lr),
              static_cast<float>(s.adamw.beta1), static_cast<float>(s.adamw.beta2),
@@ -529,6 +612,11 @@ void GptCuda::refresh_bf16() {
 }
 
 void* GptCuda::stream() const { return impl_->stream; }
+
+void GptCuda::set_profiler(OpProfiler* profiler) {
+  impl_->prof = profiler;
+  impl_->blas->set_profiler(profiler);
+}
 
 void GptCuda::synchronize() const { DDILOCO_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
 

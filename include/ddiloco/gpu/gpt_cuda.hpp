@@ -25,6 +25,8 @@
 
 namespace ddiloco::gpu {
 
+class OpProfiler;  // ddiloco/gpu/profiler.hpp
+
 /// How attention is computed (kernels.hpp):
 ///   cublas: strided-batched cuBLAS GEMMs + softmax kernels, the (B,NH,T,T) probabilities
 ///           stored per layer in bf16 (llm.c's non-cuDNN path); any shape.
@@ -115,6 +117,10 @@ class GptCuda {
   /// The model's cudaStream_t, as void* to keep CUDA types out of this header.
   void* stream() const;
   void synchronize() const;
+  /// Times every operation of forward/backward/clip/step/zero_grad on `profiler` (which must
+  /// record on stream() and outlive its use); nullptr (the default) turns it off again. Off,
+  /// the passes record nothing and never synchronise. For `ddiloco bench gpu --profile`.
+  void set_profiler(OpProfiler* profiler);
 
  private:
   struct Impl;

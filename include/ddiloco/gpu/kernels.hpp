@@ -25,6 +25,8 @@
 #include <map>
 #include <tuple>
 
+#include "ddiloco/gpu/profiler.hpp"
+
 namespace ddiloco::gpu {
 
 using bf16 = __nv_bfloat16;
@@ -44,6 +46,10 @@ class BlasContext {
 
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t cublas() const { return cublas_; }
+  /// Per-operation timing of the launchers that take this context (matmul_backward's
+  /// dgrad/wgrad/bias, attention's sub-steps); nullptr (the default) = off, no cost.
+  void set_profiler(OpProfiler* profiler) { profiler_ = profiler; }
+  OpProfiler* profiler() const { return profiler_; }
 
   /// Column-major GEMM through cuBLASLt, fp32 accumulation (CUBLAS_COMPUTE_32F):
   ///   D(m,n) = op(A)·op(B) [+ bias(m) broadcast over columns] + beta·D
@@ -65,6 +71,7 @@ class BlasContext {
   void* workspace_ = nullptr;
   size_t workspace_bytes_;
   std::map<Key, Plan*> plans_;
+  OpProfiler* profiler_ = nullptr;
 };
 
 /// out(N,OUT) = inp(N,IN) · w(OUT,IN)ᵀ + bias(OUT). bf16 in and out, fp32 accumulation; the
@@ -151,14 +158,15 @@ bool attention_flash_supported(int T, int C, int NH);
 /// masked score row, from which the backward pass recomputes them. Needs
 /// attention_flash_supported (throws Error otherwise). scratch:
 /// attention_forward_scratch_elems(B,T,C) bf16 elements.
+/// prof (optional): times the permute, kernel and unpermute steps as nested ranges.
 void attention_forward_flash(bf16* out, float* lse, const bf16* qkv, bf16* scratch, int B, int T,
-                             int C, int NH, cudaStream_t stream);
+                             int C, int NH, cudaStream_t stream, OpProfiler* prof = nullptr);
 /// dqkv (B,T,3C) from dout (B,T,C), the saved qkv, the forward output out (B,T,C) and lse.
 /// scratch: attention_backward_scratch_elems(B,T,C,NH) bf16 elements (only 7·B·T·C are
 /// used); delta: B·NH·T fp32 of scratch.
 void attention_backward_flash(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
                               const float* lse, bf16* scratch, float* delta, int B, int T, int C,
-                              int NH, cudaStream_t stream);
+                              int NH, cudaStream_t stream, OpProfiler* prof = nullptr);
 
 /// The softmax step alone, in place: rows (B·NH·T) of length T, row r = (bh, t) keeps
 /// columns ≤ t: att = softmax(scale·att) there, 0 above. Exposed for the tests.
@@ -185,10 +193,11 @@ void mean_loss(float* mean, const float* losses, int N, cudaStream_t stream);
 /// Global gradient norm and clipping coefficient, on the device (no host sync):
 ///   norm_out[0] = √Σ g² (sum in double, fp32 out); scale_out[0] = min(1, max_norm/(norm+1e-6))
 ///   when max_norm > 0, else 1 (torch.nn.utils.clip_grad_norm_, ddiloco::clip_grad_norm).
-/// accum: one double of device scratch. grads (n) fp32.
+/// accum: one double of device scratch. grads (n) fp32. prof (optional): times the memset,
+/// the sum of squares and the clip-coefficient kernel as nested ranges.
 void grad_norm_and_clip_scale(float* norm_out, float* scale_out, double* accum,
                               const float* grads, size_t n, float max_norm,
-                              cudaStream_t stream);
+                              cudaStream_t stream, OpProfiler* prof = nullptr);
 
 /// AdamW step (ddiloco::AdamW, torch.optim.AdamW) on fp32 master weights, with the clip
 /// coefficient applied on the fly (g = grads·grad_scale[0]; grads are not modified):
