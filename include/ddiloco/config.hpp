@@ -21,6 +21,12 @@ struct RunConfig {
   int threads = 0;                   ///< OpenMP threads per rank; 0 = cores / ranks per node
   int log_every = 10;                ///< steps between train-loss lines
   bool progress = true;              ///< progress bar on rank 0 when stdout is a terminal
+  /// Where learner units train: cpu | cuda (one GPU per learner rank, chosen by node-local
+  /// rank; needs a binary built with the cuda preset). The syncer always runs on the CPU.
+  std::string device = "cpu";
+  /// GPU attention kernels: auto (flash when head size is 64 and seq_len % 64 == 0, else
+  /// cublas) | flash | cublas. Only with device: cuda.
+  std::string gpu_attention = "auto";
 };
 
 struct DataConfig {

@@ -3,6 +3,13 @@
 // Every rank of the unit holds the full model (bit-identical: same init, same averaged
 // gradient, same update). One inner step = forward + backward on the rank's own batch,
 // MPI_Allreduce of the gradients over the unit (mean), clipping by global norm, AdamW.
+//
+// With run.device: cuda the same step runs on this rank's GPU (gpu/unit_backend.hpp: GptCuda,
+// NCCL mean of the gradients, clip and AdamW on the device). The host model and optimizer
+// then are a mirror that is NOT kept current step by step: download_state() copies the
+// device's parameters and AdamW state into them, upload_state() the other way; callers that
+// read or write model().parameters() or optimizer() (checkpoints, samples, saving, resume,
+// rejoin) call them around that. The CPU path is unchanged.
 #pragma once
 
 #include <mpi.h>
@@ -14,6 +21,7 @@
 
 #include "ddiloco/config.hpp"
 #include "ddiloco/data_loader.hpp"
+#include "ddiloco/gpu/unit_backend.hpp"
 #include "ddiloco/model.hpp"
 #include "ddiloco/optim.hpp"
 
@@ -32,8 +40,13 @@ struct StepStats {
 class UnitTrainer {
  public:
   /// Builds and initialises the model (seed run.seed: identical on every rank of the unit)
-  /// and the optimizer. `unit_comm` is not owned.
-  UnitTrainer(const Config& config, MPI_Comm unit_comm);
+  /// and the optimizer. `unit_comm` is not owned. With run.device: cuda also the GPU backend:
+  /// the device is chosen by node-local rank among `device_comm` (every learner rank of the
+  /// job; MPI_COMM_NULL: unit_comm), and the host model's initial parameters are uploaded, so
+  /// that both devices start from identical weights. Collective over unit_comm (and
+  /// device_comm with cuda).
+  UnitTrainer(const Config& config, MPI_Comm unit_comm, MPI_Comm device_comm = MPI_COMM_NULL);
+  ~UnitTrainer();
 
   /// Gives this rank its training stream (see TrainStream).
   void attach_data(std::unique_ptr<TrainStream> stream);
@@ -59,8 +72,17 @@ class UnitTrainer {
   /// checksums differ). Collective over the unit.
   void check_replicas() const;
 
+  /// The host model and optimizer. With cuda a mirror: see download_state/upload_state.
   Gpt<float>& model() { return model_; }
   AdamW<float>& optimizer() { return optimizer_; }
+
+  /// The GPU backend (run.device: cuda), or nullptr on the CPU path.
+  gpu::UnitBackend* gpu() { return gpu_.get(); }
+  /// cuda: host parameters (and, with `optimizer`, AdamW moments and step count) ← device.
+  /// No-op on the CPU path. Synchronises; local to this rank.
+  void download_state(bool optimizer = true);
+  /// cuda: device parameters (and, with `optimizer`, AdamW state) ← host. No-op on the CPU.
+  void upload_state(bool optimizer = true);
   TrainStream* data() { return stream_.get(); }
   const Config& config() const { return config_; }
   MPI_Comm comm() const { return comm_; }
@@ -85,6 +107,7 @@ class UnitTrainer {
   GradientReducer reducer_;
   std::vector<int32_t> inputs_, targets_;
   int64_t step_ = 0;
+  std::unique_ptr<gpu::UnitBackend> gpu_;  // run.device: cuda only
 };
 
 /// Mean loss (nats/token) of `model` on `val`, evaluated in batches of `batch` sequences.

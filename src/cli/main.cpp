@@ -15,6 +15,7 @@
 #include "ddiloco/config.hpp"
 #include "ddiloco/data_loader.hpp"
 #include "ddiloco/error.hpp"
+#include "ddiloco/gpu/unit_backend.hpp"
 #include "ddiloco/model_io.hpp"
 #include "ddiloco/mpi.hpp"
 #include "ddiloco/run_dir.hpp"
@@ -238,6 +239,10 @@ int report(const std::exception& e, bool with_mpi) {
 }  // namespace
 
 int main(int argc, char** argv) {
+#ifdef DDILOCO_HAVE_CUDA
+  // Before any configuration is read: run.device: cuda is accepted only where this is installed.
+  ddiloco::gpu::install_cuda_unit_backend();
+#endif
   CLI::App app{"ddiloco: Decoupled DiLoCo training (learner units, syncer, chaos) on MPI"};
   app.set_version_flag("--version", std::string("ddiloco ") + DDILOCO_VERSION);
   app.require_subcommand(1);
@@ -300,6 +305,43 @@ int main(int argc, char** argv) {
                         "YAML simulator configuration (configs/sim/*.yaml)");
   bench_simulate->add_option("--budget", bench_sim.budget_s, "seconds allowed for one run")
       ->check(CLI::PositiveNumber);
+  cli::BenchGpuOptions bench_gpu_opts;
+  ConfigArgs bench_gpu_args;
+  auto* bench_gpu = bench->add_subcommand(
+      "gpu", "GPU training step (bf16) tokens/s and MFU; GPT-2 124M shape by default, or the "
+             "model, train.batch_size and optimizer of --config/--set (explicit flags win)");
+  bench_gpu_args.add_to(bench_gpu, false);
+  bench_gpu->add_option("--n-layer", bench_gpu_opts.n_layer, "layers")->check(CLI::PositiveNumber);
+  bench_gpu->add_option("--n-head", bench_gpu_opts.n_head, "attention heads")
+      ->check(CLI::PositiveNumber);
+  bench_gpu->add_option("--n-embd", bench_gpu_opts.n_embd, "channels")->check(CLI::PositiveNumber);
+  bench_gpu->add_option("--vocab", bench_gpu_opts.vocab_size,
+                        "vocabulary (50304 = GPT-2's 50257 padded to a multiple of 128)")
+      ->check(CLI::PositiveNumber);
+  bench_gpu->add_option("--seq", bench_gpu_opts.seq_len, "sequence length T")
+      ->check(CLI::PositiveNumber);
+  bench_gpu->add_option("--batch", bench_gpu_opts.batch, "sequences per step B")
+      ->check(CLI::PositiveNumber);
+  bench_gpu->add_option("--steps", bench_gpu_opts.steps, "timed steps")->check(CLI::PositiveNumber);
+  bench_gpu->add_option("--warmup", bench_gpu_opts.warmup, "untimed steps first")
+      ->check(CLI::NonNegativeNumber);
+  bench_gpu->add_option("--peak-tflops", bench_gpu_opts.peak_tflops,
+                        "the device's dense bf16 peak for MFU (989 = H100/H200 SXM)")
+      ->check(CLI::PositiveNumber);
+  bench_gpu->add_option("--lr", bench_gpu_opts.lr, "AdamW learning rate")
+      ->check(CLI::PositiveNumber);
+  bench_gpu->add_option("--grad-clip", bench_gpu_opts.grad_clip, "global norm clip (0 = off)");
+  bench_gpu->add_option("--seed", bench_gpu_opts.seed, "weights and tokens");
+  bench_gpu->add_option("--attention", bench_gpu_opts.attention,
+                        "flash (fused, head size 64, T % 64 == 0) or cublas (batched GEMMs)")
+      ->check(CLI::IsMember({"flash", "cublas"}));
+  bench_gpu->add_flag("--profile", bench_gpu_opts.profile,
+                      "after the timed steps, run --profile-steps more with CUDA events around "
+                      "every operation and print where the step's time goes (per category: "
+                      "ms/step, % of step, GEMM TFLOP/s)");
+  bench_gpu->add_option("--profile-steps", bench_gpu_opts.profile_steps,
+                        "instrumented steps for --profile")
+      ->check(CLI::PositiveNumber);
   cli::BenchCheckpointOptions bench_ckpt;
   ConfigArgs bench_ckpt_args;
   auto* bench_checkpoint = bench->add_subcommand(
@@ -355,8 +397,9 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // bench simulate and bench gpu need no MPI.
   const bool needs_mpi = train->parsed() || eval->parsed() ||
-                        (bench->parsed() && !bench_simulate->parsed());
+                        (bench->parsed() && !bench_simulate->parsed() && !bench_gpu->parsed());
   std::optional<mpi::Session> session;
   try {
     if (needs_mpi) session.emplace(&argc, &argv);
@@ -372,6 +415,33 @@ int main(int argc, char** argv) {
       bench_opts.config = bench_args.path;
       bench_opts.overrides = bench_args.overrides;
       return cli::bench_model(bench_opts);
+    }
+    if (bench_gpu->parsed()) {
+      if (!bench_gpu_args.path.empty() || !bench_gpu_args.overrides.empty()) {
+        // The config's shape and optimizer, except where a flag was given explicitly.
+        const Config c = load_config(bench_gpu_args.path, bench_gpu_args.overrides);
+        auto unset = [&](const char* flag) { return bench_gpu->get_option(flag)->count() == 0; };
+        cli::BenchGpuOptions& o = bench_gpu_opts;
+        if (unset("--n-layer")) o.n_layer = c.model.n_layer;
+        if (unset("--n-head")) o.n_head = c.model.n_head;
+        if (unset("--n-embd")) o.n_embd = c.model.n_embd;
+        if (unset("--vocab")) o.vocab_size = c.model.vocab_size;
+        if (unset("--seq")) o.seq_len = c.model.seq_len;
+        if (unset("--batch")) o.batch = c.train.batch_size;
+        if (unset("--lr")) o.lr = c.train.lr;
+        if (unset("--grad-clip")) o.grad_clip = c.train.grad_clip;
+        if (unset("--seed")) o.seed = static_cast<uint64_t>(c.run.seed);
+        o.beta1 = c.train.beta1;
+        o.beta2 = c.train.beta2;
+        o.eps = c.train.eps;
+        o.weight_decay = c.train.weight_decay;
+      }
+#ifdef DDILOCO_HAVE_CUDA
+      return cli::bench_gpu(bench_gpu_opts);
+#else
+      fail("bench gpu: this ddiloco was built without CUDA; build it with the cuda preset "
+           "(cmake --preset cuda && cmake --build --preset cuda)");
+#endif
     }
     if (bench_checkpoint->parsed()) {
       bench_ckpt.config = bench_ckpt_args.path;

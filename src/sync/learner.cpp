@@ -136,10 +136,19 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
 
   const int P = fragments.size();
   const int u = topo.unit;
+  // run.device: cuda (gpu/unit_backend.hpp): the parameters and AdamW state live on the GPU and
+  // the host model is a mirror, synchronised where host code below reads or writes it. The
+  // leader's snapshots go device → pinned host asynchronously and are published when they
+  // land; merged fragments (apply: overwrite) are uploaded as soon as they are taken and
+  // scattered on the GPU when due, then NCCL-broadcast in the unit. blend and carry take the
+  // host path: the fragment is downloaded, mixed on the CPU as below, and uploaded.
+  gpu::UnitBackend* const gpu = trainer.gpu();
+  if (gpu && plan.outer_steps) gpu->attach_fragments(fragments, topo.leader);
   const double base_slowdown = config.units.slowdown.empty() ? 1.0 : config.units.slowdown[u];
   chaos::UnitTimeline faults(chaos::Schedule::from_config(config.chaos, config.units.count), u);
   const bool blend = config.outer.apply == "blend";
   const bool carry = config.outer.apply == "carry";
+  const bool gpu_overwrite = gpu != nullptr && !blend && !carry;  // the asynchronous path
   const float alpha = static_cast<float>(config.outer.blend_alpha);
   const int64_t eval_period = static_cast<int64_t>(plan.h) * config.syncer.eval_every;
   // Decoupled: the lr schedule runs on the job's mean inner step, job tokens ÷ the tokens one
@@ -176,6 +185,8 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     log.write({{"event", "start"}, {"step", 0}, {"tokens", 0}, {"elapsed_s", 0.0},
                {"unit", u}, {"ranks", topo.unit_size}, {"threads_per_rank", threads},
                {"slowdown", base_slowdown}, {"mode", mode_name(plan.mode)}});
+    if (gpu) log.write({{"event", "device"}, {"unit", u}, {"step", 0}, {"tokens", 0},
+                        {"elapsed_s", 0.0}, {"device", gpu->describe()}});
     window->set_control(sync::kState, sync::kRunning);
   }
 
@@ -239,6 +250,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
       last_seq[p] = seq_base[p] = std::max(st.last_seq[p], merged);
       if (topo.leader) window->set_inbox_taken(p, sy.versions[p]);
     }
+    trainer.upload_state();  // cuda: the device trains from the resumed state
     if (topo.leader) {
       window->set_control(sync::kStepsDone, st.step);
       window->set_control(sync::kTokensDone, tokens);
@@ -294,6 +306,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     st.rejoins = rejoins;
     st.run_seed = config.run.seed;
     if (!lost) {
+      trainer.download_state();  // cuda: the device's parameters and AdamW moments
       auto copy = [](std::span<const float> x) { return std::vector<float>(x.begin(), x.end()); };
       st.params = copy(trainer.model().parameters());
       st.adam_m = copy(trainer.optimizer().first_moment());
@@ -444,6 +457,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
         base_version[p] = applied[p] = pending_version[p] = sends[p] = words[1 + p];
         sent_step[p] = -1;
       }
+      trainer.upload_state();  // cuda: Θ and the fresh (zero) moments to the device
     }
     // diloco counts rounds in steps: every unit's k-th snapshot is its step k·H (P = 1). A
     // unit back from a crash redoes, from the Θ it fetched (round words[1]), the steps of the
@@ -461,6 +475,25 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
                  {"steps_redone", crashed_at - t}});
     }
     return true;
+  };
+
+  // cuda, leader: snapshots started on the GPU but not yet published, with the counters of the
+  // step boundary where they were taken (what the syncer must see, whenever they land).
+  std::vector<std::optional<sync::SnapshotMeta>> snap_meta(P);
+  auto publish_snapshot = [&](int p) {  // its copy has landed in pinned host memory
+    last_seq[p] = seq_base[p] + window->publish(p, gpu->snapshot(p), *snap_meta[p]);
+    snap_meta[p].reset();
+  };
+  auto publish_landed = [&] {  // at every step boundary: never waits
+    for (int p = 0; p < P; ++p)
+      if (snap_meta[p] && gpu->snapshot_ready(p)) publish_snapshot(p);
+  };
+  auto publish_all = [&] {  // before waiting for a merge, at a stop or checkpoint: may wait
+    for (int p = 0; p < P; ++p)
+      if (snap_meta[p]) {
+        gpu->wait_snapshot(p);
+        publish_snapshot(p);
+      }
   };
 
   bool stopped_down = false;  // told to stop while down after a crash
@@ -510,6 +543,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
       window->set_control(sync::kStepsDone, t);
       window->set_control(sync::kTokensDone, tokens);
       window->set_control(sync::kStepTimeNs, static_cast<int64_t>(step_ema * 1e9));
+      if (gpu) publish_landed();
       if (config.debug.stall_unit == u && !stalled && t >= config.debug.stall_at_step &&
           ckpt_done >= config.debug.stall_after_checkpoints) {
         // Test hook: hold this unit, silent, until the others have moved the syncer on.
@@ -520,6 +554,10 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
         backoff.reset();
       }
       auto publish = [&](int p) {
+        if (gpu && snap_meta[p]) {  // p's last snapshot, H steps ago, has not landed yet (!)
+          gpu->wait_snapshot(p);
+          publish_snapshot(p);
+        }
         if (!window->outbox_free(p)) {  // the syncer has not read the previous one yet
           window->set_control(sync::kPublishSkipped, ++skipped);
           return;
@@ -529,11 +567,17 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
           // published (the syncer must refuse it); its next loss, all-reduced, is NaN on
           // every rank of the unit.
           poison(trainer.model().parameters());
+          trainer.upload_state(false);  // cuda: the device's parameters turn NaN
           nan_injected = true;
         }
-        fragments.pack(p, trainer.model().parameters(), std::span<float>(packed.data(), layout.numel(p)));
-        last_seq[p] = seq_base[p] + window->publish(p, std::span<const float>(packed.data(), layout.numel(p)),
-                                                    {c_steps[p], c_tok[p], t, base_version[p]});
+        const sync::SnapshotMeta meta{c_steps[p], c_tok[p], t, base_version[p]};
+        if (gpu) {
+          gpu->start_snapshot(p);  // published once it lands (publish_landed)
+          snap_meta[p] = meta;
+        } else {
+          fragments.pack(p, trainer.model().parameters(), std::span<float>(packed.data(), layout.numel(p)));
+          last_seq[p] = seq_base[p] + window->publish(p, std::span<const float>(packed.data(), layout.numel(p)), meta);
+        }
         sent_step[p] = t;
         ++sends[p];
         actions.sent[p] = 1;
@@ -554,6 +598,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
         if (!window->take_inbox(p, pending[p]))
           fail("unit {}: merged fragment {} version {} failed its checksum", u, p, v);
         pending_version[p] = v;
+        if (gpu_overwrite) gpu->stage_merge(p, pending[p]);  // to the device while we train
       };
       bool crash_ready = false;  // a crash came due while waiting: take it at this step
       for (int p = 0; p < P && plan.outer_steps; ++p) {
@@ -563,6 +608,8 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
           // Synchronous modes: every merge includes every unit, so the merge of our k-th
           // snapshot is version k. Decoupled with τ = 0: any merge newer than ours.
           const int64_t want = plan.mode == Mode::decoupled ? applied[p] + 1 : sends[p];
+          // The merge may need our own snapshot, still on its way to host memory.
+          if (gpu && pending_version[p] < want) publish_all();
           // A crash due meanwhile happens on time: a unit that waits can fail too.
           while (pending_version[p] < want && !stop_requested() && !crash_ready) {
             if ((crash_ready = crash_now())) break;
@@ -600,6 +647,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
         actions.crash = true;
         crash_cause = "non_finite";
         crash_late_s = 0;
+        if (gpu) publish_all();  // taken before the parameters went bad, as on the CPU path
       } else if (!actions.stop && (crash_ready || crash_now())) {
         const chaos::Fault* crash = faults.crash_due(job_time());
         crash_cause = "chaos";
@@ -609,10 +657,17 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
         crash_late_s = job_time() - crash->start_s;
         actions.down_ms = static_cast<int64_t>(1e3 * std::max(0.0, crash->end_s() - job_time()));
         for (int p = 0; p < P; ++p) actions.lost[p] = !window->outbox_free(p);
+        for (int p = 0; p < P && gpu; ++p)
+          if (snap_meta[p]) {  // never published: it dies with the unit
+            actions.lost[p] = 1;
+            snap_meta[p].reset();
+          }
       }
       if (actions.crash) {
         actions.apply.clear();  // the unit starts over from Θ
         actions.checkpoint = 0;  // ... and writes its file once it is back
+      } else if (gpu && (actions.stop || actions.checkpoint > 0)) {
+        publish_all();  // the last snapshots reach the syncer; the checkpoint counts them sent
       }
     }
     if (topo.unit_size > 1) {
@@ -626,18 +681,31 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
         unsent[p] = 0;
         sent_c_steps[p] = c_steps[p];
         sent_c_tok[p] = c_tok[p];
-        if (carry) fragments.pack(p, trainer.model().parameters(), sent_theta[p]);
+        if (carry && gpu)
+          gpu->download_fragment(p, sent_theta[p]);
+        else if (carry)
+          fragments.pack(p, trainer.model().parameters(), sent_theta[p]);
       }
     if (actions.schedule_step >= 0) trainer.set_schedule_step(actions.schedule_step);
     for (const auto& [p, version] : actions.apply) {
-      const std::span<float> buf = fragment_from_leader(p);
-      if (blend || carry)
-        fragments.pack(p, trainer.model().parameters(), std::span<float>(packed.data(), buf.size()));
-      if (blend)
-        for (size_t i = 0; i < buf.size(); ++i) buf[i] = alpha * packed[i] + (1 - alpha) * buf[i];
-      if (carry)  // θ ← Θ + (θ − θ_sent): the τ steps since the snapshot stay
-        for (size_t i = 0; i < buf.size(); ++i) buf[i] += packed[i] - sent_theta[p][i];
-      fragments.unpack(p, buf, trainer.model().parameters());
+      if (gpu_overwrite) {
+        gpu->apply_merge(p);  // the leader's staged upload, NCCL-broadcast in the unit
+      } else {
+        const std::span<float> buf = fragment_from_leader(p);
+        const std::span<float> mine(packed.data(), buf.size());
+        if ((blend || carry) && gpu)
+          gpu->download_fragment(p, mine);
+        else if (blend || carry)
+          fragments.pack(p, trainer.model().parameters(), mine);
+        if (blend)
+          for (size_t i = 0; i < buf.size(); ++i) buf[i] = alpha * packed[i] + (1 - alpha) * buf[i];
+        if (carry)  // θ ← Θ + (θ − θ_sent): the τ steps since the snapshot stay
+          for (size_t i = 0; i < buf.size(); ++i) buf[i] += packed[i] - sent_theta[p][i];
+        if (gpu)
+          gpu->upload_fragment(p, buf);
+        else
+          fragments.unpack(p, buf, trainer.model().parameters());
+      }
       // overwrite: the local work on this fragment since its snapshot left never reaches the
       // global model (blend keeps α of it); carry keeps it for the next snapshot, which then
       // counts the steps and tokens since this one, not since the apply.

@@ -94,6 +94,14 @@ int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::str
   const bool replace = overwrite || (resume_arg == "auto" && resume.empty());
   const Topology topology(config, world);
   configure_threads(config.run.threads, world);  // collective: before the roles part ways
+  // run.device: cuda picks each learner rank's GPU by its node-local rank among the learner
+  // ranks (not the syncer's, which would take a GPU's turn; not one unit's, or two units on a
+  // node would both start at device 0). Collective over `world`, so also before they part.
+  MPI_Comm learners = MPI_COMM_NULL;
+  if (config.run.device == "cuda")
+    mpi::check(MPI_Comm_split(world, topology.role == Topology::Role::learner ? 0 : MPI_UNDEFINED,
+                              mpi::rank(world), &learners),
+               "Comm_split(learners)");
   const std::filesystem::path dir = config.run.dir;
   if (topology.role == Topology::Role::syncer) {
     std::optional<checkpoint::SyncerState> state;
@@ -120,7 +128,7 @@ int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::str
   }
   std::optional<LearnerResume> resumed;
   auto trainer = mpi::agree(world, [&] {
-    auto t = std::make_unique<UnitTrainer>(config, topology.unit_comm);
+    auto t = std::make_unique<UnitTrainer>(config, topology.unit_comm, learners);
     t->attach_data(std::make_unique<TrainStream>(
         expand_shard_pattern(config.data.train, "data.train"), config.model.vocab_size,
         config.train.batch_size, config.model.seq_len, topology.stream_index,
@@ -140,6 +148,8 @@ int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::str
     }
     return t;
   });
+  // Only select_device needed it (an error above leaks it: the job is ending anyway).
+  if (learners != MPI_COMM_NULL) MPI_Comm_free(&learners);
   install_stop_signals();
   wan::LinkCounters link;
   const TimeBook book = run_learner(config, plan, topology, *trainer, resumed ? &*resumed : nullptr, &link);

@@ -37,7 +37,7 @@ int configure_threads(int requested, MPI_Comm comm) {
   return threads;
 }
 
-UnitTrainer::UnitTrainer(const Config& config, MPI_Comm unit_comm)
+UnitTrainer::UnitTrainer(const Config& config, MPI_Comm unit_comm, MPI_Comm device_comm)
     : config_(config),
       comm_(unit_comm),
       ranks_(mpi::size(unit_comm)),
@@ -50,6 +50,28 @@ UnitTrainer::UnitTrainer(const Config& config, MPI_Comm unit_comm)
   const size_t n = static_cast<size_t>(config.train.batch_size) * config.model.seq_len;
   inputs_.resize(n);
   targets_.resize(n);
+  if (config.run.device == "cuda")
+    gpu_ = gpu::make_unit_backend(config, unit_comm,
+                                  device_comm == MPI_COMM_NULL ? unit_comm : device_comm,
+                                  model_.parameters());
+}
+
+UnitTrainer::~UnitTrainer() = default;
+
+void UnitTrainer::download_state(bool optimizer) {
+  if (!gpu_) return;
+  gpu_->download_parameters(model_.parameters());
+  if (optimizer)
+    optimizer_.set_step_count(
+        gpu_->download_optimizer(optimizer_.first_moment(), optimizer_.second_moment()));
+}
+
+void UnitTrainer::upload_state(bool optimizer) {
+  if (!gpu_) return;
+  gpu_->upload_parameters(model_.parameters());
+  if (optimizer)
+    gpu_->upload_optimizer(optimizer_.first_moment(), optimizer_.second_moment(),
+                           optimizer_.step_count());
 }
 
 void UnitTrainer::attach_data(std::unique_ptr<TrainStream> stream) { stream_ = std::move(stream); }
@@ -72,6 +94,18 @@ StepStats UnitTrainer::step_on(const int32_t* inputs, const int32_t* targets) {
   StepStats s;
   Stopwatch clock;
   s.lr = schedule_.at(schedule_step_ >= 0 ? schedule_step_ : step_);
+  if (gpu_) {
+    // The whole step on the device; the NCCL all-reduce overlaps nothing the host could time
+    // separately without a wait, so it counts as compute (allreduce_s stays 0).
+    if (reducer_) fail("UnitTrainer: run.device: cuda has no custom gradient reducer (mode ddp)");
+    const gpu::GpuStepResult r = gpu_->step(inputs, targets, s.lr);
+    s.loss = r.loss;
+    s.grad_norm = r.grad_norm;
+    s.compute_s = clock.seconds();
+    s.tokens = tokens_per_step();
+    ++step_;
+    return s;
+  }
   s.loss = model_.forward(inputs, targets, config_.train.batch_size, config_.model.seq_len);
   model_.zero_grad();
   model_.backward();
@@ -106,7 +140,13 @@ StepStats UnitTrainer::step_on(const int32_t* inputs, const int32_t* targets) {
 
 void UnitTrainer::check_replicas() const {
   if (ranks_ <= 1) return;
-  const uint64_t mine = checksum(model_.parameters());
+  // cuda: the device's parameters are the ones that train (the host mirror may be stale).
+  std::vector<float> device;
+  if (gpu_) {
+    device.resize(model_.parameters().size());
+    gpu_->download_parameters(device);
+  }
+  const uint64_t mine = checksum(gpu_ ? std::span<const float>(device) : model_.parameters());
   uint64_t lo = mine, hi = mine;
   mpi::check(MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, comm_), "Allreduce");
   mpi::check(MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, comm_), "Allreduce");
@@ -117,6 +157,7 @@ void UnitTrainer::check_replicas() const {
 }
 
 double UnitTrainer::validation_loss(const ValidationSet& val) {
+  if (gpu_) return gpu_->validation_loss(val, config_.train.batch_size);
   return ddiloco::validation_loss(model_, val, config_.train.batch_size, comm_);
 }
 
@@ -215,6 +256,7 @@ TrainResult train_single_unit(const Config& config, MPI_Comm world, bool overwri
                {"threads_per_rank", threads},
                {"parameters", model.layout().size()},
                {"tokens_per_step", trainer.tokens_per_step()}});
+    if (trainer.gpu()) std::printf("device: %s\n", trainer.gpu()->describe().c_str());
   }
 
   ProgressBar bar(leader && config.run.progress);
@@ -248,6 +290,7 @@ TrainResult train_single_unit(const Config& config, MPI_Comm world, bool overwri
     if (config.eval.sample_tokens <= 0) return;
     // Every rank samples (same model, same generator) so the model's activations stay in
     // lockstep; only the leader prints.
+    trainer.download_state(false);  // cuda: the host model samples; parameters only
     const auto prompt = encode_prompt(config.eval.sample_prompt, config.model.vocab_size);
     const auto out = generate(trainer.model(), prompt, config.eval.sample_tokens,
                               config.eval.temperature, sample_rng);
@@ -317,6 +360,7 @@ TrainResult train_single_unit(const Config& config, MPI_Comm world, bool overwri
     nlohmann::json meta = {{"step", done}, {"tokens", tokens}, {"run_dir", dir.string()}};
     if (result.signal == 0) meta["val_loss"] = result.val_loss;
     if (result.signal != 0) meta["interrupted"] = true;
+    trainer.download_state(false);  // cuda: the device's parameters are the trained ones
     save_model(model_path, config.model, trainer.model().parameters(), meta);
     const double tps = train_seconds > 0 ? tokens / train_seconds : 0.0;
     if (result.signal != 0) {

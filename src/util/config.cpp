@@ -18,6 +18,7 @@
 #include "ddiloco/chaos.hpp"
 #include "ddiloco/error.hpp"
 #include "util/config_schema.hpp"
+#include "ddiloco/gpu/unit_backend.hpp"
 
 namespace ddiloco {
 
@@ -72,6 +73,14 @@ const std::vector<Entry<Config>>& entries() {
                     positive<int>()),
       DDILOCO_FIELD(bool, "run.progress", run.progress,
                     "progress bar on rank 0 when stdout is a terminal"),
+      DDILOCO_FIELD(std::string, "run.device", run.device,
+                    "where learner units train: cpu | cuda (one GPU per learner rank, by "
+                    "node-local rank; needs the cuda preset's build); the syncer stays on the CPU",
+                    one_of({"cpu", "cuda"})),
+      DDILOCO_FIELD(std::string, "run.gpu_attention", run.gpu_attention,
+                    "GPU attention kernels: auto (flash when head size is 64 and seq_len % 64 == "
+                    "0, else cublas) | flash | cublas",
+                    one_of({"auto", "flash", "cublas"})),
       // model
       DDILOCO_FIELD(int, "model.vocab_size", model.vocab_size,
                     "tokens: 256 for byte-level text, 50257 for GPT-2 shards",
@@ -332,6 +341,21 @@ void apply_override(Config& config, const std::string& assignment, const std::st
 void validate(const Config& c, const std::string& source) {
   try {
     c.model.validate();
+    if (c.run.device == "cuda") {
+      if (!gpu::unit_backend_available())
+        fail("run.device: cuda needs a ddiloco built with CUDA; build the cuda preset "
+             "(cmake --preset cuda && cmake --build --preset cuda)");
+      if (c.mode == Mode::ddp)
+        fail("run.device: cuda is not supported in mode ddp (its gradient ring across units "
+             "runs on host buffers); use mode single, diloco, streaming or decoupled, or "
+             "run.device: cpu");
+      if (c.run.gpu_attention == "flash" &&
+          (c.model.n_embd / c.model.n_head != 64 || c.model.seq_len % 64 != 0))
+        fail("run.gpu_attention: flash needs head size model.n_embd/model.n_head = 64 and "
+             "model.seq_len a multiple of 64, got head size {} and seq_len {} (use auto or "
+             "cublas)",
+             c.model.n_embd / c.model.n_head, c.model.seq_len);
+    }
     const double need = c.model.training_bytes(c.train.batch_size);
     const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
     if (need > have)

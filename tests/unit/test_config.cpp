@@ -3,6 +3,7 @@
 
 #include "ddiloco/config.hpp"
 #include "ddiloco/error.hpp"
+#include "ddiloco/gpu/unit_backend.hpp"
 #include "temp_dir.hpp"
 
 namespace ddiloco {
@@ -74,6 +75,52 @@ TEST(Config, BadValuesAreNamed) {
   EXPECT_EQ(error_of("model: {seq_len: 100000}\ntrain: {batch_size: 64}\n").substr(0, 63),
             "c.yaml: train.batch_size: model and batch need about 38373 GiB ");
   EXPECT_NE(error_of("model: [unclosed\n").find("c.yaml: line"), std::string::npos);
+}
+
+// run.device: cuda needs a GPU backend installed in the binary (the cuda preset's ddiloco);
+// this test program links only the CPU library, like the CPU build's ddiloco.
+TEST(Config, CudaDeviceIsRefusedWithoutACudaBuild) {
+  ASSERT_FALSE(gpu::unit_backend_available());
+  EXPECT_EQ(error_of("", {"run.device=cuda"}),
+            "c.yaml with --set: run.device: cuda needs a ddiloco built with CUDA; build the cuda preset "
+            "(cmake --preset cuda && cmake --build --preset cuda)");
+  EXPECT_EQ(error_of("run: {device: cuda}\n"),
+            "c.yaml: run.device: cuda needs a ddiloco built with CUDA; build the cuda preset "
+            "(cmake --preset cuda && cmake --build --preset cuda)");
+  EXPECT_EQ(error_of("", {"run.device=gpu"}), "--set: run.device: must be one of cpu, cuda, got gpu");
+  EXPECT_EQ(error_of("", {"run.gpu_attention=fast"}),
+            "--set: run.gpu_attention: must be one of auto, flash, cublas, got fast");
+  EXPECT_EQ(load_config("").run.device, "cpu");
+  EXPECT_EQ(load_config("").run.gpu_attention, "auto");
+}
+
+// With a backend installed (a stand-in here: validation never calls it), what cuda refuses.
+TEST(Config, CudaDeviceChecksWithABackend) {
+  gpu::register_unit_backend([](const Config&, MPI_Comm, MPI_Comm, std::span<const float>)
+                                 -> std::unique_ptr<gpu::UnitBackend> { return nullptr; });
+  EXPECT_NO_THROW(load_config("", {"run.device=cuda", "mode=decoupled", "units.count=4"}));
+  EXPECT_EQ(error_of("", {"run.device=cuda", "mode=ddp"}).substr(0, 68),
+            "c.yaml with --set: run.device: cuda is not supported in mode ddp (it");
+  EXPECT_EQ(error_of("", {"run.device=cuda", "run.gpu_attention=flash"}),
+            "c.yaml with --set: run.gpu_attention: flash needs head size model.n_embd/model.n_head = 64 and "
+            "model.seq_len a multiple of 64, got head size 32 and seq_len 128 (use auto or cublas)");
+  gpu::register_unit_backend(nullptr);
+}
+
+TEST(Config, GpuAttentionAutoPicksFlashOnlyWhereItRuns) {
+  Config c;
+  c.model.n_embd = 128;
+  c.model.n_head = 2;  // head size 64
+  c.model.seq_len = 128;
+  EXPECT_EQ(gpu::resolve_attention(c), "flash");
+  c.model.seq_len = 100;
+  EXPECT_EQ(gpu::resolve_attention(c), "cublas");
+  c.model.seq_len = 128;
+  c.model.n_head = 4;  // head size 32
+  EXPECT_EQ(gpu::resolve_attention(c), "cublas");
+  c.run.gpu_attention = "cublas";
+  c.model.n_head = 2;
+  EXPECT_EQ(gpu::resolve_attention(c), "cublas");
 }
 
 TEST(Config, EffectiveYamlReadsBackToTheSameConfig) {

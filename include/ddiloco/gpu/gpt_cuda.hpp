@@ -1,0 +1,130 @@
+// GPT-2 on one GPU: the CPU model's architecture and ParameterLayout (ddiloco/model.hpp), in
+// bf16 with fp32 master weights, fp32 gradients and fp32 AdamW state.
+//
+// Memory (all on the current CUDA device when the object is built):
+//   * parameters: fp32 master copy (layout order, one flat buffer — the syncer's fragments are
+//     ranges of it) and the bf16 copy the forward/backward passes read, refreshed by every
+//     AdamW step and set_parameters();
+//   * gradients: fp32, flat, same layout; accumulated (+=) by backward();
+//   * AdamW first/second moments: fp32;
+//   * activations: bf16 (LayerNorm statistics and losses fp32), sized for the largest (B,T)
+//     seen, like the CPU model.
+// Every method enqueues on the model's one stream and returns without waiting, except the
+// ones documented as synchronising (they copy to the host). Header free of CUDA types so host
+// code and tests can use it without the toolkit's headers.
+// Errors: ddiloco::Error for bad arguments, CUDA/cuBLAS failures (call and file:line).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "ddiloco/model.hpp"
+#include "ddiloco/optim.hpp"
+
+namespace ddiloco::gpu {
+
+class OpProfiler;  // ddiloco/gpu/profiler.hpp
+
+/// How attention is computed (kernels.hpp):
+///   cublas: strided-batched cuBLAS GEMMs + softmax kernels, the (B,NH,T,T) probabilities
+///           stored per layer in bf16 (llm.c's non-cuDNN path); any shape.
+///   flash:  fused FlashAttention-2-style kernels, only a (B,NH,T) log-sum-exp per layer;
+///           needs head size 64 and T a multiple of 64 (Error otherwise). Far less memory
+///           traffic at T = 1024: the path for throughput.
+enum class AttentionKind { cublas, flash };
+
+class GptCuda {
+ public:
+  /// Allocates parameters, gradients and AdamW state on the current device (throws Error
+  /// when that fails) and zeroes them; call init_weights or set_parameters next.
+  explicit GptCuda(const GptConfig& config, const AdamWConfig& adamw = {},
+                   AttentionKind attention = AttentionKind::cublas);
+  ~GptCuda();
+  GptCuda(const GptCuda&) = delete;
+  GptCuda& operator=(const GptCuda&) = delete;
+
+  const GptConfig& config() const;
+  const ParameterLayout& layout() const;
+  size_t num_parameters() const;
+  AttentionKind attention() const;
+
+  /// The CPU model's GPT-2 initialisation (Gpt<float>::init_weights): same seed, same fp32
+  /// weights. Synchronises.
+  void init_weights(uint64_t seed);
+  /// fp32 master parameters [offset, offset + host.size()) ← host; the bf16 copy follows.
+  /// Synchronises (host memory may be reused on return).
+  void set_parameters(std::span<const float> host, size_t offset = 0);
+  /// host ← fp32 master parameters [offset, offset + host.size()). Synchronises.
+  void get_parameters(std::span<float> host, size_t offset = 0) const;
+  /// host ← fp32 gradients [offset, offset + host.size()). Synchronises.
+  void get_gradients(std::span<float> host, size_t offset = 0) const;
+
+  /// Forward pass on host tokens/targets (B,T), int32 in [0, V), validated on the host
+  /// (Error otherwise, before any device work). Computes the loss and, when `for_backward`,
+  /// the loss gradient w.r.t. the logits in place (softmax and cross-entropy are fused), so
+  /// backward() can follow. Returns the mean cross-entropy in nats. Synchronises.
+  float forward(const int32_t* tokens, const int32_t* targets, int B, int T,
+                bool for_backward = true);
+  /// Same on device tokens/targets (B,T) without validation or synchronisation: the hot path
+  /// of a training step. The mean loss stays on the device (loss()).
+  void forward_device(const int32_t* tokens, const int32_t* targets, int B, int T,
+                      bool for_backward = true);
+  /// Mean loss of the last forward pass. Synchronises.
+  float loss() const;
+  /// Per-position losses (B,T) of the last forward pass, nats. Synchronises.
+  void get_losses(std::span<float> host) const;
+
+  /// Gradients ← 0.
+  void zero_grad();
+  /// Accumulates d(mean loss)/d(parameters) of the last forward pass into the gradients.
+  /// Needs a forward pass with for_backward; once per forward pass (Error otherwise).
+  void backward();
+
+  /// Global gradient norm and clip coefficient min(1, max_norm/(norm+1e-6)) on the device
+  /// (max_norm ≤ 0: no clipping); the next step() applies the coefficient. No sync.
+  void clip_grad_norm(float max_norm);
+  /// The norm computed by the last clip_grad_norm, before clipping. Synchronises.
+  float grad_norm() const;
+  /// One AdamW step (ddiloco::AdamW's math) with learning rate lr > 0 on the fp32 master
+  /// weights, using the clip coefficient of a clip_grad_norm since the last step (if any);
+  /// then refreshes the bf16 copy. The gradients themselves are left unscaled.
+  void step(double lr);
+  int64_t step_count() const;
+  /// Forget AdamW's moments and step count.
+  void reset_optimizer();
+  /// host ← AdamW's fp32 first/second moments (num_parameters() each, layout order), the
+  /// state a checkpoint holds. Synchronises. Error when a span has the wrong size.
+  void get_optimizer_state(std::span<float> m, std::span<float> v) const;
+  /// AdamW's moments ← host (num_parameters() each) and its step count ← step (≥ 0), e.g. a
+  /// resumed checkpoint's. Synchronises. Error when a span has the wrong size or step < 0.
+  void set_optimizer_state(std::span<const float> m, std::span<const float> v, int64_t step);
+
+  /// The mean loss of the last forward pass and the norm of the last clip_grad_norm, read with
+  /// one synchronisation (the trainer's one host wait per step). Error before any forward pass.
+  void read_loss_and_grad_norm(float& loss, float& grad_norm) const;
+  /// Device pointer to the mean loss (one fp32) of the last forward pass, e.g. to all-reduce
+  /// it with the gradients; valid until the next forward pass with a larger (B,T).
+  float* loss_device();
+
+  /// Device pointers (fp32, num_parameters() elements) for collectives (NCCL all-reduce of
+  /// gradients, fragment exchange); use them on stream() or after synchronize().
+  float* parameters_device();
+  float* gradients_device();
+  /// After changing parameters_device() directly: refresh the bf16 copy from fp32.
+  void refresh_bf16();
+  /// The model's cudaStream_t, as void* to keep CUDA types out of this header.
+  void* stream() const;
+  void synchronize() const;
+  /// Times every operation of forward/backward/clip/step/zero_grad on `profiler` (which must
+  /// record on stream() and outlive its use); nullptr (the default) turns it off again. Off,
+  /// the passes record nothing and never synchronise. For `ddiloco bench gpu --profile`.
+  void set_profiler(OpProfiler* profiler);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddiloco::gpu

@@ -1,0 +1,213 @@
+// The GPT-2 layers on the GPU: bf16 activations, fp32 master weights and gradients, fp32
+// arithmetic inside every kernel. The CPU layers (ddiloco/layers.hpp) are the reference and
+// define the math; these follow the same conventions:
+//   * B = batch, T = sequence length, C = channels, NH = heads, hs = C/NH, V = vocabulary,
+//     N = B·T rows. Dense row-major arrays; shapes written (dim0, dim1, ...).
+//   * Linear weights are (OUT, IN): y = x·Wᵀ + b.
+//   * Backward functions ACCUMULATE (+=) into parameter gradients (fp32), so one zeroing per
+//     step is enough; input gradients are overwritten unless the comment says "accumulates".
+//   * Activations and their gradients are bf16 (`bf16` below); LayerNorm statistics, losses,
+//     parameter gradients, AdamW state and master weights are fp32. Every kernel loads bf16,
+//     computes in fp32 and rounds once on store (round-to-nearest-even).
+//   * Every function enqueues work on `stream` and returns without synchronising; launch
+//     errors throw ddiloco::Error (DDILOCO_CUDA_CHECK_LAUNCH), asynchronous faults surface at
+//     the next synchronising call. All pointers are device pointers unless stated.
+// Layouts and algorithms follow llm.c's train_gpt2.cu (Karpathy 2024), non-cuDNN path.
+#pragma once
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+#include "ddiloco/gpu/profiler.hpp"
+
+namespace ddiloco::gpu {
+
+using bf16 = __nv_bfloat16;
+
+// ------------------------------------------------------------------------------------ BLAS
+
+/// cuBLAS and cuBLASLt handles bound to one stream, a workspace, and a cache of cuBLASLt
+/// matmul plans (descriptors + the heuristic's algorithm) keyed by shape, transposes, output
+/// type, epilogue and pointer alignment, so the heuristic runs once per distinct GEMM instead
+/// of once per call. Not thread-safe; one per stream. Throws Error on any CUDA/cuBLAS failure.
+class BlasContext {
+ public:
+  explicit BlasContext(cudaStream_t stream, size_t workspace_bytes = 32u << 20);
+  ~BlasContext();
+  BlasContext(const BlasContext&) = delete;
+  BlasContext& operator=(const BlasContext&) = delete;
+
+  cudaStream_t stream() const { return stream_; }
+  cublasHandle_t cublas() const { return cublas_; }
+  /// Per-operation timing of the launchers that take this context (matmul_backward's
+  /// dgrad/wgrad/bias, attention's sub-steps); nullptr (the default) = off, no cost.
+  void set_profiler(OpProfiler* profiler) { profiler_ = profiler; }
+  OpProfiler* profiler() const { return profiler_; }
+
+  /// Column-major GEMM through cuBLASLt, fp32 accumulation (CUBLAS_COMPUTE_32F):
+  ///   D(m,n) = op(A)·op(B) [+ bias(m) broadcast over columns] + beta·D
+  /// A, B bf16; op(A) is (m,k), op(B) is (k,n); lda/ldb are the stored leading dimensions.
+  /// D is bf16 (d_fp32 = false) or fp32 (d_fp32 = true); with beta ≠ 0 it is read as C too.
+  /// bias (bf16, length m) only with a bf16 D; nullptr for none.
+  void gemm(bool trans_a, bool trans_b, int m, int n, int k, const bf16* A, int lda,
+            const bf16* B, int ldb, void* D, bool d_fp32, int ldd, float beta,
+            const bf16* bias);
+
+ private:
+  struct Plan;
+  using Key = std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int, int>;
+  Plan& plan(const Key& key);
+
+  cudaStream_t stream_;
+  cublasHandle_t cublas_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_;
+  std::map<Key, Plan*> plans_;
+  OpProfiler* profiler_ = nullptr;
+};
+
+/// out(N,OUT) = inp(N,IN) · w(OUT,IN)ᵀ + bias(OUT). bf16 in and out, fp32 accumulation; the
+/// bias is added in the GEMM's epilogue. bias may be nullptr. ld_out: row stride of out in
+/// elements (≥ OUT; 0 = OUT), e.g. logits padded to a multiple of 128 columns so that every
+/// row is 16-byte aligned whatever the vocabulary.
+void matmul_forward(BlasContext& blas, bf16* out, const bf16* inp, const bf16* w,
+                    const bf16* bias, int N, int IN, int OUT, int ld_out = 0);
+/// dinp(N,IN) = dout(N,OUT)·w (bf16, overwritten; skipped when dinp is nullptr);
+/// dw(OUT,IN) += doutᵀ·inp (fp32, accumulated by the GEMM with beta = 1);
+/// dbias(OUT) += Σ_N dout (fp32; skipped when nullptr). ld_dout: row stride of dout (0 = OUT).
+void matmul_backward(BlasContext& blas, bf16* dinp, float* dw, float* dbias, const bf16* dout,
+                     const bf16* inp, const bf16* w, int N, int IN, int OUT, int ld_dout = 0);
+
+// ------------------------------------------------------------------------- embeddings
+
+/// out(B,T,C) = wte[tokens[b,t]] + wpe[t]. tokens (B,T) int32 in [0,V) (not checked here: the
+/// model validates them on the host); wte (V,C), wpe (≥T,C) bf16.
+void encoder_forward(bf16* out, const int32_t* tokens, const bf16* wte, const bf16* wpe, int B,
+                     int T, int C, cudaStream_t stream);
+/// dwte(V,C) += scatter of dout(B,T,C) by token; dwpe(T,C) += Σ_B dout. fp32 atomics, so the
+/// summation order (and the last bits) varies from run to run.
+void encoder_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* tokens, int B,
+                      int T, int C, cudaStream_t stream);
+
+// -------------------------------------------------------------------------- LayerNorm
+
+/// LayerNorm over C, eps 1e-5 (layers::layernorm_forward). inp, out (N,C) bf16; w, b (C) bf16;
+/// mean, rstd (N) fp32 saved for backward. One warp per row.
+void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* w,
+                       const bf16* b, int N, int C, cudaStream_t stream);
+/// dinp (N,C) bf16 ACCUMULATES rstd·(g − mean(g) − x̂·mean(g·x̂)) with g = dout·w;
+/// dw, db (C) fp32 accumulate Σ_N dout·x̂ and Σ_N dout (per-block partial sums in shared
+/// memory, then fp32 atomics). dout, inp (N,C) bf16; w (C) bf16; mean, rstd (N) fp32.
+void layernorm_backward(bf16* dinp, float* dw, float* db, const bf16* dout, const bf16* inp,
+                        const bf16* w, const float* mean, const float* rstd, int N, int C,
+                        cudaStream_t stream);
+
+// --------------------------------------------------------------------- elementwise
+
+/// GELU, tanh approximation (layers::gelu_forward); n elements, bf16. inp == out allowed.
+void gelu_forward(bf16* out, const bf16* inp, long n, cudaStream_t stream);
+/// dinp = gelu'(inp)·dout, bf16, overwritten; dinp == dout allowed (in place).
+void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, long n, cudaStream_t stream);
+/// out = a + b (residual connection), bf16, n elements; out may alias a or b.
+void residual_forward(bf16* out, const bf16* a, const bf16* b, long n, cudaStream_t stream);
+/// dbias(OUT) += Σ_N dout(N,OUT): column sums of a bf16 matrix (row stride ld ≥ OUT) into
+/// fp32 (the bias gradient of a Linear layer).
+void bias_backward(float* dbias, const bf16* dout, int N, int OUT, int ld, cudaStream_t stream);
+/// dst = bf16(src) (round to nearest even), n elements.
+void fp32_to_bf16(bf16* dst, const float* src, size_t n, cudaStream_t stream);
+/// dst = float(src), n elements (exact).
+void bf16_to_fp32(float* dst, const bf16* src, size_t n, cudaStream_t stream);
+
+// ------------------------------------------------------------------------- attention
+
+/// Scratch an attention layer needs beside its inputs and outputs, bf16:
+///   q, k, v, y:  (B, NH, T, hs) each — 4·B·T·C elements from attention_scratch_elems(B,T,C)
+/// (the backward pass uses them as dy, dq, dk, dv plus a (B,NH,T,T) datt, see below).
+size_t attention_forward_scratch_elems(int B, int T, int C);
+size_t attention_backward_scratch_elems(int B, int T, int C, int NH);
+
+/// Causal multi-head self-attention (layers::attention_forward) as in llm.c's non-cuDNN path:
+///   1. permute qkv(B,T,3,NH,hs) → q, k, v (B,NH,T,hs);
+///   2. att = q·kᵀ, a strided-batched bf16 GEMM over B·NH (cuBLAS, fp32 accumulate);
+///   3. att = softmax(att/√hs + causal mask) in place, one warp per row, fp32 math, zeros
+///      above the diagonal (so the next GEMM may read full rows);
+///   4. y = att·v (batched GEMM); 5. out(B,T,C) = y with heads concatenated.
+/// qkv (B,T,3C) bf16 as in layers.hpp; att (B,NH,T,T) bf16, kept for backward; out (B,T,C).
+/// scratch: attention_forward_scratch_elems(B,T,C) bf16 elements.
+void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv, bf16* scratch,
+                       int B, int T, int C, int NH);
+/// dqkv (B,T,3C) bf16 overwritten from dout (B,T,C), the saved qkv and att:
+///   dP = dY·Vᵀ, dV = Pᵀ·dY, dS = P ⊙ (dP − rowsum(P ⊙ dP))/√hs, dQ = dS·K, dK = dSᵀ·Q.
+/// scratch: attention_backward_scratch_elems(B,T,C,NH) bf16 elements.
+void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const bf16* qkv,
+                        const bf16* att, bf16* scratch, int B, int T, int C, int NH);
+
+/// True when the fused path below handles the shape: head size C/NH == 64 and T % 64 == 0.
+bool attention_flash_supported(int T, int C, int NH);
+/// Fused causal attention (kernels/flash_attention.cu, FlashAttention-2's algorithm on WMMA
+/// bf16 tensor cores): same inputs and output as attention_forward, but instead of the
+/// (B,NH,T,T) probabilities it saves lse (B,NH,T) fp32, the log-sum-exp of each scaled,
+/// masked score row, from which the backward pass recomputes them. Needs
+/// attention_flash_supported (throws Error otherwise). scratch:
+/// attention_forward_scratch_elems(B,T,C) bf16 elements.
+/// prof (optional): times the permute, kernel and unpermute steps as nested ranges.
+void attention_forward_flash(bf16* out, float* lse, const bf16* qkv, bf16* scratch, int B, int T,
+                             int C, int NH, cudaStream_t stream, OpProfiler* prof = nullptr);
+/// dqkv (B,T,3C) from dout (B,T,C), the saved qkv, the forward output out (B,T,C) and lse.
+/// scratch: attention_backward_scratch_elems(B,T,C,NH) bf16 elements (only 7·B·T·C are
+/// used); delta: B·NH·T fp32 of scratch.
+void attention_backward_flash(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                              const float* lse, bf16* scratch, float* delta, int B, int T, int C,
+                              int NH, cudaStream_t stream, OpProfiler* prof = nullptr);
+
+/// The softmax step alone, in place: rows (B·NH·T) of length T, row r = (bh, t) keeps
+/// columns ≤ t: att = softmax(scale·att) there, 0 above. Exposed for the tests.
+void attention_softmax_forward(bf16* att, int BNH, int T, float scale, cudaStream_t stream);
+/// In place: datt ← scale · P ⊙ (datt − Σ_{i≤t} P_i·datt_i) on columns ≤ t, 0 above.
+void attention_softmax_backward(bf16* datt, const bf16* att, int BNH, int T, float scale,
+                                cudaStream_t stream);
+
+// ------------------------------------------------------------------- loss (classifier)
+
+/// Softmax + cross-entropy over logits (N,V) bf16 with row stride ld ≥ V, fused with its
+/// backward (llm.c's fused_classifier): losses(N) fp32 receive −log softmax(logits)[target]
+/// (nats); when dloss_scale ≠ 0 the logits are replaced IN PLACE by
+/// (softmax − onehot(target))·dloss_scale (bf16), i.e. d(Σ_n dloss_scale·loss_n)/d logits —
+/// 1/N for the mean loss — and the padding columns [V, ld) are set to 0. The logits never need
+/// a second (N,V) buffer and are read twice, not three times. One block per row.
+void softmax_crossentropy(float* losses, bf16* logits, const int32_t* targets, int N, int V,
+                          int ld, float dloss_scale, cudaStream_t stream);
+/// *mean = Σ losses / N (fp32, accumulated in double), one block. Device scalar out.
+void mean_loss(float* mean, const float* losses, int N, cudaStream_t stream);
+
+// -------------------------------------------------------------------------- optimizer
+
+/// Global gradient norm and clipping coefficient, on the device (no host sync):
+///   norm_out[0] = √Σ g² (sum in double, fp32 out); scale_out[0] = min(1, max_norm/(norm+1e-6))
+///   when max_norm > 0, else 1 (torch.nn.utils.clip_grad_norm_, ddiloco::clip_grad_norm).
+/// accum: one double of device scratch. grads (n) fp32. prof (optional): times the memset,
+/// the sum of squares and the clip-coefficient kernel as nested ranges.
+void grad_norm_and_clip_scale(float* norm_out, float* scale_out, double* accum,
+                              const float* grads, size_t n, float max_norm,
+                              cudaStream_t stream, OpProfiler* prof = nullptr);
+
+/// AdamW step (ddiloco::AdamW, torch.optim.AdamW) on fp32 master weights, with the clip
+/// coefficient applied on the fly (g = grads·grad_scale[0]; grads are not modified):
+///   m ← β1·m + (1−β1)·g,  v ← β2·v + (1−β2)·g²,
+///   θ ← θ − lr·( m/bc1 / (√(v/bc2) + ε) + λ·θ ),  λ = weight_decay where decay_mask[i] ≠ 0;
+/// then params_bf16 = bf16(θ), the copy the forward pass reads. bc1 = 1−β1ᵗ, bc2 = 1−β2ᵗ
+/// are computed on the host (t counts from 1). grad_scale may be nullptr (= 1).
+void adamw_step(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
+                const uint8_t* decay_mask, size_t n, float lr, float beta1, float beta2,
+                float bc1, float bc2, float eps, float weight_decay, const float* grad_scale,
+                cudaStream_t stream);
+
+}  // namespace ddiloco::gpu

@@ -1,0 +1,386 @@
+// Causal multi-head attention (layers::attention_forward/backward) as in llm.c's non-cuDNN
+// path: head-major copies of Q, K, V, strided-batched cuBLAS GEMMs for Q·Kᵀ and P·V (bf16 in,
+// fp32 accumulate), and our softmax kernels for the scaled, causally masked rows. The full
+// T×T products are computed (the masked half is zeroed by the softmax), which costs twice
+// the causal FLOPs in exchange for plain tensor-core GEMMs.
+#include <cmath>
+#include <initializer_list>
+
+#include "common.cuh"
+#include "flash_attention.cuh"
+
+namespace ddiloco::gpu {
+namespace {
+
+using detail::kWarp;
+using detail::load_f;
+using detail::store_f;
+
+constexpr int kThreads = 256;
+constexpr int kRowsPerBlock = kThreads / kWarp;
+
+// Head-major copies. Index i runs over (B,NH,T,hs/VW) groups of VW consecutive elements of
+// one head's row (VW = 8: 16-byte moves when hs % 8 == 0, else VW = 1).
+struct HeadIndex {
+  size_t head;  // element offset in (B,NH,T,hs)
+  size_t row;   // element offset of the same (b,t,h,d) in a (B,T,NH·hs) row-major tensor
+};
+template <int VW>
+__device__ __forceinline__ HeadIndex head_index(size_t i, int T, int NH, int hs, size_t row_len) {
+  const int groups = hs / VW;
+  const int d = static_cast<int>(i % groups) * VW;
+  const int t = static_cast<int>((i / groups) % T);
+  const int h = static_cast<int>((i / (static_cast<size_t>(groups) * T)) % NH);
+  const size_t b = i / (static_cast<size_t>(groups) * T * NH);
+  return {((b * NH + h) * T + t) * hs + d, (b * T + t) * row_len + static_cast<size_t>(h) * hs + d};
+}
+
+template <int VW>
+__device__ __forceinline__ void copy_vec(bf16* dst, const bf16* src) {
+  if constexpr (VW == 8)
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+  else
+    *dst = *src;
+}
+
+// qkv (B,T,3,NH,hs) → q, k, v (B,NH,T,hs).
+template <int VW>
+__global__ void permute_qkv_kernel(bf16* q, bf16* k, bf16* v, const bf16* qkv, size_t n, int T,
+                                   int NH, int hs) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const size_t C = static_cast<size_t>(NH) * hs;
+  const HeadIndex x = head_index<VW>(i, T, NH, hs, 3 * C);
+  copy_vec<VW>(q + x.head, qkv + x.row);
+  copy_vec<VW>(k + x.head, qkv + x.row + C);
+  copy_vec<VW>(v + x.head, qkv + x.row + 2 * C);
+}
+
+// Inverse: dq, dk, dv (B,NH,T,hs) → dqkv (B,T,3C).
+template <int VW>
+__global__ void unpermute_qkv_kernel(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv,
+                                     size_t n, int T, int NH, int hs) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const size_t C = static_cast<size_t>(NH) * hs;
+  const HeadIndex x = head_index<VW>(i, T, NH, hs, 3 * C);
+  copy_vec<VW>(dqkv + x.row, dq + x.head);
+  copy_vec<VW>(dqkv + x.row + C, dk + x.head);
+  copy_vec<VW>(dqkv + x.row + 2 * C, dv + x.head);
+}
+
+// y (B,NH,T,hs) ↔ out (B,T,C): to_bt = true gathers heads into rows (forward output),
+// false scatters rows into heads (the backward's dy).
+template <int VW>
+__global__ void heads_kernel(bf16* dst, const bf16* src, size_t n, int T, int NH, int hs,
+                             bool to_bt) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const HeadIndex x = head_index<VW>(i, T, NH, hs, static_cast<size_t>(NH) * hs);
+  if (to_bt)
+    copy_vec<VW>(dst + x.row, src + x.head);
+  else
+    copy_vec<VW>(dst + x.head, src + x.row);
+}
+
+// Launches one of the three permutes with VW = 8 when every row segment is 16-byte aligned.
+struct Permute {
+  bool vec;
+  size_t n;
+  unsigned grid;
+  Permute(int B, int T, int C, int hs, std::initializer_list<const void*> ptrs) {
+    vec = hs % 8 == 0;
+    for (const void* p : ptrs) vec = vec && detail::aligned16(p);
+    n = static_cast<size_t>(B) * T * C / (vec ? 8 : 1);
+    grid = detail::blocks_for(n, kThreads);
+  }
+};
+
+// One warp per row r of (B·NH·T, T); the row's query position is t = r % T and it sees
+// columns 0..t. Online max/sum in one read, then one read + write of the whole row (zeros
+// above the diagonal so P·V can use full rows).
+template <int VW>
+__global__ void softmax_forward_kernel(bf16* att, int rows, int T, float scale) {
+  const int lane = threadIdx.x % kWarp;
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const int t = row % T;
+  bf16* p = att + static_cast<size_t>(row) * T;
+  float buf[VW];
+  float mx = -INFINITY, sum = 0.0f;
+  for (int c = lane * VW; c <= t; c += kWarp * VW) {
+    load_f<VW>(p + c, buf);
+#pragma unroll
+    for (int k = 0; k < VW; ++k) {
+      if (c + k > t) break;
+      const float x = buf[k] * scale;
+      if (x > mx) {
+        sum *= __expf(mx - x);
+        mx = x;
+      }
+      sum += __expf(x - mx);
+    }
+  }
+  const float row_max = detail::warp_max(mx);
+  sum = mx == -INFINITY ? 0.0f : sum * __expf(mx - row_max);
+  const float inv = 1.0f / detail::warp_sum(sum);
+  for (int c = lane * VW; c < T; c += kWarp * VW) {
+    // Chunks wholly above the diagonal are written as zeros without being read.
+    if (c <= t) load_f<VW>(p + c, buf);
+#pragma unroll
+    for (int k = 0; k < VW; ++k) buf[k] = c + k <= t ? __expf(buf[k] * scale - row_max) * inv : 0.0f;
+    store_f<VW>(p + c, buf);
+  }
+}
+
+template <int VW>
+__global__ void softmax_backward_kernel(bf16* datt, const bf16* att, int rows, int T,
+                                        float scale) {
+  const int lane = threadIdx.x % kWarp;
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const int t = row % T;
+  const size_t off = static_cast<size_t>(row) * T;
+  float pv[VW], dv[VW];
+  float s = 0.0f;
+  for (int c = lane * VW; c <= t; c += kWarp * VW) {
+    load_f<VW>(att + off + c, pv);
+    load_f<VW>(datt + off + c, dv);
+#pragma unroll
+    for (int k = 0; k < VW; ++k)
+      if (c + k <= t) s += pv[k] * dv[k];
+  }
+  s = detail::warp_sum(s);
+  for (int c = lane * VW; c < T; c += kWarp * VW) {
+    if (c <= t) {  // above the diagonal: zeros, nothing to read
+      load_f<VW>(att + off + c, pv);
+      load_f<VW>(datt + off + c, dv);
+    }
+#pragma unroll
+    for (int k = 0; k < VW; ++k) dv[k] = c + k <= t ? scale * pv[k] * (dv[k] - s) : 0.0f;
+    store_f<VW>(datt + off + c, dv);
+  }
+}
+
+// C = op(A)·op(B) for `batch` column-major problems at fixed strides, bf16, fp32 accumulate.
+void batched_gemm(BlasContext& blas, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                  int k, const bf16* A, int lda, long long sa, const bf16* B, int ldb,
+                  long long sb, bf16* C, int ldc, long long sc, int batch) {
+  const float one = 1.0f, zero = 0.0f;
+  DDILOCO_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      blas.cublas(), ta, tb, m, n, k, &one, A, CUDA_R_16BF, lda, sa, B, CUDA_R_16BF, ldb, sb,
+      &zero, C, CUDA_R_16BF, ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+bool rows_vectorisable(int T, const void* a, const void* b) {
+  return T % 8 == 0 && detail::aligned16(a) && detail::aligned16(b);
+}
+
+}  // namespace
+
+size_t attention_forward_scratch_elems(int B, int T, int C) {
+  return 4 * static_cast<size_t>(B) * T * C;
+}
+
+size_t attention_backward_scratch_elems(int B, int T, int C, int NH) {
+  return 7 * static_cast<size_t>(B) * T * C + static_cast<size_t>(B) * NH * T * T;
+}
+
+void attention_softmax_forward(bf16* att, int BNH, int T, float scale, cudaStream_t stream) {
+  const int rows = BNH * T;
+  const unsigned grid = detail::blocks_for(static_cast<size_t>(rows), kRowsPerBlock);
+  if (rows_vectorisable(T, att, att))
+    softmax_forward_kernel<8><<<grid, kThreads, 0, stream>>>(att, rows, T, scale);
+  else
+    softmax_forward_kernel<1><<<grid, kThreads, 0, stream>>>(att, rows, T, scale);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+void attention_softmax_backward(bf16* datt, const bf16* att, int BNH, int T, float scale,
+                                cudaStream_t stream) {
+  const int rows = BNH * T;
+  const unsigned grid = detail::blocks_for(static_cast<size_t>(rows), kRowsPerBlock);
+  if (rows_vectorisable(T, att, datt))
+    softmax_backward_kernel<8><<<grid, kThreads, 0, stream>>>(datt, att, rows, T, scale);
+  else
+    softmax_backward_kernel<1><<<grid, kThreads, 0, stream>>>(datt, att, rows, T, scale);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv, bf16* scratch,
+                       int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const size_t NC = static_cast<size_t>(B) * T * C;
+  bf16 *q = scratch, *k = q + NC, *v = k + NC, *y = v + NC;
+  cudaStream_t stream = blas.stream();
+  OpProfiler* prof = blas.profiler();
+  // Each batched product: 2·T·T·hs per head, computed dense (the masked half included).
+  const double gemm_flops = 2.0 * T * T * hs * B * NH;
+  const Permute pm(B, T, C, hs, {scratch, qkv, out});
+  {
+    ProfileScope ps(prof, "permute qkv");
+    if (pm.vec)
+      permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+    else
+      permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+    DDILOCO_CUDA_CHECK_LAUNCH();
+  }
+  const long long sTh = static_cast<long long>(T) * hs, sTT = static_cast<long long>(T) * T;
+  {
+    // att[j][i] = q_j·k_i (row-major (T,T) per head; see the derivation in llm.c).
+    ProfileScope ps(prof, "QK^T gemm", gemm_flops);
+    batched_gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, k, hs, sTh, q, hs, sTh, att, T, sTT,
+                 B * NH);
+  }
+  {
+    ProfileScope ps(prof, "softmax");
+    attention_softmax_forward(att, B * NH, T, 1.0f / std::sqrt(static_cast<float>(hs)), stream);
+  }
+  {
+    // y[j][d] = Σ_i att[j][i]·v[i][d].
+    ProfileScope ps(prof, "PV gemm", gemm_flops);
+    batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, v, hs, sTh, att, T, sTT, y, hs, sTh,
+                 B * NH);
+  }
+  ProfileScope ps(prof, "unpermute y");
+  if (pm.vec)
+    heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(out, y, pm.n, T, NH, hs, true);
+  else
+    heads_kernel<1><<<pm.grid, kThreads, 0, stream>>>(out, y, pm.n, T, NH, hs, true);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const bf16* qkv,
+                        const bf16* att, bf16* scratch, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const size_t NC = static_cast<size_t>(B) * T * C;
+  bf16 *q = scratch, *k = q + NC, *v = k + NC, *dy = v + NC, *dq = dy + NC, *dk = dq + NC,
+       *dv = dk + NC, *datt = dv + NC;
+  cudaStream_t stream = blas.stream();
+  OpProfiler* prof = blas.profiler();
+  const double gemm_flops = 2.0 * T * T * hs * B * NH;  // each product, dense
+  const Permute pm(B, T, C, hs, {scratch, qkv, dout, dqkv});
+  {
+    // Q, K, V again from the saved qkv: cheaper than keeping three more (N,C) per layer.
+    ProfileScope ps(prof, "permute qkv + dy");
+    if (pm.vec) {
+      permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+      heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
+    } else {
+      permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+      heads_kernel<1><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
+    }
+    DDILOCO_CUDA_CHECK_LAUNCH();
+  }
+  const long long sTh = static_cast<long long>(T) * hs, sTT = static_cast<long long>(T) * T;
+  const int BNH = B * NH;
+  {
+    // dP[j][i] = dy_j·v_i
+    ProfileScope ps(prof, "dP = dY V^T gemm", gemm_flops);
+    batched_gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, v, hs, sTh, dy, hs, sTh, datt, T,
+                 sTT, BNH);
+  }
+  {
+    // dV[j][d] = Σ_i P[i][j]·dy[i][d]
+    ProfileScope ps(prof, "dV = P^T dY gemm", gemm_flops);
+    batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, dy, hs, sTh, att, T, sTT, dv, hs,
+                 sTh, BNH);
+  }
+  {
+    // dS = P ⊙ (dP − rowsum(P ⊙ dP)) / √hs, in place
+    ProfileScope ps(prof, "softmax bwd");
+    attention_softmax_backward(datt, att, BNH, T, 1.0f / std::sqrt(static_cast<float>(hs)),
+                               stream);
+  }
+  {
+    // dQ[j][d] = Σ_i dS[j][i]·k[i][d]
+    ProfileScope ps(prof, "dQ = dS K gemm", gemm_flops);
+    batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, k, hs, sTh, datt, T, sTT, dq, hs,
+                 sTh, BNH);
+  }
+  {
+    // dK[j][d] = Σ_i dS[i][j]·q[i][d]
+    ProfileScope ps(prof, "dK = dS^T Q gemm", gemm_flops);
+    batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, q, hs, sTh, datt, T, sTT, dk, hs,
+                 sTh, BNH);
+  }
+  ProfileScope ps(prof, "unpermute dqkv");
+  if (pm.vec)
+    unpermute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, pm.n, T, NH, hs);
+  else
+    unpermute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, pm.n, T, NH, hs);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+bool attention_flash_supported(int T, int C, int NH) {
+  return NH > 0 && C % NH == 0 && C / NH == 64 && T % 64 == 0 && T > 0;
+}
+
+void attention_forward_flash(bf16* out, float* lse, const bf16* qkv, bf16* scratch, int B, int T,
+                             int C, int NH, cudaStream_t stream, OpProfiler* prof) {
+  if (!attention_flash_supported(T, C, NH))
+    throw_error("attention_forward_flash: needs head size 64 and T a multiple of 64");
+  const int hs = C / NH;
+  const size_t NC = static_cast<size_t>(B) * T * C;
+  bf16 *q = scratch, *k = q + NC, *v = k + NC, *y = v + NC;
+  const Permute pm(B, T, C, hs, {scratch, qkv, out});
+  {
+    ProfileScope ps(prof, "permute qkv");
+    if (pm.vec)
+      permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+    else
+      permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+    DDILOCO_CUDA_CHECK_LAUNCH();
+  }
+  {
+    // FLOPs of the computed (causal) 64×64 tiles: S = QKᵀ and O = PV, 2·64³ each per tile.
+    const double nb = T / 64;
+    ProfileScope ps(prof, "flash fwd kernel",
+                    2 * 2.0 * 64 * 64 * 64 * B * NH * nb * (nb + 1) / 2);
+    detail::flash_forward(q, k, v, y, lse, B * NH, T, 1.0f / std::sqrt(static_cast<float>(hs)),
+                          stream);
+  }
+  ProfileScope ps(prof, "unpermute y");
+  if (pm.vec)
+    heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(out, y, pm.n, T, NH, hs, true);
+  else
+    heads_kernel<1><<<pm.grid, kThreads, 0, stream>>>(out, y, pm.n, T, NH, hs, true);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+void attention_backward_flash(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                              const float* lse, bf16* scratch, float* delta, int B, int T, int C,
+                              int NH, cudaStream_t stream, OpProfiler* prof) {
+  if (!attention_flash_supported(T, C, NH))
+    throw_error("attention_backward_flash: needs head size 64 and T a multiple of 64");
+  const int hs = C / NH;
+  const size_t NC = static_cast<size_t>(B) * T * C;
+  bf16 *q = scratch, *k = q + NC, *v = k + NC, *dy = v + NC, *dq = dy + NC, *dk = dq + NC,
+       *dv = dk + NC;
+  const Permute pm(B, T, C, hs, {scratch, qkv, dout, dqkv});
+  {
+    ProfileScope ps(prof, "permute qkv + dy");
+    if (pm.vec) {
+      permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+      heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
+    } else {
+      permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
+      heads_kernel<1><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
+    }
+    DDILOCO_CUDA_CHECK_LAUNCH();
+  }
+  {
+    ProfileScope ps(prof, "delta = rowsum(dO*O)");
+    detail::flash_delta(delta, dout, out, B, T, NH, stream);
+  }
+  detail::flash_backward(q, k, v, dy, lse, delta, dq, dk, dv, B * NH, T,
+                         1.0f / std::sqrt(static_cast<float>(hs)), stream, prof);
+  ProfileScope ps(prof, "unpermute dqkv");
+  if (pm.vec)
+    unpermute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, pm.n, T, NH, hs);
+  else
+    unpermute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, pm.n, T, NH, hs);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ddiloco::gpu

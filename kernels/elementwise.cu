@@ -1,0 +1,216 @@
+// Elementwise and gather/scatter kernels: embeddings, GELU, residual, bias gradient, dtype
+// conversions. Memory-bound; 16-byte vector accesses where the length and alignment allow.
+#include "common.cuh"
+
+namespace ddiloco::gpu {
+namespace {
+
+using detail::Bf16x8;
+using detail::load8;
+using detail::store8;
+
+constexpr int kThreads = 256;
+constexpr float kGeluK = 0.7978845608028654f;  // √(2/π)
+constexpr float kGeluC = 0.044715f;
+
+// ------------------------------------------------------------------ encoder
+// One thread per (b,t,c). Scalar: C need not be a multiple of 8, and this is ~0.1 % of a step.
+__global__ void encoder_forward_kernel(bf16* out, const int32_t* tokens, const bf16* wte,
+                                       const bf16* wpe, int T, int C, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const size_t bt = i / C;
+  const int c = static_cast<int>(i % C), t = static_cast<int>(bt % T);
+  const int32_t tok = tokens[bt];
+  out[i] = __float2bfloat16_rn(__bfloat162float(wte[static_cast<size_t>(tok) * C + c]) +
+                               __bfloat162float(wpe[static_cast<size_t>(t) * C + c]));
+}
+
+__global__ void encoder_backward_kernel(float* dwte, float* dwpe, const bf16* dout,
+                                        const int32_t* tokens, int T, int C, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const size_t bt = i / C;
+  const int c = static_cast<int>(i % C), t = static_cast<int>(bt % T);
+  const float d = __bfloat162float(dout[i]);
+  atomicAdd(dwte + static_cast<size_t>(tokens[bt]) * C + c, d);
+  atomicAdd(dwpe + static_cast<size_t>(t) * C + c, d);
+}
+
+// ------------------------------------------------------------------ GELU
+__device__ __forceinline__ float gelu(float x) {
+  return 0.5f * x * (1.0f + tanhf(kGeluK * (x + kGeluC * x * x * x)));
+}
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float th = tanhf(kGeluK * (x + kGeluC * x * x * x));
+  return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * kGeluK * (1.0f + 3.0f * kGeluC * x * x);
+}
+
+// n8 = number of 8-element groups; the tail (n % 8) is handled by the scalar kernel.
+__global__ void gelu_forward_vec(bf16* out, const bf16* inp, size_t n8) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n8;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const Bf16x8 x = load8(inp + 8 * i);
+    Bf16x8 y;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) y.v[k] = __float2bfloat16_rn(gelu(__bfloat162float(x.v[k])));
+    store8(out + 8 * i, y);
+  }
+}
+__global__ void gelu_forward_scalar(bf16* out, const bf16* inp, size_t begin, size_t n) {
+  const size_t i = begin + blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = __float2bfloat16_rn(gelu(__bfloat162float(inp[i])));
+}
+__global__ void gelu_backward_vec(bf16* dinp, const bf16* inp, const bf16* dout, size_t n8) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n8;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const Bf16x8 x = load8(inp + 8 * i), d = load8(dout + 8 * i);
+    Bf16x8 y;
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      y.v[k] = __float2bfloat16_rn(gelu_grad(__bfloat162float(x.v[k])) * __bfloat162float(d.v[k]));
+    store8(dinp + 8 * i, y);
+  }
+}
+__global__ void gelu_backward_scalar(bf16* dinp, const bf16* inp, const bf16* dout, size_t begin,
+                                     size_t n) {
+  const size_t i = begin + blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < n)
+    dinp[i] = __float2bfloat16_rn(gelu_grad(__bfloat162float(inp[i])) * __bfloat162float(dout[i]));
+}
+
+// ------------------------------------------------------------------ residual
+__global__ void residual_vec(bf16* out, const bf16* a, const bf16* b, size_t n8) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n8;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const Bf16x8 x = load8(a + 8 * i), y = load8(b + 8 * i);
+    Bf16x8 z;
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      z.v[k] = __float2bfloat16_rn(__bfloat162float(x.v[k]) + __bfloat162float(y.v[k]));
+    store8(out + 8 * i, z);
+  }
+}
+__global__ void residual_scalar(bf16* out, const bf16* a, const bf16* b, size_t begin, size_t n) {
+  const size_t i = begin + blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = __float2bfloat16_rn(__bfloat162float(a[i]) + __bfloat162float(b[i]));
+}
+
+// ------------------------------------------------------------------ bias gradient
+// Block (32, 8): threadIdx.x picks one of 32 adjacent columns (coalesced 64-byte row reads),
+// threadIdx.y strides over this block's rows; the 8 partial sums meet in shared memory and
+// one fp32 atomic per column and block goes to global memory.
+constexpr int kBiasRowsPerBlock = 256;
+__global__ void bias_backward_kernel(float* dbias, const bf16* dout, int N, int OUT, int ld) {
+  __shared__ float partial[8][33];
+  const int col = blockIdx.x * 32 + threadIdx.x;
+  const int row0 = blockIdx.y * kBiasRowsPerBlock;
+  const int row1 = min(N, row0 + kBiasRowsPerBlock);
+  float s = 0.0f;
+  if (col < OUT)
+    for (int r = row0 + threadIdx.y; r < row1; r += 8)
+      s += __bfloat162float(dout[static_cast<size_t>(r) * ld + col]);
+  partial[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < OUT) {
+    float total = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) total += partial[k][threadIdx.x];
+    atomicAdd(dbias + col, total);
+  }
+}
+
+// ------------------------------------------------------------------ conversions
+__global__ void fp32_to_bf16_kernel(bf16* dst, const float* src, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = __float2bfloat16_rn(src[i]);
+}
+__global__ void bf16_to_fp32_kernel(float* dst, const bf16* src, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = __bfloat162float(src[i]);
+}
+
+// Vector body over the first n/8·8 elements when every pointer is 16-byte aligned, scalar
+// kernel for the rest (or for everything when unaligned).
+bool all_aligned(const void* a, const void* b, const void* c = nullptr) {
+  return detail::aligned16(a) && detail::aligned16(b) && (c == nullptr || detail::aligned16(c));
+}
+
+}  // namespace
+
+void encoder_forward(bf16* out, const int32_t* tokens, const bf16* wte, const bf16* wpe, int B,
+                     int T, int C, cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(B) * T * C;
+  encoder_forward_kernel<<<detail::blocks_for(n, kThreads), kThreads, 0, stream>>>(
+      out, tokens, wte, wpe, T, C, n);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+void encoder_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* tokens, int B,
+                      int T, int C, cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(B) * T * C;
+  encoder_backward_kernel<<<detail::blocks_for(n, kThreads), kThreads, 0, stream>>>(
+      dwte, dwpe, dout, tokens, T, C, n);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+void gelu_forward(bf16* out, const bf16* inp, long n, cudaStream_t stream) {
+  const size_t un = static_cast<size_t>(n);
+  const size_t n8 = all_aligned(out, inp) ? un / 8 : 0;
+  if (n8 > 0)
+    gelu_forward_vec<<<detail::grid_stride_blocks(n8, kThreads), kThreads, 0, stream>>>(out, inp,
+                                                                                       n8);
+  if (8 * n8 < un)
+    gelu_forward_scalar<<<detail::blocks_for(un - 8 * n8, kThreads), kThreads, 0, stream>>>(
+        out, inp, 8 * n8, un);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, long n, cudaStream_t stream) {
+  const size_t un = static_cast<size_t>(n);
+  const size_t n8 = all_aligned(dinp, inp, dout) ? un / 8 : 0;
+  if (n8 > 0)
+    gelu_backward_vec<<<detail::grid_stride_blocks(n8, kThreads), kThreads, 0, stream>>>(
+        dinp, inp, dout, n8);
+  if (8 * n8 < un)
+    gelu_backward_scalar<<<detail::blocks_for(un - 8 * n8, kThreads), kThreads, 0, stream>>>(
+        dinp, inp, dout, 8 * n8, un);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+void residual_forward(bf16* out, const bf16* a, const bf16* b, long n, cudaStream_t stream) {
+  const size_t un = static_cast<size_t>(n);
+  const size_t n8 = all_aligned(out, a, b) ? un / 8 : 0;
+  if (n8 > 0)
+    residual_vec<<<detail::grid_stride_blocks(n8, kThreads), kThreads, 0, stream>>>(out, a, b,
+                                                                                   n8);
+  if (8 * n8 < un)
+    residual_scalar<<<detail::blocks_for(un - 8 * n8, kThreads), kThreads, 0, stream>>>(
+        out, a, b, 8 * n8, un);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+void bias_backward(float* dbias, const bf16* dout, int N, int OUT, int ld, cudaStream_t stream) {
+  const dim3 block(32, 8);
+  const dim3 grid((OUT + 31) / 32, (N + kBiasRowsPerBlock - 1) / kBiasRowsPerBlock);
+  bias_backward_kernel<<<grid, block, 0, stream>>>(dbias, dout, N, OUT, ld);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+void fp32_to_bf16(bf16* dst, const float* src, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  fp32_to_bf16_kernel<<<detail::grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(dst, src,
+                                                                                       n);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+void bf16_to_fp32(float* dst, const bf16* src, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  bf16_to_fp32_kernel<<<detail::grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(dst, src,
+                                                                                       n);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ddiloco::gpu

@@ -1,0 +1,438 @@
+// Every GPU kernel against the CPU reference (ddiloco::layers, AdamW, clip_grad_norm) on
+// random inputs, forward and backward.
+//
+// Inputs are drawn, rounded to bf16 and given to BOTH sides, so only the GPU's own roundings
+// and summation order separate them. Error measure: max|gpu − cpu| / max|cpu| per tensor
+// (test::scaled_error). Tolerances, with the reason:
+//   kExact    1e-5  fp32 results from identical inputs, only summation order differs
+//                   (encoder/LayerNorm/bias parameter gradients, losses, AdamW, norms)
+//   kBf16Out  1e-2  one bf16 rounding of the output (2⁻⁹ ≈ 2e-3 relative per value) after fp32
+//                   math: embeddings, GELU, residual, LayerNorm output, GEMM outputs
+//   kBf16Grad 2e-2  a bf16 input gradient built from bf16 intermediates (LayerNorm dinp added
+//                   to a bf16 residual gradient, dlogits)
+//   kAttn     3e-2  attention: Q·Kᵀ is rounded to bf16 before the softmax (logit error
+//                   ~2e-3·|logit|), P is stored in bf16, and the backward chains four bf16
+//                   GEMM outputs (dP, dS, dQ/dK/dV)
+// fp32 GEMM weight gradients (dW += doutᵀ·inp) accumulate bf16 products in fp32 from
+// identical inputs, so they get 1e-3 (tensor-core accumulation order and split-K).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ostream>
+#include <vector>
+
+#include "ddiloco/error.hpp"
+#include "ddiloco/gpu/kernels.hpp"
+#include "ddiloco/layers.hpp"
+#include "ddiloco/model.hpp"
+#include "ddiloco/optim.hpp"
+#include "device_util.hpp"
+#include "gpu_test.hpp"
+
+namespace ddiloco::gpu {
+namespace {
+
+using test::DeviceArray;
+using test::random_bf16_values;
+using test::scaled_error;
+using test::to_bf16;
+using test::to_float;
+
+constexpr double kExact = 1e-5;
+constexpr double kBf16Out = 1e-2;
+constexpr double kBf16Grad = 2e-2;
+constexpr double kAttn = 3e-2;
+constexpr double kGemmWeightGrad = 1e-3;
+
+std::vector<float> download_bf16(const DeviceArray<bf16>& a) { return to_float(a.download()); }
+
+std::vector<int32_t> random_tokens(size_t n, int V, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng.below(V));
+  return t;
+}
+
+TEST(GpuKernels, Encoder) {
+  DDILOCO_REQUIRE_GPU();
+  const int B = 2, T = 16, C = 64, V = 50;
+  const auto tokens = random_tokens(B * T, V, 1);
+  const auto wte = random_bf16_values(V * C, 2), wpe = random_bf16_values(T * C, 3);
+  const auto dout = random_bf16_values(B * T * C, 4);
+  std::vector<float> out(B * T * C), dwte(V * C, 0.5f), dwpe(T * C, -0.25f);
+  const auto dwte0 = dwte, dwpe0 = dwpe;
+  layers::encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  layers::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+
+  DeviceArray<int32_t> d_tokens(tokens);
+  DeviceArray<bf16> d_wte(to_bf16(wte)), d_wpe(to_bf16(wpe)), d_out(B * T * C),
+      d_dout(to_bf16(dout));
+  DeviceArray<float> d_dwte(dwte0), d_dwpe(dwpe0);
+  encoder_forward(d_out.get(), d_tokens.get(), d_wte.get(), d_wpe.get(), B, T, C, nullptr);
+  encoder_backward(d_dwte.get(), d_dwpe.get(), d_dout.get(), d_tokens.get(), B, T, C, nullptr);
+  EXPECT_LE(scaled_error(download_bf16(d_out), out), kBf16Out);
+  EXPECT_LE(scaled_error(d_dwte.download(), dwte), kExact) << "dwte (accumulated onto 0.5)";
+  EXPECT_LE(scaled_error(d_dwpe.download(), dwpe), kExact) << "dwpe (accumulated onto -0.25)";
+}
+
+// C = 768 takes the 16-byte vector path, C = 100 the scalar one.
+class GpuLayerNorm : public ::testing::TestWithParam<int> {};
+
+TEST_P(GpuLayerNorm, ForwardBackward) {
+  DDILOCO_REQUIRE_GPU();
+  const int N = 37, C = GetParam();
+  const auto inp = random_bf16_values(N * C, 5, 2.0);
+  const auto w = random_bf16_values(C, 6), b = random_bf16_values(C, 7);
+  const auto dout = random_bf16_values(N * C, 8);
+  const auto dinp0 = random_bf16_values(N * C, 9);  // dinp accumulates
+  std::vector<float> out(N * C), mean(N), rstd(N), dinp = dinp0, dw(C, 0.1f), db(C, 0.2f);
+  const auto dw0 = dw, db0 = db;
+  layers::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(),
+                            N, C);
+  layers::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
+                             mean.data(), rstd.data(), N, C);
+
+  DeviceArray<bf16> d_inp(to_bf16(inp)), d_w(to_bf16(w)), d_b(to_bf16(b)), d_out(N * C),
+      d_dout(to_bf16(dout)), d_dinp(to_bf16(dinp0));
+  DeviceArray<float> d_mean(N), d_rstd(N), d_dw(dw0), d_db(db0);
+  layernorm_forward(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(), d_w.get(), d_b.get(), N,
+                    C, nullptr);
+  layernorm_backward(d_dinp.get(), d_dw.get(), d_db.get(), d_dout.get(), d_inp.get(), d_w.get(),
+                     d_mean.get(), d_rstd.get(), N, C, nullptr);
+  EXPECT_LE(scaled_error(download_bf16(d_out), out), kBf16Out);
+  // fp32 statistics from identical inputs; the CPU's vectorised sums associate differently.
+  EXPECT_LE(scaled_error(d_mean.download(), mean), 1e-4);
+  EXPECT_LE(scaled_error(d_rstd.download(), rstd), 1e-4);
+  EXPECT_LE(scaled_error(download_bf16(d_dinp), dinp), kBf16Grad) << "dinp";
+  EXPECT_LE(scaled_error(d_dw.download(), dw), 1e-4) << "dw (fp32 sums of N products)";
+  EXPECT_LE(scaled_error(d_db.download(), db), 1e-4) << "db";
+}
+
+INSTANTIATE_TEST_SUITE_P(Channels, GpuLayerNorm, ::testing::Values(768, 100));
+
+struct MatmulShape {
+  int N, IN, OUT;
+  bool bias;
+};
+std::ostream& operator<<(std::ostream& os, const MatmulShape& s) {
+  return os << "N=" << s.N << " IN=" << s.IN << " OUT=" << s.OUT << (s.bias ? " +bias" : "");
+}
+class GpuMatmul : public ::testing::TestWithParam<MatmulShape> {};
+
+TEST_P(GpuMatmul, ForwardBackward) {
+  DDILOCO_REQUIRE_GPU();
+  const auto [N, IN, OUT, has_bias] = GetParam();
+  const auto inp = random_bf16_values(static_cast<size_t>(N) * IN, 10);
+  const auto w = random_bf16_values(static_cast<size_t>(OUT) * IN, 11, 0.1);
+  const auto bias = random_bf16_values(OUT, 12);
+  const auto dout = random_bf16_values(static_cast<size_t>(N) * OUT, 13);
+  const auto dw0 = random_bf16_values(static_cast<size_t>(OUT) * IN, 14);  // dw accumulates
+  std::vector<float> out(static_cast<size_t>(N) * OUT), dinp(static_cast<size_t>(N) * IN),
+      dw = dw0, dbias(OUT, 0.5f);
+  layers::matmul_forward(out.data(), inp.data(), w.data(), has_bias ? bias.data() : nullptr, N,
+                         IN, OUT);
+  layers::matmul_backward(dinp.data(), dw.data(), has_bias ? dbias.data() : nullptr, dout.data(),
+                          inp.data(), w.data(), N, IN, OUT);
+
+  BlasContext blas(nullptr);
+  DeviceArray<bf16> d_inp(to_bf16(inp)), d_w(to_bf16(w)), d_bias(to_bf16(bias)),
+      d_out(out.size()), d_dout(to_bf16(dout)), d_dinp(dinp.size());
+  DeviceArray<float> d_dw(dw0), d_dbias(std::vector<float>(OUT, 0.5f));
+  matmul_forward(blas, d_out.get(), d_inp.get(), d_w.get(), has_bias ? d_bias.get() : nullptr, N,
+                 IN, OUT);
+  matmul_backward(blas, d_dinp.get(), d_dw.get(), has_bias ? d_dbias.get() : nullptr,
+                  d_dout.get(), d_inp.get(), d_w.get(), N, IN, OUT);
+  EXPECT_LE(scaled_error(download_bf16(d_out), out), kBf16Out) << "out";
+  EXPECT_LE(scaled_error(download_bf16(d_dinp), dinp), kBf16Out) << "dinp";
+  EXPECT_LE(scaled_error(d_dw.download(), dw), kGemmWeightGrad) << "dw";
+  if (has_bias) {
+    EXPECT_LE(scaled_error(d_dbias.download(), dbias), 1e-4) << "dbias";
+  }
+  // Second call of the same shape: served from the plan cache, must give the same result.
+  matmul_forward(blas, d_out.get(), d_inp.get(), d_w.get(), has_bias ? d_bias.get() : nullptr, N,
+                 IN, OUT);
+  EXPECT_LE(scaled_error(download_bf16(d_out), out), kBf16Out) << "out (cached plan)";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuMatmul,
+                         ::testing::Values(MatmulShape{64, 96, 128, true},
+                                           MatmulShape{256, 768, 2304, true},
+                                           MatmulShape{33, 24, 40, false},
+                                           MatmulShape{128, 64, 50, false}));
+
+// The LM head's layout: output rows padded (ld_out > OUT), bias-free; backward reads the
+// padded gradient rows.
+TEST(GpuKernels, MatmulPaddedRows) {
+  DDILOCO_REQUIRE_GPU();
+  const int N = 48, IN = 64, OUT = 77, LD = 128;
+  const auto inp = random_bf16_values(static_cast<size_t>(N) * IN, 26);
+  const auto w = random_bf16_values(static_cast<size_t>(OUT) * IN, 27, 0.1);
+  const auto dout = random_bf16_values(static_cast<size_t>(N) * OUT, 28);
+  std::vector<float> out(static_cast<size_t>(N) * OUT), dinp(static_cast<size_t>(N) * IN),
+      dw(static_cast<size_t>(OUT) * IN, 0.0f);
+  layers::matmul_forward(out.data(), inp.data(), w.data(), static_cast<const float*>(nullptr), N,
+                         IN, OUT);
+  layers::matmul_backward(dinp.data(), dw.data(), static_cast<float*>(nullptr), dout.data(),
+                          inp.data(), w.data(), N, IN, OUT);
+  std::vector<float> dout_padded(static_cast<size_t>(N) * LD, 1e4f);  // padding never read
+  for (int n = 0; n < N; ++n)
+    std::copy_n(dout.begin() + static_cast<long>(n) * OUT, OUT,
+                dout_padded.begin() + static_cast<long>(n) * LD);
+  BlasContext blas(nullptr);
+  DeviceArray<bf16> d_inp(to_bf16(inp)), d_w(to_bf16(w)), d_out(static_cast<size_t>(N) * LD),
+      d_dout(to_bf16(dout_padded)), d_dinp(dinp.size());
+  DeviceArray<float> d_dw(dw.size());
+  matmul_forward(blas, d_out.get(), d_inp.get(), d_w.get(), nullptr, N, IN, OUT, LD);
+  matmul_backward(blas, d_dinp.get(), d_dw.get(), nullptr, d_dout.get(), d_inp.get(), d_w.get(),
+                  N, IN, OUT, LD);
+  const auto padded = download_bf16(d_out);
+  std::vector<float> got(out.size());
+  for (int n = 0; n < N; ++n)
+    std::copy_n(padded.begin() + static_cast<long>(n) * LD, OUT,
+                got.begin() + static_cast<long>(n) * OUT);
+  EXPECT_LE(scaled_error(got, out), kBf16Out) << "out";
+  EXPECT_LE(scaled_error(download_bf16(d_dinp), dinp), kBf16Out) << "dinp";
+  EXPECT_LE(scaled_error(d_dw.download(), dw), kGemmWeightGrad) << "dw";
+}
+
+struct AttnShape {
+  int B, T, C, NH;
+};
+std::ostream& operator<<(std::ostream& os, const AttnShape& s) {
+  return os << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH;
+}
+class GpuAttention : public ::testing::TestWithParam<AttnShape> {};
+
+// T = 64 uses the vectorised softmax rows, T = 20 the scalar ones; T = 1 the degenerate row.
+TEST_P(GpuAttention, ForwardBackward) {
+  DDILOCO_REQUIRE_GPU();
+  const auto [B, T, C, NH] = GetParam();
+  const size_t NC = static_cast<size_t>(B) * T * C;
+  const auto qkv = random_bf16_values(3 * NC, 15);
+  const auto dout = random_bf16_values(NC, 16);
+  std::vector<float> out(NC), att(static_cast<size_t>(B) * NH * T * T), dqkv(3 * NC);
+  layers::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  layers::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+
+  BlasContext blas(nullptr);
+  DeviceArray<bf16> d_qkv(to_bf16(qkv)), d_out(NC), d_att(att.size()), d_dout(to_bf16(dout)),
+      d_dqkv(3 * NC);
+  DeviceArray<bf16> scratch(std::max(attention_forward_scratch_elems(B, T, C),
+                                     attention_backward_scratch_elems(B, T, C, NH)));
+  attention_forward(blas, d_out.get(), d_att.get(), d_qkv.get(), scratch.get(), B, T, C, NH);
+  const auto g_att = download_bf16(d_att);
+  attention_backward(blas, d_dqkv.get(), d_dout.get(), d_qkv.get(), d_att.get(), scratch.get(), B,
+                     T, C, NH);
+  EXPECT_LE(scaled_error(g_att, att), kAttn) << "att";
+  // Masked entries exactly 0: the P·V GEMM reads whole rows.
+  for (int bh = 0; bh < B * NH; ++bh)
+    for (int t = 0; t < T; ++t)
+      for (int s = t + 1; s < T; ++s)
+        ASSERT_EQ(g_att[(static_cast<size_t>(bh) * T + t) * T + s], 0.0f) << bh << " " << t << " " << s;
+  EXPECT_LE(scaled_error(download_bf16(d_out), out), kAttn) << "out";
+  EXPECT_LE(scaled_error(download_bf16(d_dqkv), dqkv), kAttn) << "dqkv";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention,
+                         ::testing::Values(AttnShape{2, 64, 64, 4}, AttnShape{2, 20, 48, 3},
+                                           AttnShape{1, 1, 16, 2}, AttnShape{1, 256, 768, 12}));
+
+// The fused head-size-64 path against the same CPU reference; it never stores P, so only the
+// output and the input gradient are compared. Same bf16 tolerance as the cuBLAS path (P is
+// rounded to bf16 before P·V there too; here the scores stay fp32, which only helps).
+class GpuFlashAttention : public ::testing::TestWithParam<AttnShape> {};
+
+TEST_P(GpuFlashAttention, ForwardBackward) {
+  DDILOCO_REQUIRE_GPU();
+  const auto [B, T, C, NH] = GetParam();
+  ASSERT_TRUE(attention_flash_supported(T, C, NH));
+  const size_t NC = static_cast<size_t>(B) * T * C;
+  const auto qkv = random_bf16_values(3 * NC, 24);
+  const auto dout = random_bf16_values(NC, 25);
+  std::vector<float> out(NC), att(static_cast<size_t>(B) * NH * T * T), dqkv(3 * NC);
+  layers::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  layers::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+
+  DeviceArray<bf16> d_qkv(to_bf16(qkv)), d_out(NC), d_dout(to_bf16(dout)), d_dqkv(3 * NC);
+  DeviceArray<bf16> scratch(attention_backward_scratch_elems(B, T, C, NH));
+  DeviceArray<float> d_lse(static_cast<size_t>(B) * NH * T), d_delta(static_cast<size_t>(B) * NH * T);
+  attention_forward_flash(d_out.get(), d_lse.get(), d_qkv.get(), scratch.get(), B, T, C, NH,
+                          nullptr);
+  const auto g_out = download_bf16(d_out);
+  attention_backward_flash(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(),
+                           scratch.get(), d_delta.get(), B, T, C, NH, nullptr);
+  EXPECT_LE(scaled_error(g_out, out), kAttn) << "out";
+  EXPECT_LE(scaled_error(download_bf16(d_dqkv), dqkv), kAttn) << "dqkv";
+  // Each third (dQ, dK, dV) on its own scale, so an error in the smaller ones is not hidden.
+  const auto g = download_bf16(d_dqkv);
+  for (int part = 0; part < 3; ++part) {
+    std::vector<float> gp, cp;
+    for (size_t row = 0; row < static_cast<size_t>(B) * T; ++row)
+      for (int c = 0; c < C; ++c) {
+        gp.push_back(g[row * 3 * C + part * C + c]);
+        cp.push_back(dqkv[row * 3 * C + part * C + c]);
+      }
+    EXPECT_LE(scaled_error(gp, cp), kAttn) << "d" << "qkv"[part];
+  }
+  // logsumexp of the first row of the first head: only its own score, q₀·k₀/√hs.
+  double s = 0;
+  for (int d = 0; d < C / NH; ++d) s += static_cast<double>(qkv[d]) * qkv[C + d];
+  EXPECT_NEAR(d_lse.download()[0], s / std::sqrt(C / NH), 2e-2 * std::max(1.0, std::abs(s)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuFlashAttention,
+                         ::testing::Values(AttnShape{2, 64, 128, 2}, AttnShape{2, 128, 64, 1},
+                                           AttnShape{1, 256, 768, 12}, AttnShape{1, 1024, 128, 2}));
+
+TEST(GpuKernels, FlashRejectsUnsupportedShapes) {
+  DDILOCO_REQUIRE_GPU();
+  EXPECT_FALSE(attention_flash_supported(64, 96, 2));   // head size 48
+  EXPECT_FALSE(attention_flash_supported(100, 128, 2)); // T not a multiple of 64
+  EXPECT_TRUE(attention_flash_supported(1024, 768, 12));
+  DeviceArray<bf16> buf(3 * 100 * 128 * 4);
+  DeviceArray<float> lse(1000);
+  EXPECT_THROW(attention_forward_flash(buf.get(), lse.get(), buf.get(), buf.get(), 1, 100, 128, 2,
+                                       nullptr),
+               Error);
+}
+
+TEST(GpuKernels, GeluAndResidual) {
+  DDILOCO_REQUIRE_GPU();
+  const long n = 1003;  // not a multiple of 8: vector body plus scalar tail
+  const auto x = random_bf16_values(n, 17, 2.0), d = random_bf16_values(n, 18),
+             y = random_bf16_values(n, 19);
+  std::vector<float> out(n), dinp(n), res(n);
+  layers::gelu_forward(out.data(), x.data(), n);
+  layers::gelu_backward(dinp.data(), x.data(), d.data(), n);
+  layers::residual_forward(res.data(), x.data(), y.data(), n);
+
+  DeviceArray<bf16> d_x(to_bf16(x)), d_d(to_bf16(d)), d_y(to_bf16(y)), d_out(n), d_res(n);
+  gelu_forward(d_out.get(), d_x.get(), n, nullptr);
+  gelu_backward(d_d.get(), d_x.get(), d_d.get(), n, nullptr);  // in place, as the model does
+  residual_forward(d_res.get(), d_x.get(), d_y.get(), n, nullptr);
+  EXPECT_LE(scaled_error(download_bf16(d_out), out), kBf16Out) << "gelu";
+  EXPECT_LE(scaled_error(download_bf16(d_d), dinp), kBf16Out) << "gelu backward";
+  EXPECT_LE(scaled_error(download_bf16(d_res), res), kBf16Out) << "residual";
+}
+
+TEST(GpuKernels, Conversions) {
+  DDILOCO_REQUIRE_GPU();
+  const size_t n = 4099;
+  Rng rng(20);
+  std::vector<float> x(n);
+  for (auto& v : x) v = static_cast<float>(rng.normal() * 100.0);
+  DeviceArray<float> d_x(x), d_back(n);
+  DeviceArray<bf16> d_h(n);
+  fp32_to_bf16(d_h.get(), d_x.get(), n, nullptr);
+  bf16_to_fp32(d_back.get(), d_h.get(), n, nullptr);
+  const auto back = d_back.download();
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], test::round_bf16(x[i])) << i;
+}
+
+struct VocabShape {
+  int V, ld;  // vocabulary and row stride of the logits
+};
+std::ostream& operator<<(std::ostream& os, const VocabShape& s) {
+  return os << "V=" << s.V << " ld=" << s.ld;
+}
+class GpuCrossEntropy : public ::testing::TestWithParam<VocabShape> {};
+
+// V = 1000: the 16-byte path; V = 77: scalar; V = 77 and 50257 in rows padded to a multiple of
+// 128 (as the model lays out its logits): the 16-byte path with a partial last chunk.
+TEST_P(GpuCrossEntropy, LossAndGradient) {
+  DDILOCO_REQUIRE_GPU();
+  const int N = 7;
+  const auto [V, ld] = GetParam();
+  const auto logits = random_bf16_values(static_cast<size_t>(N) * V, 21, 3.0);
+  const auto targets = random_tokens(N, V, 22);
+  std::vector<float> probs = logits, losses(N);
+  const float mean = layers::softmax_crossentropy_forward(probs.data(), losses.data(),
+                                                          targets.data(), N, V);
+  layers::softmax_crossentropy_backward(probs.data(), targets.data(), N, V, 1.0f / N);
+
+  // Rows of ld elements; the padding holds a large value that must not enter the softmax.
+  std::vector<float> padded(static_cast<size_t>(N) * ld, 1e4f);
+  for (int n = 0; n < N; ++n)
+    std::copy_n(logits.begin() + static_cast<long>(n) * V, V,
+                padded.begin() + static_cast<long>(n) * ld);
+  auto unpad = [&](const std::vector<float>& x) {
+    std::vector<float> out(static_cast<size_t>(N) * V);
+    for (int n = 0; n < N; ++n)
+      std::copy_n(x.begin() + static_cast<long>(n) * ld, V, out.begin() + static_cast<long>(n) * V);
+    return out;
+  };
+  DeviceArray<bf16> d_logits(to_bf16(padded));
+  DeviceArray<int32_t> d_targets(targets);
+  DeviceArray<float> d_losses(N), d_mean(1);
+  softmax_crossentropy(d_losses.get(), d_logits.get(), d_targets.get(), N, V, ld, 1.0f / N,
+                       nullptr);
+  mean_loss(d_mean.get(), d_losses.get(), N, nullptr);
+  EXPECT_LE(scaled_error(d_losses.download(), losses), kExact) << "losses";
+  EXPECT_NEAR(d_mean.download()[0], mean, kExact * mean) << "mean loss";
+  EXPECT_LE(scaled_error(unpad(download_bf16(d_logits)), probs), kBf16Grad) << "dlogits";
+
+  // dloss_scale = 0: losses only, logits untouched.
+  DeviceArray<bf16> d_logits2(to_bf16(padded));
+  softmax_crossentropy(d_losses.get(), d_logits2.get(), d_targets.get(), N, V, ld, 0.0f, nullptr);
+  EXPECT_LE(scaled_error(d_losses.download(), losses), kExact);
+  EXPECT_EQ(unpad(download_bf16(d_logits2)), logits);
+}
+
+INSTANTIATE_TEST_SUITE_P(Vocab, GpuCrossEntropy,
+                         ::testing::Values(VocabShape{1000, 1000}, VocabShape{77, 77},
+                                           VocabShape{77, 128}, VocabShape{50257, 50304}));
+
+// Clip + AdamW over a real layout (decay mask by tensor), two steps, one clipped and one not.
+TEST(GpuKernels, ClipAndAdamWMatchCpu) {
+  DDILOCO_REQUIRE_GPU();
+  const ParameterLayout layout = ParameterLayout::gpt2(GptConfig{64, 16, 2, 4, 32});
+  const size_t P = layout.size();
+  const AdamWConfig cfg{0.9, 0.95, 1e-8, 0.1};
+  Rng rng(23);
+  std::vector<float> params(P);
+  for (auto& p : params) p = static_cast<float>(0.05 * rng.normal());
+  std::vector<uint8_t> mask(P, 0);
+  for (const auto& t : layout.tensors())
+    if (t.weight_decay) std::fill_n(mask.begin() + static_cast<long>(t.offset), t.numel, 1);
+
+  std::vector<float> cpu_params = params;
+  AdamW<float> cpu_opt(layout, cfg);
+  DeviceArray<float> d_params(params), d_m(P), d_v(P), d_grads(P), d_clip(2);
+  DeviceArray<bf16> d_bf16(P);
+  DeviceArray<uint8_t> d_mask(mask);
+  DeviceArray<double> d_accum(1);
+  const double lrs[2] = {1e-2, 5e-3};
+  const float max_norms[2] = {1.0f, 1e6f};  // clipped, then not
+  for (int s = 0; s < 2; ++s) {
+    std::vector<float> grads(P);
+    for (auto& g : grads) g = static_cast<float>(0.1 * rng.normal());
+    d_grads.upload(grads);
+    std::vector<float> cpu_grads = grads;
+    const double cpu_norm = clip_grad_norm(std::span<float>(cpu_grads), max_norms[s]);
+    cpu_opt.step(cpu_params, cpu_grads, lrs[s]);
+
+    grad_norm_and_clip_scale(d_clip.get(), d_clip.get() + 1, d_accum.get(), d_grads.get(), P,
+                             max_norms[s], nullptr);
+    const int t = s + 1;
+    adamw_step(d_params.get(), d_bf16.get(), d_grads.get(), d_m.get(), d_v.get(), d_mask.get(), P,
+               static_cast<float>(lrs[s]), 0.9f, 0.95f,
+               static_cast<float>(1.0 - std::pow(0.9, t)),
+               static_cast<float>(1.0 - std::pow(0.95, t)), 1e-8f, 0.1f, d_clip.get() + 1,
+               nullptr);
+    const auto clip = d_clip.download();
+    EXPECT_NEAR(clip[0], cpu_norm, 1e-6 * cpu_norm) << "grad norm, step " << s;
+    EXPECT_EQ(clip[1] < 1.0f, s == 0) << "clip decision, step " << s;
+  }
+  const auto gpu_params = d_params.download();
+  double worst = 0;
+  for (size_t i = 0; i < P; ++i) worst = std::max(worst, std::abs(static_cast<double>(gpu_params[i]) - cpu_params[i]));
+  // Same fp32 formula on both sides; FMA contraction and the clip coefficient's last bit
+  // leave ~1 ulp of the O(1e-2) updates.
+  EXPECT_LE(worst, 1e-6) << "parameters after two AdamW steps";
+  const auto half = to_float(d_bf16.download());
+  for (size_t i = 0; i < P; ++i) ASSERT_EQ(half[i], test::round_bf16(gpu_params[i])) << i;
+}
+
+}  // namespace
+}  // namespace ddiloco::gpu
