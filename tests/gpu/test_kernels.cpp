@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <ostream>
+#include <utility>
 #include <vector>
 
 #include "ddiloco/error.hpp"
@@ -76,12 +77,15 @@ TEST(GpuKernels, Encoder) {
   EXPECT_LE(scaled_error(d_dwpe.download(), dwpe), kExact) << "dwpe (accumulated onto -0.25)";
 }
 
-// C = 768 takes the 16-byte vector path, C = 100 the scalar one.
-class GpuLayerNorm : public ::testing::TestWithParam<int> {};
+// C = 768 takes the 16-byte vector path, C = 100 the scalar one; N = 37 is not a multiple of
+// the 8 rows of a block, N = 9001 gives the backward's warps several rows each (a grid of one
+// wave), C = 4000 (scalar) and C = 4096 (vector) need more shared memory than a block gets and
+// take the global-atomics backward.
+class GpuLayerNorm : public ::testing::TestWithParam<std::pair<int, int>> {};
 
 TEST_P(GpuLayerNorm, ForwardBackward) {
   DDILOCO_REQUIRE_GPU();
-  const int N = 37, C = GetParam();
+  const int N = GetParam().first, C = GetParam().second;
   const auto inp = random_bf16_values(N * C, 5, 2.0);
   const auto w = random_bf16_values(C, 6), b = random_bf16_values(C, 7);
   const auto dout = random_bf16_values(N * C, 8);
@@ -109,7 +113,10 @@ TEST_P(GpuLayerNorm, ForwardBackward) {
   EXPECT_LE(scaled_error(d_db.download(), db), 1e-4) << "db";
 }
 
-INSTANTIATE_TEST_SUITE_P(Channels, GpuLayerNorm, ::testing::Values(768, 100));
+INSTANTIATE_TEST_SUITE_P(Channels, GpuLayerNorm,
+                         ::testing::Values(std::pair{37, 768}, std::pair{37, 100},
+                                           std::pair{9001, 768}, std::pair{9001, 100},
+                                           std::pair{37, 4000}, std::pair{37, 4096}));
 
 struct MatmulShape {
   int N, IN, OUT;

@@ -104,8 +104,9 @@ void encoder_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t*
 void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* w,
                        const bf16* b, int N, int C, cudaStream_t stream);
 /// dinp (N,C) bf16 ACCUMULATES rstd·(g − mean(g) − x̂·mean(g·x̂)) with g = dout·w;
-/// dw, db (C) fp32 accumulate Σ_N dout·x̂ and Σ_N dout (per-block partial sums in shared
-/// memory, then fp32 atomics). dout, inp (N,C) bf16; w (C) bf16; mean, rstd (N) fp32.
+/// dw, db (C) fp32 accumulate Σ_N dout·x̂ and Σ_N dout (per-warp partial sums in shared
+/// memory without atomics, summed per block in a fixed order, then one fp32 atomic per column
+/// and block; global atomics per element when 16·C floats exceed the shared memory). dout, inp (N,C) bf16; w (C) bf16; mean, rstd (N) fp32.
 void layernorm_backward(bf16* dinp, float* dw, float* db, const bf16* dout, const bf16* inp,
                         const bf16* w, const float* mean, const float* rstd, int N, int C,
                         cudaStream_t stream);
