@@ -79,8 +79,8 @@ TEST(GpuKernels, Encoder) {
 
 // C = 768 takes the 16-byte vector path, C = 100 the scalar one; N = 37 is not a multiple of
 // the 8 rows of a block, N = 9001 gives the backward's warps several rows each (a grid of one
-// wave), C = 4000 (scalar) and C = 4096 (vector) need more shared memory than a block gets and
-// take the global-atomics backward.
+// wave), C = 2000 needs 125 KiB of shared memory (the raised dynamic limit), C = 4000 (scalar)
+// and C = 4096 (vector) more than a block gets: the global-atomics backward.
 class GpuLayerNorm : public ::testing::TestWithParam<std::pair<int, int>> {};
 
 TEST_P(GpuLayerNorm, ForwardBackward) {
@@ -116,7 +116,8 @@ TEST_P(GpuLayerNorm, ForwardBackward) {
 INSTANTIATE_TEST_SUITE_P(Channels, GpuLayerNorm,
                          ::testing::Values(std::pair{37, 768}, std::pair{37, 100},
                                            std::pair{9001, 768}, std::pair{9001, 100},
-                                           std::pair{37, 4000}, std::pair{37, 4096}));
+                                           std::pair{37, 2000}, std::pair{37, 4000},
+                                           std::pair{37, 4096}));
 
 struct MatmulShape {
   int N, IN, OUT;
@@ -166,7 +167,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuMatmul,
                          ::testing::Values(MatmulShape{64, 96, 128, true},
                                            MatmulShape{256, 768, 2304, true},
                                            MatmulShape{33, 24, 40, false},
-                                           MatmulShape{128, 64, 50, false}));
+                                           MatmulShape{128, 64, 50, false},
+                                           // bias grad: 16-byte path with a partial block of
+                                           // columns and rows (776 = 3·256 + 8, N % 256 ≠ 0),
+                                           // and the scalar path (OUT % 8 ≠ 0)
+                                           MatmulShape{1000, 64, 776, true},
+                                           MatmulShape{300, 32, 44, true}));
 
 // The LM head's layout: output rows padded (ld_out > OUT), bias-free; backward reads the
 // padded gradient rows.
