@@ -98,7 +98,11 @@ struct Permute {
 
 // One warp per row r of (B·NH·T, T); the row's query position is t = r % T and it sees
 // columns 0..t. Online max/sum in one read, then one read + write of the whole row (zeros
-// above the diagonal so P·V can use full rows).
+// above the diagonal so P·V can use full rows). The online update is per chunk of VW
+// elements, not per element: the chunk's max first (masked columns as −∞), then one rescale
+// of the running sum and VW exponentials, so the loop has no data-dependent branch (the
+// per-element `if (x > mx)` rescale diverged across lanes and cost up to two exponentials per
+// element; 2.79 ms per step on the H200 for 603 MB per layer, ~2.6 TB/s).
 template <int VW>
 __global__ void softmax_forward_kernel(bf16* att, int rows, int T, float scale) {
   const int lane = threadIdx.x % kWarp;
@@ -110,16 +114,19 @@ __global__ void softmax_forward_kernel(bf16* att, int rows, int T, float scale) 
   float mx = -INFINITY, sum = 0.0f;
   for (int c = lane * VW; c <= t; c += kWarp * VW) {
     load_f<VW>(p + c, buf);
+    float cm = -INFINITY;
 #pragma unroll
     for (int k = 0; k < VW; ++k) {
-      if (c + k > t) break;
-      const float x = buf[k] * scale;
-      if (x > mx) {
-        sum *= __expf(mx - x);
-        mx = x;
-      }
-      sum += __expf(x - mx);
+      buf[k] = c + k <= t ? buf[k] * scale : -INFINITY;
+      cm = fmaxf(cm, buf[k]);
     }
+    // Column c ≤ t is unmasked, so cm and nm are finite; exp(−∞) = 0 covers the first chunk
+    // (mx = −∞, sum = 0) and the masked columns.
+    const float nm = fmaxf(mx, cm);
+    sum *= __expf(mx - nm);
+#pragma unroll
+    for (int k = 0; k < VW; ++k) sum += __expf(buf[k] - nm);
+    mx = nm;
   }
   const float row_max = detail::warp_max(mx);
   sum = mx == -INFINITY ? 0.0f : sum * __expf(mx - row_max);
