@@ -1,8 +1,9 @@
 // Causal multi-head attention (layers::attention_forward/backward) as in llm.c's non-cuDNN
 // path: head-major copies of Q, K, V, strided-batched cuBLAS GEMMs for Q·Kᵀ and P·V (bf16 in,
-// fp32 accumulate), and our softmax kernels for the scaled, causally masked rows. The full
-// T×T products are computed (the masked half is zeroed by the softmax), which costs twice
-// the causal FLOPs in exchange for plain tensor-core GEMMs.
+// fp32 accumulate), and our softmax kernels for the scaled, causally masked rows. The T×T
+// products are split once at T0 ≈ T/2 (CausalSplit): the block of rows < T0 and columns ≥ T0
+// is never computed or touched, the rest (3/4 of T×T, the masked part inside it zeroed by
+// the softmax) runs as plain dense tensor-core GEMMs.
 #include <cmath>
 #include <initializer_list>
 
@@ -103,8 +104,11 @@ struct Permute {
 // of the running sum and VW exponentials, so the loop has no data-dependent branch (the
 // per-element `if (x > mx)` rescale diverged across lanes and cost up to two exponentials per
 // element; 2.79 ms per step on the H200 for 603 MB per layer, ~2.6 TB/s).
+// split (a multiple of VW, ≤ T): rows t < split end at column split (the causal split below
+// never computes or reads their columns ≥ split), the other rows at T. split = 0: all rows
+// are written in full.
 template <int VW>
-__global__ void softmax_forward_kernel(bf16* att, int rows, int T, float scale) {
+__global__ void softmax_forward_kernel(bf16* att, int rows, int T, int split, float scale) {
   const int lane = threadIdx.x % kWarp;
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
   if (row >= rows) return;
@@ -131,7 +135,8 @@ __global__ void softmax_forward_kernel(bf16* att, int rows, int T, float scale) 
   const float row_max = detail::warp_max(mx);
   sum = mx == -INFINITY ? 0.0f : sum * __expf(mx - row_max);
   const float inv = 1.0f / detail::warp_sum(sum);
-  for (int c = lane * VW; c < T; c += kWarp * VW) {
+  const int width = t < split ? split : T;
+  for (int c = lane * VW; c < width; c += kWarp * VW) {
     // Chunks wholly above the diagonal are written as zeros without being read.
     if (c <= t) load_f<VW>(p + c, buf);
 #pragma unroll
@@ -141,7 +146,7 @@ __global__ void softmax_forward_kernel(bf16* att, int rows, int T, float scale) 
 }
 
 template <int VW>
-__global__ void softmax_backward_kernel(bf16* datt, const bf16* att, int rows, int T,
+__global__ void softmax_backward_kernel(bf16* datt, const bf16* att, int rows, int T, int split,
                                         float scale) {
   const int lane = threadIdx.x % kWarp;
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
@@ -158,7 +163,8 @@ __global__ void softmax_backward_kernel(bf16* datt, const bf16* att, int rows, i
       if (c + k <= t) s += pv[k] * dv[k];
   }
   s = detail::warp_sum(s);
-  for (int c = lane * VW; c < T; c += kWarp * VW) {
+  const int width = t < split ? split : T;  // as in the forward kernel
+  for (int c = lane * VW; c < width; c += kWarp * VW) {
     if (c <= t) {  // above the diagonal: zeros, nothing to read
       load_f<VW>(att + off + c, pv);
       load_f<VW>(datt + off + c, dv);
@@ -193,25 +199,87 @@ size_t attention_backward_scratch_elems(int B, int T, int C, int NH) {
   return 7 * static_cast<size_t>(B) * T * C + static_cast<size_t>(B) * NH * T * T;
 }
 
-void attention_softmax_forward(bf16* att, int BNH, int T, float scale, cudaStream_t stream) {
+namespace {
+
+void softmax_forward(bf16* att, int BNH, int T, int split, float scale, cudaStream_t stream) {
   const int rows = BNH * T;
   const unsigned grid = detail::blocks_for(static_cast<size_t>(rows), kRowsPerBlock);
-  if (rows_vectorisable(T, att, att))
-    softmax_forward_kernel<8><<<grid, kThreads, 0, stream>>>(att, rows, T, scale);
+  if (rows_vectorisable(T, att, att) && split % 8 == 0)
+    softmax_forward_kernel<8><<<grid, kThreads, 0, stream>>>(att, rows, T, split, scale);
   else
-    softmax_forward_kernel<1><<<grid, kThreads, 0, stream>>>(att, rows, T, scale);
+    softmax_forward_kernel<1><<<grid, kThreads, 0, stream>>>(att, rows, T, split, scale);
   DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+void softmax_backward(bf16* datt, const bf16* att, int BNH, int T, int split, float scale,
+                      cudaStream_t stream) {
+  const int rows = BNH * T;
+  const unsigned grid = detail::blocks_for(static_cast<size_t>(rows), kRowsPerBlock);
+  if (rows_vectorisable(T, att, datt) && split % 8 == 0)
+    softmax_backward_kernel<8><<<grid, kThreads, 0, stream>>>(datt, att, rows, T, split, scale);
+  else
+    softmax_backward_kernel<1><<<grid, kThreads, 0, stream>>>(datt, att, rows, T, split, scale);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+// Causal split of the (T,T) score matrices at row/column T0 = ⌊T/2⌋ rounded down to a
+// multiple of 8 (T1 = T − T0): rows j < T0 only see keys i < T0, so the block
+// (j < T0, i ≥ T0) — a quarter of the matrix at T0 = T/2 — is never computed, written or
+// read. Each T×T product becomes two batched GEMMs (T0 == 0: just the second, the full one):
+//   scores  S[j][i] = x_j·y_i:    (j < T0, i < T0) and (j ≥ T0, all i);
+//   rows    o[j] = Σ_i S[j][i]·z_i:  j < T0 over i < T0, j ≥ T0 over all i;
+//   columns o[i] = Σ_j S[j][i]·z_j:  i < T0 over all j, i ≥ T0 over j ≥ T0 (S[j][i] = 0
+//           for j < i, so no accumulation is needed and every output is rounded once).
+// All in llm.c's column-major view: S stored with ld T, element (i, j) = S[j][i]; x, y, z, o
+// are (T, hs) per head. Strides per head: sTh for vectors, sTT for S.
+struct CausalSplit {
+  int T, hs, T0, T1, batch;
+  long long sTh, sTT;
+  CausalSplit(int T_, int hs_, int batch_)
+      : T(T_), hs(hs_), T0(attention_causal_split(T_)), T1(T_ - attention_causal_split(T_)),
+        batch(batch_),
+        sTh(static_cast<long long>(T_) * hs_), sTT(static_cast<long long>(T_) * T_) {}
+  // FLOPs of one product: 2·hs·(T0² + T·T1) per head.
+  double flops() const {
+    return 2.0 * hs * (static_cast<double>(T0) * T0 + static_cast<double>(T) * T1) * batch;
+  }
+  // S = x·yᵀ (S[j][i] = x_j·y_i, x the queries' side).
+  void scores(BlasContext& blas, bf16* S, const bf16* x, const bf16* y) const {
+    if (T0 > 0)
+      batched_gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, T0, T0, hs, y, hs, sTh, x, hs, sTh, S, T,
+                   sTT, batch);
+    batched_gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T1, hs, y, hs, sTh, x + T0 * hs, hs, sTh,
+                 S + static_cast<size_t>(T0) * T, T, sTT, batch);
+  }
+  // o[j] = Σ_i S[j][i]·z_i.
+  void rows(BlasContext& blas, bf16* o, const bf16* S, const bf16* z) const {
+    if (T0 > 0)
+      batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T0, T0, z, hs, sTh, S, T, sTT, o, hs, sTh,
+                   batch);
+    batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T1, T, z, hs, sTh,
+                 S + static_cast<size_t>(T0) * T, T, sTT, o + T0 * hs, hs, sTh, batch);
+  }
+  // o[i] = Σ_j S[j][i]·z_j.
+  void columns(BlasContext& blas, bf16* o, const bf16* S, const bf16* z) const {
+    if (T0 > 0)
+      batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T0, T, z, hs, sTh, S, T, sTT, o, hs, sTh,
+                   batch);
+    batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T1, T1, z + T0 * hs, hs, sTh,
+                 S + static_cast<size_t>(T0) * T + T0, T, sTT, o + T0 * hs, hs, sTh, batch);
+  }
+};
+
+}  // namespace
+
+int attention_causal_split(int T) { return (T / 2) / 8 * 8; }
+
+void attention_softmax_forward(bf16* att, int BNH, int T, float scale, cudaStream_t stream) {
+  softmax_forward(att, BNH, T, 0, scale, stream);
 }
 
 void attention_softmax_backward(bf16* datt, const bf16* att, int BNH, int T, float scale,
                                 cudaStream_t stream) {
-  const int rows = BNH * T;
-  const unsigned grid = detail::blocks_for(static_cast<size_t>(rows), kRowsPerBlock);
-  if (rows_vectorisable(T, att, datt))
-    softmax_backward_kernel<8><<<grid, kThreads, 0, stream>>>(datt, att, rows, T, scale);
-  else
-    softmax_backward_kernel<1><<<grid, kThreads, 0, stream>>>(datt, att, rows, T, scale);
-  DDILOCO_CUDA_CHECK_LAUNCH();
+  softmax_backward(datt, att, BNH, T, 0, scale, stream);
 }
 
 void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv, bf16* scratch,
@@ -221,8 +289,9 @@ void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
   bf16 *q = scratch, *k = q + NC, *v = k + NC, *y = v + NC;
   cudaStream_t stream = blas.stream();
   OpProfiler* prof = blas.profiler();
-  // Each batched product: 2·T·T·hs per head, computed dense (the masked half included).
-  const double gemm_flops = 2.0 * T * T * hs * B * NH;
+  const CausalSplit cs(T, hs, B * NH);
+  // Each batched product: 2·hs·(T0² + T·T1) per head (~3/4 of dense T·T at T0 = T/2).
+  const double gemm_flops = cs.flops();
   const Permute pm(B, T, C, hs, {scratch, qkv, out});
   {
     ProfileScope ps(prof, "permute qkv");
@@ -232,22 +301,19 @@ void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
       permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
     DDILOCO_CUDA_CHECK_LAUNCH();
   }
-  const long long sTh = static_cast<long long>(T) * hs, sTT = static_cast<long long>(T) * T;
   {
     // att[j][i] = q_j·k_i (row-major (T,T) per head; see the derivation in llm.c).
     ProfileScope ps(prof, "QK^T gemm", gemm_flops);
-    batched_gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, k, hs, sTh, q, hs, sTh, att, T, sTT,
-                 B * NH);
+    cs.scores(blas, att, q, k);
   }
   {
     ProfileScope ps(prof, "softmax");
-    attention_softmax_forward(att, B * NH, T, 1.0f / std::sqrt(static_cast<float>(hs)), stream);
+    softmax_forward(att, B * NH, T, cs.T0, 1.0f / std::sqrt(static_cast<float>(hs)), stream);
   }
   {
     // y[j][d] = Σ_i att[j][i]·v[i][d].
     ProfileScope ps(prof, "PV gemm", gemm_flops);
-    batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, v, hs, sTh, att, T, sTT, y, hs, sTh,
-                 B * NH);
+    cs.rows(blas, y, att, v);
   }
   ProfileScope ps(prof, "unpermute y");
   if (pm.vec)
@@ -265,7 +331,8 @@ void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const b
        *dv = dk + NC, *datt = dv + NC;
   cudaStream_t stream = blas.stream();
   OpProfiler* prof = blas.profiler();
-  const double gemm_flops = 2.0 * T * T * hs * B * NH;  // each product, dense
+  const CausalSplit cs(T, hs, B * NH);
+  const double gemm_flops = cs.flops();  // each product
   const Permute pm(B, T, C, hs, {scratch, qkv, dout, dqkv});
   {
     // Q, K, V again from the saved qkv: cheaper than keeping three more (N,C) per layer.
@@ -279,37 +346,32 @@ void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const b
     }
     DDILOCO_CUDA_CHECK_LAUNCH();
   }
-  const long long sTh = static_cast<long long>(T) * hs, sTT = static_cast<long long>(T) * T;
   const int BNH = B * NH;
   {
     // dP[j][i] = dy_j·v_i
     ProfileScope ps(prof, "dP = dY V^T gemm", gemm_flops);
-    batched_gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, v, hs, sTh, dy, hs, sTh, datt, T,
-                 sTT, BNH);
+    cs.scores(blas, datt, dy, v);
   }
   {
     // dV[j][d] = Σ_i P[i][j]·dy[i][d]
     ProfileScope ps(prof, "dV = P^T dY gemm", gemm_flops);
-    batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, dy, hs, sTh, att, T, sTT, dv, hs,
-                 sTh, BNH);
+    cs.columns(blas, dv, att, dy);
   }
   {
     // dS = P ⊙ (dP − rowsum(P ⊙ dP)) / √hs, in place
     ProfileScope ps(prof, "softmax bwd");
-    attention_softmax_backward(datt, att, BNH, T, 1.0f / std::sqrt(static_cast<float>(hs)),
-                               stream);
+    softmax_backward(datt, att, BNH, T, cs.T0, 1.0f / std::sqrt(static_cast<float>(hs)),
+                     stream);
   }
   {
     // dQ[j][d] = Σ_i dS[j][i]·k[i][d]
     ProfileScope ps(prof, "dQ = dS K gemm", gemm_flops);
-    batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, k, hs, sTh, datt, T, sTT, dq, hs,
-                 sTh, BNH);
+    cs.rows(blas, dq, datt, k);
   }
   {
     // dK[j][d] = Σ_i dS[i][j]·q[i][d]
     ProfileScope ps(prof, "dK = dS^T Q gemm", gemm_flops);
-    batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, q, hs, sTh, datt, T, sTT, dk, hs,
-                 sTh, BNH);
+    cs.columns(blas, dk, datt, q);
   }
   ProfileScope ps(prof, "unpermute dqkv");
   if (pm.vec)

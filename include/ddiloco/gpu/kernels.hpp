@@ -141,6 +141,9 @@ size_t attention_backward_scratch_elems(int B, int T, int C, int NH);
 ///   3. att = softmax(att/√hs + causal mask) in place, one warp per row, fp32 math, zeros
 ///      above the diagonal (so the next GEMM may read full rows);
 ///   4. y = att·v (batched GEMM); 5. out(B,T,C) = y with heads concatenated.
+/// The products are split at T0 = attention_causal_split(T): rows t < T0 only see columns
+/// < T0, so att[t][s] for t < T0 ≤ s is never written (nor read by the backward); every other
+/// entry holds the probability, exactly 0 above the diagonal.
 /// qkv (B,T,3C) bf16 as in layers.hpp; att (B,NH,T,T) bf16, kept for backward; out (B,T,C).
 /// scratch: attention_forward_scratch_elems(B,T,C) bf16 elements.
 void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv, bf16* scratch,
@@ -168,6 +171,9 @@ void attention_forward_flash(bf16* out, float* lse, const bf16* qkv, bf16* scrat
 void attention_backward_flash(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
                               const float* lse, bf16* scratch, float* delta, int B, int T, int C,
                               int NH, cudaStream_t stream, OpProfiler* prof = nullptr);
+
+/// T0 of attention_forward's causal split: ⌊T/2⌋ rounded down to a multiple of 8 (0 for T < 16).
+int attention_causal_split(int T);
 
 /// The softmax step alone, in place: rows (B·NH·T) of length T, row r = (bh, t) keeps
 /// columns ≤ t: att = softmax(scale·att) there, 0 above. Exposed for the tests.
