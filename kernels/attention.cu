@@ -1,9 +1,10 @@
 // Causal multi-head attention (layers::attention_forward/backward) as in llm.c's non-cuDNN
 // path: head-major copies of Q, K, V, strided-batched cuBLAS GEMMs for Q·Kᵀ and P·V (bf16 in,
 // fp32 accumulate), and our softmax kernels for the scaled, causally masked rows. The T×T
-// products are split once at T0 ≈ T/2 (CausalSplit): the block of rows < T0 and columns ≥ T0
-// is never computed or touched, the rest (3/4 of T×T, the masked part inside it zeroed by
-// the softmax) runs as plain dense tensor-core GEMMs.
+// products are split into ~4 causal blocks (CausalSplit): the staircase right of the block
+// diagonal is never computed or touched, the rest (10/16 of T×T at 4 blocks, the masked part
+// inside it zeroed by the softmax) runs as plain dense tensor-core GEMMs.
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 
@@ -104,11 +105,16 @@ struct Permute {
 // of the running sum and VW exponentials, so the loop has no data-dependent branch (the
 // per-element `if (x > mx)` rescale diverged across lanes and cost up to two exponentials per
 // element; 2.79 ms per step on the H200 for 603 MB per layer, ~2.6 TB/s).
-// split (a multiple of VW, ≤ T): rows t < split end at column split (the causal split below
-// never computes or reads their columns ≥ split), the other rows at T. split = 0: all rows
-// are written in full.
+// Row t ends at column causal_width(t, blk, last) (the causal split below never computes
+// or reads the columns beyond): blk (a multiple of VW) is the split's block size, last the
+// start of its last block; blk = 0: every row is written in full.
+__device__ __forceinline__ int causal_width(int t, int T, int blk, int last) {
+  return blk > 0 && t < last ? (t / blk + 1) * blk : T;
+}
+
 template <int VW>
-__global__ void softmax_forward_kernel(bf16* att, int rows, int T, int split, float scale) {
+__global__ void softmax_forward_kernel(bf16* att, int rows, int T, int blk, int last,
+                                       float scale) {
   const int lane = threadIdx.x % kWarp;
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
   if (row >= rows) return;
@@ -135,7 +141,7 @@ __global__ void softmax_forward_kernel(bf16* att, int rows, int T, int split, fl
   const float row_max = detail::warp_max(mx);
   sum = mx == -INFINITY ? 0.0f : sum * __expf(mx - row_max);
   const float inv = 1.0f / detail::warp_sum(sum);
-  const int width = t < split ? split : T;
+  const int width = causal_width(t, T, blk, last);
   for (int c = lane * VW; c < width; c += kWarp * VW) {
     // Chunks wholly above the diagonal are written as zeros without being read.
     if (c <= t) load_f<VW>(p + c, buf);
@@ -146,8 +152,8 @@ __global__ void softmax_forward_kernel(bf16* att, int rows, int T, int split, fl
 }
 
 template <int VW>
-__global__ void softmax_backward_kernel(bf16* datt, const bf16* att, int rows, int T, int split,
-                                        float scale) {
+__global__ void softmax_backward_kernel(bf16* datt, const bf16* att, int rows, int T, int blk,
+                                        int last, float scale) {
   const int lane = threadIdx.x % kWarp;
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
   if (row >= rows) return;
@@ -163,7 +169,7 @@ __global__ void softmax_backward_kernel(bf16* datt, const bf16* att, int rows, i
       if (c + k <= t) s += pv[k] * dv[k];
   }
   s = detail::warp_sum(s);
-  const int width = t < split ? split : T;  // as in the forward kernel
+  const int width = causal_width(t, T, blk, last);  // as in the forward kernel
   for (int c = lane * VW; c < width; c += kWarp * VW) {
     if (c <= t) {  // above the diagonal: zeros, nothing to read
       load_f<VW>(att + off + c, pv);
@@ -201,77 +207,86 @@ size_t attention_backward_scratch_elems(int B, int T, int C, int NH) {
 
 namespace {
 
-void softmax_forward(bf16* att, int BNH, int T, int split, float scale, cudaStream_t stream) {
+// blk: the causal split's block size (0 = full rows); last = (T / blk − 1)·blk.
+void softmax_forward(bf16* att, int BNH, int T, int blk, float scale, cudaStream_t stream) {
   const int rows = BNH * T;
+  const int last = blk > 0 ? (T / blk - 1) * blk : 0;
   const unsigned grid = detail::blocks_for(static_cast<size_t>(rows), kRowsPerBlock);
-  if (rows_vectorisable(T, att, att) && split % 8 == 0)
-    softmax_forward_kernel<8><<<grid, kThreads, 0, stream>>>(att, rows, T, split, scale);
+  if (rows_vectorisable(T, att, att) && blk % 8 == 0)
+    softmax_forward_kernel<8><<<grid, kThreads, 0, stream>>>(att, rows, T, blk, last, scale);
   else
-    softmax_forward_kernel<1><<<grid, kThreads, 0, stream>>>(att, rows, T, split, scale);
+    softmax_forward_kernel<1><<<grid, kThreads, 0, stream>>>(att, rows, T, blk, last, scale);
   DDILOCO_CUDA_CHECK_LAUNCH();
 }
 
-void softmax_backward(bf16* datt, const bf16* att, int BNH, int T, int split, float scale,
+void softmax_backward(bf16* datt, const bf16* att, int BNH, int T, int blk, float scale,
                       cudaStream_t stream) {
   const int rows = BNH * T;
+  const int last = blk > 0 ? (T / blk - 1) * blk : 0;
   const unsigned grid = detail::blocks_for(static_cast<size_t>(rows), kRowsPerBlock);
-  if (rows_vectorisable(T, att, datt) && split % 8 == 0)
-    softmax_backward_kernel<8><<<grid, kThreads, 0, stream>>>(datt, att, rows, T, split, scale);
+  if (rows_vectorisable(T, att, datt) && blk % 8 == 0)
+    softmax_backward_kernel<8><<<grid, kThreads, 0, stream>>>(datt, att, rows, T, blk, last,
+                                                              scale);
   else
-    softmax_backward_kernel<1><<<grid, kThreads, 0, stream>>>(datt, att, rows, T, split, scale);
+    softmax_backward_kernel<1><<<grid, kThreads, 0, stream>>>(datt, att, rows, T, blk, last,
+                                                              scale);
   DDILOCO_CUDA_CHECK_LAUNCH();
 }
 
-// Causal split of the (T,T) score matrices at row/column T0 = ⌊T/2⌋ rounded down to a
-// multiple of 8 (T1 = T − T0): rows j < T0 only see keys i < T0, so the block
-// (j < T0, i ≥ T0) — a quarter of the matrix at T0 = T/2 — is never computed, written or
-// read. Each T×T product becomes two batched GEMMs (T0 == 0: just the second, the full one):
-//   scores  S[j][i] = x_j·y_i:    (j < T0, i < T0) and (j ≥ T0, all i);
-//   rows    o[j] = Σ_i S[j][i]·z_i:  j < T0 over i < T0, j ≥ T0 over all i;
-//   columns o[i] = Σ_j S[j][i]·z_j:  i < T0 over all j, i ≥ T0 over j ≥ T0 (S[j][i] = 0
-//           for j < i, so no accumulation is needed and every output is rounded once).
+// Causal split of the (T,T) score matrices into P row/column blocks of blk rows
+// (blk = attention_causal_split(T), a multiple of 8; P = ⌊T/blk⌋, the last block takes the
+// remainder; boundaries b_0 = 0 < b_1 < … < b_P = T): rows of block r only see keys < b_{r+1},
+// so everything right of that staircase is never computed, written or read — at P = 4 the
+// GEMMs touch 10/16 of T×T instead of all of it. Each T×T product becomes P batched GEMMs
+// (blk = 0, for T < 16: one, the full product):
+//   scores  S[j][i] = x_j·y_i:       rows j of block r, columns i < b_{r+1};
+//   rows    o[j] = Σ_i S[j][i]·z_i:  j in block r over i < b_{r+1};
+//   columns o[i] = Σ_j S[j][i]·z_j:  i in block c over j ≥ b_c (S[j][i] = 0 for j < i, so
+//           no accumulation across GEMMs is needed and every output is rounded once).
 // All in llm.c's column-major view: S stored with ld T, element (i, j) = S[j][i]; x, y, z, o
 // are (T, hs) per head. Strides per head: sTh for vectors, sTT for S.
 struct CausalSplit {
-  int T, hs, T0, T1, batch;
+  int T, hs, blk, parts, batch;
   long long sTh, sTT;
   CausalSplit(int T_, int hs_, int batch_)
-      : T(T_), hs(hs_), T0(attention_causal_split(T_)), T1(T_ - attention_causal_split(T_)),
-        batch(batch_),
+      : T(T_), hs(hs_), blk(attention_causal_split(T_)),
+        parts(blk > 0 ? T_ / blk : 1), batch(batch_),
         sTh(static_cast<long long>(T_) * hs_), sTT(static_cast<long long>(T_) * T_) {}
-  // FLOPs of one product: 2·hs·(T0² + T·T1) per head.
+  int lo(int r) const { return r * blk; }                      // b_r
+  int hi(int r) const { return r + 1 == parts ? T : (r + 1) * blk; }  // b_{r+1}
+  // FLOPs of one product: 2·hs·Σ_r b_{r+1}·(b_{r+1} − b_r) per head.
   double flops() const {
-    return 2.0 * hs * (static_cast<double>(T0) * T0 + static_cast<double>(T) * T1) * batch;
+    double f = 0.0;
+    for (int r = 0; r < parts; ++r) f += static_cast<double>(hi(r)) * (hi(r) - lo(r));
+    return 2.0 * hs * f * batch;
   }
   // S = x·yᵀ (S[j][i] = x_j·y_i, x the queries' side).
   void scores(BlasContext& blas, bf16* S, const bf16* x, const bf16* y) const {
-    if (T0 > 0)
-      batched_gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, T0, T0, hs, y, hs, sTh, x, hs, sTh, S, T,
-                   sTT, batch);
-    batched_gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T1, hs, y, hs, sTh, x + T0 * hs, hs, sTh,
-                 S + static_cast<size_t>(T0) * T, T, sTT, batch);
+    for (int r = 0; r < parts; ++r)
+      batched_gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, hi(r), hi(r) - lo(r), hs, y, hs, sTh,
+                   x + static_cast<size_t>(lo(r)) * hs, hs, sTh,
+                   S + static_cast<size_t>(lo(r)) * T, T, sTT, batch);
   }
   // o[j] = Σ_i S[j][i]·z_i.
   void rows(BlasContext& blas, bf16* o, const bf16* S, const bf16* z) const {
-    if (T0 > 0)
-      batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T0, T0, z, hs, sTh, S, T, sTT, o, hs, sTh,
-                   batch);
-    batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T1, T, z, hs, sTh,
-                 S + static_cast<size_t>(T0) * T, T, sTT, o + T0 * hs, hs, sTh, batch);
+    for (int r = 0; r < parts; ++r)
+      batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, hi(r) - lo(r), hi(r), z, hs, sTh,
+                   S + static_cast<size_t>(lo(r)) * T, T, sTT,
+                   o + static_cast<size_t>(lo(r)) * hs, hs, sTh, batch);
   }
   // o[i] = Σ_j S[j][i]·z_j.
   void columns(BlasContext& blas, bf16* o, const bf16* S, const bf16* z) const {
-    if (T0 > 0)
-      batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T0, T, z, hs, sTh, S, T, sTT, o, hs, sTh,
-                   batch);
-    batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T1, T1, z + T0 * hs, hs, sTh,
-                 S + static_cast<size_t>(T0) * T + T0, T, sTT, o + T0 * hs, hs, sTh, batch);
+    for (int c = 0; c < parts; ++c)
+      batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, hi(c) - lo(c), T - lo(c),
+                   z + static_cast<size_t>(lo(c)) * hs, hs, sTh,
+                   S + static_cast<size_t>(lo(c)) * T + lo(c), T, sTT,
+                   o + static_cast<size_t>(lo(c)) * hs, hs, sTh, batch);
   }
 };
 
 }  // namespace
 
-int attention_causal_split(int T) { return (T / 2) / 8 * 8; }
+int attention_causal_split(int T) { return T >= 16 ? std::max(8, (T / 4) / 8 * 8) : 0; }
 
 void attention_softmax_forward(bf16* att, int BNH, int T, float scale, cudaStream_t stream) {
   softmax_forward(att, BNH, T, 0, scale, stream);
@@ -290,7 +305,7 @@ void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
   cudaStream_t stream = blas.stream();
   OpProfiler* prof = blas.profiler();
   const CausalSplit cs(T, hs, B * NH);
-  // Each batched product: 2·hs·(T0² + T·T1) per head (~3/4 of dense T·T at T0 = T/2).
+  // Each batched product: the split's blocks (10/16 of dense T·T at 4 blocks).
   const double gemm_flops = cs.flops();
   const Permute pm(B, T, C, hs, {scratch, qkv, out});
   {
@@ -308,7 +323,7 @@ void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
   }
   {
     ProfileScope ps(prof, "softmax");
-    softmax_forward(att, B * NH, T, cs.T0, 1.0f / std::sqrt(static_cast<float>(hs)), stream);
+    softmax_forward(att, B * NH, T, cs.blk, 1.0f / std::sqrt(static_cast<float>(hs)), stream);
   }
   {
     // y[j][d] = Σ_i att[j][i]·v[i][d].
@@ -360,7 +375,7 @@ void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const b
   {
     // dS = P ⊙ (dP − rowsum(P ⊙ dP)) / √hs, in place
     ProfileScope ps(prof, "softmax bwd");
-    softmax_backward(datt, att, BNH, T, cs.T0, 1.0f / std::sqrt(static_cast<float>(hs)),
+    softmax_backward(datt, att, BNH, T, cs.blk, 1.0f / std::sqrt(static_cast<float>(hs)),
                      stream);
   }
   {

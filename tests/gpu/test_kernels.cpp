@@ -218,7 +218,8 @@ std::ostream& operator<<(std::ostream& os, const AttnShape& s) {
 class GpuAttention : public ::testing::TestWithParam<AttnShape> {};
 
 // T = 64 uses the vectorised softmax rows, T = 20 the scalar ones; T = 1 the degenerate row.
-// Causal split T0: 32 at T = 64, 8 at T = 20, none (0) at T = 1.
+// Causal split blocks: 4 of 16 rows at T = 64, 8 + 12 at T = 20, 4 of 64 at T = 256, none at
+// T = 1.
 TEST_P(GpuAttention, ForwardBackward) {
   DDILOCO_REQUIRE_GPU();
   const auto [B, T, C, NH] = GetParam();
@@ -238,16 +239,18 @@ TEST_P(GpuAttention, ForwardBackward) {
   const auto g_att = download_bf16(d_att);
   attention_backward(blas, d_dqkv.get(), d_dout.get(), d_qkv.get(), d_att.get(), scratch.get(), B,
                      T, C, NH);
-  // Masked entries exactly 0 where the GEMMs read them: whole rows, except that rows t < T0
-  // (the causal split) end at column T0; the entries beyond are never written (compared as
+  // Masked entries exactly 0 where the GEMMs read them: whole rows, except that rows of a
+  // causal block end at the block's end; the entries beyond are never written (compared as
   // the CPU's zeros below).
-  const int T0 = attention_causal_split(T);
+  const int blk = attention_causal_split(T);
+  const int last = blk > 0 ? (T / blk - 1) * blk : 0;  // start of the last block (ends at T)
   std::vector<float> g_att_read = g_att;
   for (int bh = 0; bh < B * NH; ++bh)
     for (int t = 0; t < T; ++t)
       for (int s = t + 1; s < T; ++s) {
         const size_t i = (static_cast<size_t>(bh) * T + t) * T + s;
-        if (t < T0 && s >= T0)
+        const int width = blk > 0 && t < last ? (t / blk + 1) * blk : T;
+        if (s >= width)
           g_att_read[i] = 0.0f;
         else
           ASSERT_EQ(g_att[i], 0.0f) << bh << " " << t << " " << s;

@@ -141,9 +141,10 @@ size_t attention_backward_scratch_elems(int B, int T, int C, int NH);
 ///   3. att = softmax(att/√hs + causal mask) in place, one warp per row, fp32 math, zeros
 ///      above the diagonal (so the next GEMM may read full rows);
 ///   4. y = att·v (batched GEMM); 5. out(B,T,C) = y with heads concatenated.
-/// The products are split at T0 = attention_causal_split(T): rows t < T0 only see columns
-/// < T0, so att[t][s] for t < T0 ≤ s is never written (nor read by the backward); every other
-/// entry holds the probability, exactly 0 above the diagonal.
+/// The products are split into causal blocks of blk = attention_causal_split(T) rows (the last
+/// block takes the remainder up to T): row t of a block that ends at column e < T only sees
+/// columns < e, so att[t][s] for s ≥ e is never written (nor read by the backward); every
+/// other entry holds the probability, exactly 0 above the diagonal.
 /// qkv (B,T,3C) bf16 as in layers.hpp; att (B,NH,T,T) bf16, kept for backward; out (B,T,C).
 /// scratch: attention_forward_scratch_elems(B,T,C) bf16 elements.
 void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv, bf16* scratch,
@@ -172,7 +173,8 @@ void attention_backward_flash(bf16* dqkv, const bf16* dout, const bf16* qkv, con
                               const float* lse, bf16* scratch, float* delta, int B, int T, int C,
                               int NH, cudaStream_t stream, OpProfiler* prof = nullptr);
 
-/// T0 of attention_forward's causal split: ⌊T/2⌋ rounded down to a multiple of 8 (0 for T < 16).
+/// Block size of attention_forward's causal split: ⌊T/4⌋ rounded down to a multiple of 8, at
+/// least 8 (0 = no split, for T < 16); ⌊T/blk⌋ blocks, the last ending at T.
 int attention_causal_split(int T);
 
 /// The softmax step alone, in place: rows (B·NH·T) of length T, row r = (bh, t) keeps
