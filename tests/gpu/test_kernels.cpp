@@ -342,6 +342,27 @@ TEST(GpuKernels, GeluAndResidual) {
   EXPECT_LE(scaled_error(download_bf16(d_res), res), kBf16Out) << "residual";
 }
 
+// OUT = 776 (3·256 + 8 columns, N % 32 ≠ 0): the fused 16-byte kernel; OUT = 44: the fallback
+// (gelu_backward, then bias_backward). In place, as the model calls it.
+TEST(GpuKernels, GeluBackwardBias) {
+  DDILOCO_REQUIRE_GPU();
+  for (const int OUT : {776, 44}) {
+    const int N = 301;
+    const size_t n = static_cast<size_t>(N) * OUT;
+    const auto x = random_bf16_values(n, 40, 2.0), d = random_bf16_values(n, 41);
+    std::vector<float> dinp(n), dbias(OUT, 0.25f);
+    layers::gelu_backward(dinp.data(), x.data(), d.data(), static_cast<long>(n));
+    for (int r = 0; r < N; ++r)
+      for (int c = 0; c < OUT; ++c) dbias[c] += dinp[static_cast<size_t>(r) * OUT + c];
+    DeviceArray<bf16> d_x(to_bf16(x)), d_d(to_bf16(d));
+    DeviceArray<float> d_dbias(std::vector<float>(OUT, 0.25f));
+    gelu_backward_bias(d_d.get(), d_dbias.get(), d_x.get(), d_d.get(), N, OUT, nullptr);
+    EXPECT_LE(scaled_error(download_bf16(d_d), dinp), kBf16Out) << "dinp, OUT=" << OUT;
+    // GPU sums the bf16-rounded gradient, the CPU the fp32 one: 2⁻⁹ relative per term.
+    EXPECT_LE(scaled_error(d_dbias.download(), dbias), kBf16Out) << "dbias, OUT=" << OUT;
+  }
+}
+
 TEST(GpuKernels, Conversions) {
   DDILOCO_REQUIRE_GPU();
   const size_t n = 4099;

@@ -117,6 +117,12 @@ void layernorm_backward(bf16* dinp, float* dw, float* db, const bf16* dout, cons
 void gelu_forward(bf16* out, const bf16* inp, long n, cudaStream_t stream);
 /// dinp = gelu'(inp)·dout, bf16, overwritten; dinp == dout allowed (in place).
 void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, long n, cudaStream_t stream);
+/// gelu_backward over (N,OUT) fused with the bias gradient of the layer that produced inp:
+/// dinp = gelu'(inp)·dout (bf16, overwritten; dinp == dout allowed) and dbias(OUT) += Σ_N dinp
+/// (fp32 column sums of the bf16-rounded dinp, what bias_backward would compute from it), in
+/// one pass. Rows dense (stride OUT).
+void gelu_backward_bias(bf16* dinp, float* dbias, const bf16* inp, const bf16* dout, int N,
+                        int OUT, cudaStream_t stream);
 /// out = a + b (residual connection), bf16, n elements; out may alias a or b.
 void residual_forward(bf16* out, const bf16* a, const bf16* b, long n, cudaStream_t stream);
 /// dbias(OUT) += Σ_N dout(N,OUT): column sums of a bf16 matrix (row stride ld ≥ OUT) into
