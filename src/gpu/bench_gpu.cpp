@@ -7,7 +7,8 @@
 //   model FLOPs per token = 6·N_params + 12·n_layer·n_embd·T   (GptConfig::flops_per_token)
 //   MFU = tokens/s · FLOPs per token / peak bf16 FLOP/s.
 // The attention term counts the causal T×T products as dense, like the formula does, even
-// though our GEMMs compute them dense too (the masked half is wasted work, not counted twice).
+// though our cublas GEMMs compute the causal split's blocks (10/16 of T×T at 4 blocks; the
+// masked part inside is wasted work, not counted twice) and the flash kernels causal tiles.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -61,7 +62,7 @@ void profile_steps(gpu::GptCuda& model, const int32_t* tokens, const int32_t* ta
 
   std::printf("\nprofile: %d instrumented steps, per step (summed over the %d layers); %% of the "
               "instrumented step %.2f ms; TFLOP/s = FLOPs/time for GEMMs (attention GEMMs: "
-              "cublas dense T*T, flash causal tiles)\n",
+              "cublas the blocks of its causal split, 10/16 of T*T, flash causal tiles)\n",
               o.profile_steps, model.config().n_layer, step_ms);
   std::printf("%-58s %7s %9s %7s %9s\n", "category", "calls", "ms/step", "% step", "TFLOP/s");
   double leaf_ms = 0, fwd = 0, bwd = 0, opt = 0, gemm_ms = 0, gemm_flops = 0;

@@ -377,12 +377,13 @@ struct GptCuda::Impl {
                         a.fch_gelu + l * 4 * NC, p.fcprojw, N, 4 * C, C);
       }
       {
-        ProfileScope ps(prof, "bwd gelu");
-        gelu_backward(a.dwide, a.fch + l * 4 * NC, a.dwide, static_cast<long>(4 * NC), stream);
+        // fc's bias gradient comes out of the same pass over the (N,4C) gradient.
+        ProfileScope ps(prof, "bwd gelu (+ fc bias grad)");
+        gelu_backward_bias(a.dwide, d.fcb, a.fch + l * 4 * NC, a.dwide, N, 4 * C, stream);
       }
       {
         ProfileScope ps(prof, "bwd matmul fc");
-        matmul_backward(*blas, a.dln, d.fcw, d.fcb, a.dwide, a.ln2 + l * NC, p.fcw, N, C, 4 * C);
+        matmul_backward(*blas, a.dln, d.fcw, nullptr, a.dwide, a.ln2 + l * NC, p.fcw, N, C, 4 * C);
       }
       {
         ProfileScope ps(prof, "bwd layernorm");

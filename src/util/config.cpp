@@ -78,8 +78,8 @@ const std::vector<Entry<Config>>& entries() {
                     "node-local rank; needs the cuda preset's build); the syncer stays on the CPU",
                     one_of({"cpu", "cuda"})),
       DDILOCO_FIELD(std::string, "run.gpu_attention", run.gpu_attention,
-                    "GPU attention kernels: auto (flash when head size is 64 and seq_len % 64 == "
-                    "0, else cublas) | flash | cublas",
+                    "GPU attention kernels: auto (= cublas, the faster one on an H200) | flash "
+                    "(fused; head size 64 and seq_len % 64 == 0; no (B,NH,T,T) buffer) | cublas",
                     one_of({"auto", "flash", "cublas"})),
       // model
       DDILOCO_FIELD(int, "model.vocab_size", model.vocab_size,

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <ostream>
+#include <utility>
 #include <vector>
 
 #include "ddiloco/error.hpp"
@@ -76,12 +77,15 @@ TEST(GpuKernels, Encoder) {
   EXPECT_LE(scaled_error(d_dwpe.download(), dwpe), kExact) << "dwpe (accumulated onto -0.25)";
 }
 
-// C = 768 takes the 16-byte vector path, C = 100 the scalar one.
-class GpuLayerNorm : public ::testing::TestWithParam<int> {};
+// C = 768 takes the 16-byte vector path, C = 100 the scalar one; N = 37 is not a multiple of
+// the 8 rows of a block, N = 9001 gives the backward's warps several rows each (a grid of one
+// wave), C = 2000 needs 125 KiB of shared memory (the raised dynamic limit), C = 4000 (scalar)
+// and C = 4096 (vector) more than a block gets: the global-atomics backward.
+class GpuLayerNorm : public ::testing::TestWithParam<std::pair<int, int>> {};
 
 TEST_P(GpuLayerNorm, ForwardBackward) {
   DDILOCO_REQUIRE_GPU();
-  const int N = 37, C = GetParam();
+  const int N = GetParam().first, C = GetParam().second;
   const auto inp = random_bf16_values(N * C, 5, 2.0);
   const auto w = random_bf16_values(C, 6), b = random_bf16_values(C, 7);
   const auto dout = random_bf16_values(N * C, 8);
@@ -109,7 +113,11 @@ TEST_P(GpuLayerNorm, ForwardBackward) {
   EXPECT_LE(scaled_error(d_db.download(), db), 1e-4) << "db";
 }
 
-INSTANTIATE_TEST_SUITE_P(Channels, GpuLayerNorm, ::testing::Values(768, 100));
+INSTANTIATE_TEST_SUITE_P(Channels, GpuLayerNorm,
+                         ::testing::Values(std::pair{37, 768}, std::pair{37, 100},
+                                           std::pair{9001, 768}, std::pair{9001, 100},
+                                           std::pair{37, 2000}, std::pair{37, 4000},
+                                           std::pair{37, 4096}));
 
 struct MatmulShape {
   int N, IN, OUT;
@@ -159,7 +167,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuMatmul,
                          ::testing::Values(MatmulShape{64, 96, 128, true},
                                            MatmulShape{256, 768, 2304, true},
                                            MatmulShape{33, 24, 40, false},
-                                           MatmulShape{128, 64, 50, false}));
+                                           MatmulShape{128, 64, 50, false},
+                                           // bias grad: 16-byte path with a partial block of
+                                           // columns and rows (776 = 3·256 + 8, N % 256 ≠ 0),
+                                           // and the scalar path (OUT % 8 ≠ 0)
+                                           MatmulShape{1000, 64, 776, true},
+                                           MatmulShape{300, 32, 44, true}));
 
 // The LM head's layout: output rows padded (ld_out > OUT), bias-free; backward reads the
 // padded gradient rows.
@@ -205,6 +218,8 @@ std::ostream& operator<<(std::ostream& os, const AttnShape& s) {
 class GpuAttention : public ::testing::TestWithParam<AttnShape> {};
 
 // T = 64 uses the vectorised softmax rows, T = 20 the scalar ones; T = 1 the degenerate row.
+// Causal split blocks: 4 of 16 rows at T = 64, 8 + 12 at T = 20, 4 of 64 at T = 256, none at
+// T = 1.
 TEST_P(GpuAttention, ForwardBackward) {
   DDILOCO_REQUIRE_GPU();
   const auto [B, T, C, NH] = GetParam();
@@ -224,12 +239,23 @@ TEST_P(GpuAttention, ForwardBackward) {
   const auto g_att = download_bf16(d_att);
   attention_backward(blas, d_dqkv.get(), d_dout.get(), d_qkv.get(), d_att.get(), scratch.get(), B,
                      T, C, NH);
-  EXPECT_LE(scaled_error(g_att, att), kAttn) << "att";
-  // Masked entries exactly 0: the P·V GEMM reads whole rows.
+  // Masked entries exactly 0 where the GEMMs read them: whole rows, except that rows of a
+  // causal block end at the block's end; the entries beyond are never written (compared as
+  // the CPU's zeros below).
+  const int blk = attention_causal_split(T);
+  const int last = blk > 0 ? (T / blk - 1) * blk : 0;  // start of the last block (ends at T)
+  std::vector<float> g_att_read = g_att;
   for (int bh = 0; bh < B * NH; ++bh)
     for (int t = 0; t < T; ++t)
-      for (int s = t + 1; s < T; ++s)
-        ASSERT_EQ(g_att[(static_cast<size_t>(bh) * T + t) * T + s], 0.0f) << bh << " " << t << " " << s;
+      for (int s = t + 1; s < T; ++s) {
+        const size_t i = (static_cast<size_t>(bh) * T + t) * T + s;
+        const int width = blk > 0 && t < last ? (t / blk + 1) * blk : T;
+        if (s >= width)
+          g_att_read[i] = 0.0f;
+        else
+          ASSERT_EQ(g_att[i], 0.0f) << bh << " " << t << " " << s;
+      }
+  EXPECT_LE(scaled_error(g_att_read, att), kAttn) << "att";
   EXPECT_LE(scaled_error(download_bf16(d_out), out), kAttn) << "out";
   EXPECT_LE(scaled_error(download_bf16(d_dqkv), dqkv), kAttn) << "dqkv";
 }
@@ -314,6 +340,27 @@ TEST(GpuKernels, GeluAndResidual) {
   EXPECT_LE(scaled_error(download_bf16(d_out), out), kBf16Out) << "gelu";
   EXPECT_LE(scaled_error(download_bf16(d_d), dinp), kBf16Out) << "gelu backward";
   EXPECT_LE(scaled_error(download_bf16(d_res), res), kBf16Out) << "residual";
+}
+
+// OUT = 776 (3·256 + 8 columns, N % 32 ≠ 0): the fused 16-byte kernel; OUT = 44: the fallback
+// (gelu_backward, then bias_backward). In place, as the model calls it.
+TEST(GpuKernels, GeluBackwardBias) {
+  DDILOCO_REQUIRE_GPU();
+  for (const int OUT : {776, 44}) {
+    const int N = 301;
+    const size_t n = static_cast<size_t>(N) * OUT;
+    const auto x = random_bf16_values(n, 40, 2.0), d = random_bf16_values(n, 41);
+    std::vector<float> dinp(n), dbias(OUT, 0.25f);
+    layers::gelu_backward(dinp.data(), x.data(), d.data(), static_cast<long>(n));
+    for (int r = 0; r < N; ++r)
+      for (int c = 0; c < OUT; ++c) dbias[c] += dinp[static_cast<size_t>(r) * OUT + c];
+    DeviceArray<bf16> d_x(to_bf16(x)), d_d(to_bf16(d));
+    DeviceArray<float> d_dbias(std::vector<float>(OUT, 0.25f));
+    gelu_backward_bias(d_d.get(), d_dbias.get(), d_x.get(), d_d.get(), N, OUT, nullptr);
+    EXPECT_LE(scaled_error(download_bf16(d_d), dinp), kBf16Out) << "dinp, OUT=" << OUT;
+    // GPU sums the bf16-rounded gradient, the CPU the fp32 one: 2⁻⁹ relative per term.
+    EXPECT_LE(scaled_error(d_dbias.download(), dbias), kBf16Out) << "dbias, OUT=" << OUT;
+  }
 }
 
 TEST(GpuKernels, Conversions) {

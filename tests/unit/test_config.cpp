@@ -107,12 +107,16 @@ TEST(Config, CudaDeviceChecksWithABackend) {
   gpu::register_unit_backend(nullptr);
 }
 
-TEST(Config, GpuAttentionAutoPicksFlashOnlyWhereItRuns) {
+// auto = cublas (faster than the flash kernels on the H200; see resolve_attention).
+TEST(Config, GpuAttentionAutoPicksCublas) {
   Config c;
   c.model.n_embd = 128;
   c.model.n_head = 2;  // head size 64
   c.model.seq_len = 128;
+  EXPECT_EQ(gpu::resolve_attention(c), "cublas");
+  c.run.gpu_attention = "flash";
   EXPECT_EQ(gpu::resolve_attention(c), "flash");
+  c.run.gpu_attention = "auto";
   c.model.seq_len = 100;
   EXPECT_EQ(gpu::resolve_attention(c), "cublas");
   c.model.seq_len = 128;

@@ -104,8 +104,9 @@ void encoder_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t*
 void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* w,
                        const bf16* b, int N, int C, cudaStream_t stream);
 /// dinp (N,C) bf16 ACCUMULATES rstd·(g − mean(g) − x̂·mean(g·x̂)) with g = dout·w;
-/// dw, db (C) fp32 accumulate Σ_N dout·x̂ and Σ_N dout (per-block partial sums in shared
-/// memory, then fp32 atomics). dout, inp (N,C) bf16; w (C) bf16; mean, rstd (N) fp32.
+/// dw, db (C) fp32 accumulate Σ_N dout·x̂ and Σ_N dout (per-warp partial sums in shared
+/// memory without atomics, summed per block in a fixed order, then one fp32 atomic per column
+/// and block; global atomics per element when 16·C floats exceed the shared memory). dout, inp (N,C) bf16; w (C) bf16; mean, rstd (N) fp32.
 void layernorm_backward(bf16* dinp, float* dw, float* db, const bf16* dout, const bf16* inp,
                         const bf16* w, const float* mean, const float* rstd, int N, int C,
                         cudaStream_t stream);
@@ -116,6 +117,12 @@ void layernorm_backward(bf16* dinp, float* dw, float* db, const bf16* dout, cons
 void gelu_forward(bf16* out, const bf16* inp, long n, cudaStream_t stream);
 /// dinp = gelu'(inp)·dout, bf16, overwritten; dinp == dout allowed (in place).
 void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, long n, cudaStream_t stream);
+/// gelu_backward over (N,OUT) fused with the bias gradient of the layer that produced inp:
+/// dinp = gelu'(inp)·dout (bf16, overwritten; dinp == dout allowed) and dbias(OUT) += Σ_N dinp
+/// (fp32 column sums of the bf16-rounded dinp, what bias_backward would compute from it), in
+/// one pass. Rows dense (stride OUT).
+void gelu_backward_bias(bf16* dinp, float* dbias, const bf16* inp, const bf16* dout, int N,
+                        int OUT, cudaStream_t stream);
 /// out = a + b (residual connection), bf16, n elements; out may alias a or b.
 void residual_forward(bf16* out, const bf16* a, const bf16* b, long n, cudaStream_t stream);
 /// dbias(OUT) += Σ_N dout(N,OUT): column sums of a bf16 matrix (row stride ld ≥ OUT) into
@@ -140,6 +147,10 @@ size_t attention_backward_scratch_elems(int B, int T, int C, int NH);
 ///   3. att = softmax(att/√hs + causal mask) in place, one warp per row, fp32 math, zeros
 ///      above the diagonal (so the next GEMM may read full rows);
 ///   4. y = att·v (batched GEMM); 5. out(B,T,C) = y with heads concatenated.
+/// The products are split into causal blocks of blk = attention_causal_split(T) rows (the last
+/// block takes the remainder up to T): row t of a block that ends at column e < T only sees
+/// columns < e, so att[t][s] for s ≥ e is never written (nor read by the backward); every
+/// other entry holds the probability, exactly 0 above the diagonal.
 /// qkv (B,T,3C) bf16 as in layers.hpp; att (B,NH,T,T) bf16, kept for backward; out (B,T,C).
 /// scratch: attention_forward_scratch_elems(B,T,C) bf16 elements.
 void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv, bf16* scratch,
@@ -167,6 +178,10 @@ void attention_forward_flash(bf16* out, float* lse, const bf16* qkv, bf16* scrat
 void attention_backward_flash(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
                               const float* lse, bf16* scratch, float* delta, int B, int T, int C,
                               int NH, cudaStream_t stream, OpProfiler* prof = nullptr);
+
+/// Block size of attention_forward's causal split: ⌊T/4⌋ rounded down to a multiple of 8, at
+/// least 8 (0 = no split, for T < 16); ⌊T/blk⌋ blocks, the last ending at T.
+int attention_causal_split(int T);
 
 /// The softmax step alone, in place: rows (B·NH·T) of length T, row r = (bh, t) keeps
 /// columns ≤ t: att = softmax(scale·att) there, 0 above. Exposed for the tests.
