@@ -117,7 +117,10 @@ INSTANTIATE_TEST_SUITE_P(Channels, GpuLayerNorm,
                          ::testing::Values(std::pair{37, 768}, std::pair{37, 100},
                                            std::pair{9001, 768}, std::pair{9001, 100},
                                            std::pair{37, 2000}, std::pair{37, 4000},
-                                           std::pair{37, 4096}));
+                                           std::pair{37, 4096},
+                                           // backward's padded shared layout: C not a
+                                           // multiple of 256 (and far below it)
+                                           std::pair{9001, 64}, std::pair{300, 776}));
 
 struct MatmulShape {
   int N, IN, OUT;
