@@ -345,6 +345,30 @@ TEST(GpuKernels, GeluAndResidual) {
   EXPECT_LE(scaled_error(download_bf16(d_res), res), kBf16Out) << "residual";
 }
 
+// GELU's fast tanh (1 − 2/(e^{2u}+1) with __expf/__fdividef) element by element over
+// [-40, 40] (saturation on both sides, the cancellation near −1, tiny arguments), against
+// the CPU's tanhf: within bf16 rounding relative, or 2e-5 absolute where the value is ~0.
+TEST(GpuKernels, GeluFastTanhWideRange) {
+  DDILOCO_REQUIRE_GPU();
+  std::vector<float> x;
+  for (int i = -4000; i <= 4000; ++i) x.push_back(static_cast<float>(i) * 0.01f);
+  for (float v : {1e-30f, -1e-30f, 1e-6f, -1e-6f, 0.0f}) x.push_back(v);
+  x = to_float(to_bf16(x));  // the inputs the GPU sees
+  const long n = static_cast<long>(x.size());
+  const std::vector<float> d(x.size(), 1.0f);
+  std::vector<float> out(n), dinp(n);
+  layers::gelu_forward(out.data(), x.data(), n);
+  layers::gelu_backward(dinp.data(), x.data(), d.data(), n);
+  DeviceArray<bf16> d_x(to_bf16(x)), d_d(to_bf16(d)), d_out(n);
+  gelu_forward(d_out.get(), d_x.get(), n, nullptr);
+  gelu_backward(d_d.get(), d_x.get(), d_d.get(), n, nullptr);
+  const auto g_out = download_bf16(d_out), g_d = download_bf16(d_d);
+  for (long i = 0; i < n; ++i) {
+    EXPECT_NEAR(g_out[i], out[i], 5e-3 * std::fabs(out[i]) + 2e-5) << "gelu x=" << x[i];
+    EXPECT_NEAR(g_d[i], dinp[i], 5e-3 * std::fabs(dinp[i]) + 2e-5) << "gelu' x=" << x[i];
+  }
+}
+
 // OUT = 776 (3·256 + 8 columns, N % 32 ≠ 0): the fused 16-byte kernel; OUT = 44: the fallback
 // (gelu_backward, then bias_backward). In place, as the model calls it.
 TEST(GpuKernels, GeluBackwardBias) {
