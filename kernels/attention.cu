@@ -151,6 +151,59 @@ __global__ void softmax_forward_kernel(bf16* att, int rows, int T, int blk, int 
   }
 }
 
+// Rows of T ≤ 32·8·NCH columns (16-byte rows): the lane's NCH chunks of 8 are loaded into
+// registers once (all loads issued before any arithmetic, so a warp has up to NCH 16-byte
+// loads in flight instead of one per dependent online-softmax step), max and sum from the
+// registers, then one write pass: one read and one write per element instead of two reads.
+// Same values as softmax_forward_kernel: e = __expf(x·scale − row max), stored bf16(e·inv).
+template <int NCH>
+__global__ void softmax_forward_regs_kernel(bf16* att, int rows, int T, int blk, int last,
+                                            float scale) {
+  const int lane = threadIdx.x % kWarp;
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const int t = row % T;
+  bf16* p = att + static_cast<size_t>(row) * T;
+  float buf[NCH][8];
+#pragma unroll
+  for (int j = 0; j < NCH; ++j) {
+    const int c = (j * kWarp + lane) * 8;
+    if (c <= t) load_f<8>(p + c, buf[j]);
+  }
+  float mx = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < NCH; ++j) {
+    const int c = (j * kWarp + lane) * 8;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      // Chunks with c > t were not loaded: every one of their columns is masked here.
+      buf[j][k] = c + k <= t ? buf[j][k] * scale : -INFINITY;
+      mx = fmaxf(mx, buf[j][k]);
+    }
+  }
+  const float row_max = detail::warp_max(mx);  // finite: column 0 ≤ t
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < NCH; ++j)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      buf[j][k] = __expf(buf[j][k] - row_max);  // masked: exp(−∞) = 0
+      sum += buf[j][k];
+    }
+  const float inv = 1.0f / detail::warp_sum(sum);
+  const int width = causal_width(t, T, blk, last);
+#pragma unroll
+  for (int j = 0; j < NCH; ++j) {
+    const int c = (j * kWarp + lane) * 8;
+    if (c < width) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) buf[j][k] *= inv;  // masked entries are 0 already
+      store_f<8>(p + c, buf[j]);
+    }
+  }
+}
+constexpr int kSoftmaxRegChunks = 4;  // rows up to 1024 columns
+
 template <int VW>
 __global__ void softmax_backward_kernel(bf16* datt, const bf16* att, int rows, int T, int blk,
                                         int last, float scale) {
@@ -212,7 +265,10 @@ void softmax_forward(bf16* att, int BNH, int T, int blk, float scale, cudaStream
   const int rows = BNH * T;
   const int last = blk > 0 ? (T / blk - 1) * blk : 0;
   const unsigned grid = detail::blocks_for(static_cast<size_t>(rows), kRowsPerBlock);
-  if (rows_vectorisable(T, att, att) && blk % 8 == 0)
+  if (rows_vectorisable(T, att, att) && blk % 8 == 0 && T <= kWarp * 8 * kSoftmaxRegChunks)
+    softmax_forward_regs_kernel<kSoftmaxRegChunks>
+        <<<grid, kThreads, 0, stream>>>(att, rows, T, blk, last, scale);
+  else if (rows_vectorisable(T, att, att) && blk % 8 == 0)
     softmax_forward_kernel<8><<<grid, kThreads, 0, stream>>>(att, rows, T, blk, last, scale);
   else
     softmax_forward_kernel<1><<<grid, kThreads, 0, stream>>>(att, rows, T, blk, last, scale);

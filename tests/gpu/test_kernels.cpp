@@ -265,7 +265,10 @@ TEST_P(GpuAttention, ForwardBackward) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention,
                          ::testing::Values(AttnShape{2, 64, 64, 4}, AttnShape{2, 20, 48, 3},
-                                           AttnShape{1, 1, 16, 2}, AttnShape{1, 256, 768, 12}));
+                                           AttnShape{1, 1, 16, 2}, AttnShape{1, 256, 768, 12},
+                                           // softmax forward: all 4 register chunks (T = 1024)
+                                           // and the two-pass kernel beyond them (T = 1032)
+                                           AttnShape{1, 1024, 64, 1}, AttnShape{1, 1032, 64, 1}));
 
 // The fused head-size-64 path against the same CPU reference; it never stores P, so only the
 // output and the input gradient are compared. Same bf16 tolerance as the cuBLAS path (P is
