@@ -1,6 +1,7 @@
 // Softmax + cross-entropy fused with its backward (llm.c's fused_classifier), and the mean of
 // the per-position losses. The (N,V) logits are the largest activation of a GPT-2 step
-// (V = 50304), so they are read twice (statistics, then gradient) and never copied.
+// (V = 50304), so they are never copied: read once into registers and written once when a row
+// fits (V ≤ 53248 with 16-byte rows), else read twice (statistics, then gradient).
 #include <cmath>
 
 #include "common.cuh"
