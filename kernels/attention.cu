@@ -151,6 +151,59 @@ __global__ void softmax_forward_kernel(bf16* att, int rows, int T, int blk, int 
   }
 }
 
+// Rows of T ≤ 32·8·NCH columns (16-byte rows): the lane's NCH chunks of 8 are loaded into
+// registers once (all loads issued before any arithmetic, so a warp has up to NCH 16-byte
+// loads in flight instead of one per dependent online-softmax step), max and sum from the
+// registers, then one write pass: one read and one write per element instead of two reads.
+// Same values as softmax_forward_kernel: e = __expf(x·scale − row max), stored bf16(e·inv).
+template <int NCH>
+__global__ void softmax_forward_regs_kernel(bf16* att, int rows, int T, int blk, int last,
+                                            float scale) {
+  const int lane = threadIdx.x % kWarp;
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const int t = row % T;
+  bf16* p = att + static_cast<size_t>(row) * T;
+  float buf[NCH][8];
+#pragma unroll
+  for (int j = 0; j < NCH; ++j) {
+    const int c = (j * kWarp + lane) * 8;
+    if (c <= t) load_f<8>(p + c, buf[j]);
+  }
+  float mx = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < NCH; ++j) {
+    const int c = (j * kWarp + lane) * 8;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      // Chunks with c > t were not loaded: every one of their columns is masked here.
+      buf[j][k] = c + k <= t ? buf[j][k] * scale : -INFINITY;
+      mx = fmaxf(mx, buf[j][k]);
+    }
+  }
+  const float row_max = detail::warp_max(mx);  // finite: column 0 ≤ t
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < NCH; ++j)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      buf[j][k] = __expf(buf[j][k] - row_max);  // masked: exp(−∞) = 0
+      sum += buf[j][k];
+    }
+  const float inv = 1.0f / detail::warp_sum(sum);
+  const int width = causal_width(t, T, blk, last);
+#pragma unroll
+  for (int j = 0; j < NCH; ++j) {
+    const int c = (j * kWarp + lane) * 8;
+    if (c < width) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) buf[j][k] *= inv;  // masked entries are 0 already
+      store_f<8>(p + c, buf[j]);
+    }
+  }
+}
+constexpr int kSoftmaxRegChunks = 4;  // rows up to 1024 columns
+
 template <int VW>
 __global__ void softmax_backward_kernel(bf16* datt, const bf16* att, int rows, int T, int blk,
                                         int last, float scale) {
@@ -207,12 +260,63 @@ size_t attention_backward_scratch_elems(int B, int T, int C, int NH) {
 
 namespace {
 
+// Backward for rows ≤ 32·8·NCH columns (16-byte rows): P and dP chunks loaded once into
+// registers (kept as bf16, 8 registers per chunk pair), all loads issued up front; the dot
+// product, then one write pass from the registers: two reads + one write per element instead
+// of four reads + one write. Same arithmetic and summation order as softmax_backward_kernel.
+template <int NCH>
+__global__ void softmax_backward_regs_kernel(bf16* datt, const bf16* att, int rows, int T,
+                                             int blk, int last, float scale) {
+  const int lane = threadIdx.x % kWarp;
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const int t = row % T;
+  const size_t off = static_cast<size_t>(row) * T;
+  detail::Bf16x8 pr[NCH], dr[NCH];
+#pragma unroll
+  for (int j = 0; j < NCH; ++j) {
+    const int c = (j * kWarp + lane) * 8;
+    if (c <= t) {
+      pr[j] = detail::load8(att + off + c);
+      dr[j] = detail::load8(datt + off + c);
+    }
+  }
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < NCH; ++j) {
+    const int c = (j * kWarp + lane) * 8;
+    if (c <= t) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if (c + k <= t) s += __bfloat162float(pr[j].v[k]) * __bfloat162float(dr[j].v[k]);
+    }
+  }
+  s = detail::warp_sum(s);
+  const int width = causal_width(t, T, blk, last);
+#pragma unroll
+  for (int j = 0; j < NCH; ++j) {
+    const int c = (j * kWarp + lane) * 8;
+    if (c < width) {
+      float dv[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        dv[k] = c + k <= t ? scale * __bfloat162float(pr[j].v[k]) *
+                                 (__bfloat162float(dr[j].v[k]) - s)
+                           : 0.0f;
+      store_f<8>(datt + off + c, dv);
+    }
+  }
+}
+
 // blk: the causal split's block size (0 = full rows); last = (T / blk − 1)·blk.
 void softmax_forward(bf16* att, int BNH, int T, int blk, float scale, cudaStream_t stream) {
   const int rows = BNH * T;
   const int last = blk > 0 ? (T / blk - 1) * blk : 0;
   const unsigned grid = detail::blocks_for(static_cast<size_t>(rows), kRowsPerBlock);
-  if (rows_vectorisable(T, att, att) && blk % 8 == 0)
+  if (rows_vectorisable(T, att, att) && blk % 8 == 0 && T <= kWarp * 8 * kSoftmaxRegChunks)
+    softmax_forward_regs_kernel<kSoftmaxRegChunks>
+        <<<grid, kThreads, 0, stream>>>(att, rows, T, blk, last, scale);
+  else if (rows_vectorisable(T, att, att) && blk % 8 == 0)
     softmax_forward_kernel<8><<<grid, kThreads, 0, stream>>>(att, rows, T, blk, last, scale);
   else
     softmax_forward_kernel<1><<<grid, kThreads, 0, stream>>>(att, rows, T, blk, last, scale);
@@ -224,7 +328,10 @@ void softmax_backward(bf16* datt, const bf16* att, int BNH, int T, int blk, floa
   const int rows = BNH * T;
   const int last = blk > 0 ? (T / blk - 1) * blk : 0;
   const unsigned grid = detail::blocks_for(static_cast<size_t>(rows), kRowsPerBlock);
-  if (rows_vectorisable(T, att, datt) && blk % 8 == 0)
+  if (rows_vectorisable(T, att, datt) && blk % 8 == 0 && T <= kWarp * 8 * kSoftmaxRegChunks)
+    softmax_backward_regs_kernel<kSoftmaxRegChunks>
+        <<<grid, kThreads, 0, stream>>>(datt, att, rows, T, blk, last, scale);
+  else if (rows_vectorisable(T, att, datt) && blk % 8 == 0)
     softmax_backward_kernel<8><<<grid, kThreads, 0, stream>>>(datt, att, rows, T, blk, last,
                                                               scale);
   else

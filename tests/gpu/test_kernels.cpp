@@ -117,7 +117,10 @@ INSTANTIATE_TEST_SUITE_P(Channels, GpuLayerNorm,
                          ::testing::Values(std::pair{37, 768}, std::pair{37, 100},
                                            std::pair{9001, 768}, std::pair{9001, 100},
                                            std::pair{37, 2000}, std::pair{37, 4000},
-                                           std::pair{37, 4096}));
+                                           std::pair{37, 4096},
+                                           // backward's padded shared layout: C not a
+                                           // multiple of 256 (and far below it)
+                                           std::pair{9001, 64}, std::pair{300, 776}));
 
 struct MatmulShape {
   int N, IN, OUT;
@@ -262,7 +265,10 @@ TEST_P(GpuAttention, ForwardBackward) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention,
                          ::testing::Values(AttnShape{2, 64, 64, 4}, AttnShape{2, 20, 48, 3},
-                                           AttnShape{1, 1, 16, 2}, AttnShape{1, 256, 768, 12}));
+                                           AttnShape{1, 1, 16, 2}, AttnShape{1, 256, 768, 12},
+                                           // softmax forward: all 4 register chunks (T = 1024)
+                                           // and the two-pass kernel beyond them (T = 1032)
+                                           AttnShape{1, 1024, 64, 1}, AttnShape{1, 1032, 64, 1}));
 
 // The fused head-size-64 path against the same CPU reference; it never stores P, so only the
 // output and the input gradient are compared. Same bf16 tolerance as the cuBLAS path (P is
@@ -340,6 +346,30 @@ TEST(GpuKernels, GeluAndResidual) {
   EXPECT_LE(scaled_error(download_bf16(d_out), out), kBf16Out) << "gelu";
   EXPECT_LE(scaled_error(download_bf16(d_d), dinp), kBf16Out) << "gelu backward";
   EXPECT_LE(scaled_error(download_bf16(d_res), res), kBf16Out) << "residual";
+}
+
+// GELU's fast tanh (1 − 2/(e^{2u}+1) with __expf/__fdividef) element by element over
+// [-40, 40] (saturation on both sides, the cancellation near −1, tiny arguments), against
+// the CPU's tanhf: within bf16 rounding relative, or 2e-5 absolute where the value is ~0.
+TEST(GpuKernels, GeluFastTanhWideRange) {
+  DDILOCO_REQUIRE_GPU();
+  std::vector<float> x;
+  for (int i = -4000; i <= 4000; ++i) x.push_back(static_cast<float>(i) * 0.01f);
+  for (float v : {1e-30f, -1e-30f, 1e-6f, -1e-6f, 0.0f}) x.push_back(v);
+  x = to_float(to_bf16(x));  // the inputs the GPU sees
+  const long n = static_cast<long>(x.size());
+  const std::vector<float> d(x.size(), 1.0f);
+  std::vector<float> out(n), dinp(n);
+  layers::gelu_forward(out.data(), x.data(), n);
+  layers::gelu_backward(dinp.data(), x.data(), d.data(), n);
+  DeviceArray<bf16> d_x(to_bf16(x)), d_d(to_bf16(d)), d_out(n);
+  gelu_forward(d_out.get(), d_x.get(), n, nullptr);
+  gelu_backward(d_d.get(), d_x.get(), d_d.get(), n, nullptr);
+  const auto g_out = download_bf16(d_out), g_d = download_bf16(d_d);
+  for (long i = 0; i < n; ++i) {
+    EXPECT_NEAR(g_out[i], out[i], 5e-3 * std::fabs(out[i]) + 2e-5) << "gelu x=" << x[i];
+    EXPECT_NEAR(g_d[i], dinp[i], 5e-3 * std::fabs(dinp[i]) + 2e-5) << "gelu' x=" << x[i];
+  }
 }
 
 // OUT = 776 (3·256 + 8 columns, N % 32 ≠ 0): the fused 16-byte kernel; OUT = 44: the fallback
@@ -428,7 +458,10 @@ TEST_P(GpuCrossEntropy, LossAndGradient) {
 
 INSTANTIATE_TEST_SUITE_P(Vocab, GpuCrossEntropy,
                          ::testing::Values(VocabShape{1000, 1000}, VocabShape{77, 77},
-                                           VocabShape{77, 128}, VocabShape{50257, 50304}));
+                                           VocabShape{77, 128}, VocabShape{50257, 50304},
+                                           // beyond the register kernel's 53248 columns: the
+                                           // two-pass 16-byte kernel
+                                           VocabShape{53257, 53264}));
 
 // Clip + AdamW over a real layout (decay mask by tensor), two steps, one clipped and one not.
 TEST(GpuKernels, ClipAndAdamWMatchCpu) {
