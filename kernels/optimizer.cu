@@ -9,7 +9,11 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void sum_squares_kernel(double* accum, const float* g, size_t n) {
+// Each block writes its partial sum; the clip kernel adds them in a fixed order. The grid is
+// a constant (kGradNormPartials), not sized from the device, so every rank of a unit — whose
+// gradients NCCL made identical — gets a bit-identical norm and clip coefficient, and its
+// replicas stay identical (global atomics would add the partials in a varying order).
+__global__ void sum_squares_kernel(double* partials, const float* g, size_t n) {
   __shared__ double shared[32];
   double s = 0.0;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -18,12 +22,18 @@ __global__ void sum_squares_kernel(double* accum, const float* g, size_t n) {
     s += x * x;
   }
   s = detail::block_sum(s, shared);
-  if (threadIdx.x == 0) atomicAdd(accum, s);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
-__global__ void clip_scale_kernel(float* norm_out, float* scale_out, const double* accum,
+// One block of kThreads: a fixed assignment of partials to threads, then block_sum's fixed tree.
+__global__ void clip_scale_kernel(float* norm_out, float* scale_out, const double* partials,
                                   float max_norm) {
-  const double norm = sqrt(*accum);
+  __shared__ double shared[32];
+  double s = 0.0;
+  for (int i = threadIdx.x; i < kGradNormPartials; i += blockDim.x) s += partials[i];
+  s = detail::block_sum(s, shared);
+  if (threadIdx.x != 0) return;
+  const double norm = sqrt(s);
   *norm_out = static_cast<float>(norm);
   double scale = 1.0;
   if (max_norm > 0.0f) {
@@ -59,17 +69,12 @@ void grad_norm_and_clip_scale(float* norm_out, float* scale_out, double* accum,
                               const float* grads, size_t n, float max_norm,
                               cudaStream_t stream, OpProfiler* prof) {
   {
-    ProfileScope ps(prof, "memset accum");
-    DDILOCO_CUDA_CHECK(cudaMemsetAsync(accum, 0, sizeof(double), stream));
-  }
-  {
     ProfileScope ps(prof, "sum of squares");
-    sum_squares_kernel<<<detail::grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(
-        accum, grads, n);
+    sum_squares_kernel<<<kGradNormPartials, kThreads, 0, stream>>>(accum, grads, n);
     DDILOCO_CUDA_CHECK_LAUNCH();
   }
   ProfileScope ps(prof, "clip coefficient");
-  clip_scale_kernel<<<1, 1, 0, stream>>>(norm_out, scale_out, accum, max_norm);
+  clip_scale_kernel<<<1, kThreads, 0, stream>>>(norm_out, scale_out, accum, max_norm);
   DDILOCO_CUDA_CHECK_LAUNCH();
 }
 

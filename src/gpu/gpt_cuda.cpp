@@ -184,7 +184,7 @@ struct GptCuda::Impl {
     params_bf16.resize(P);
     decay_mask.resize(P);
     clip.resize(2);
-    accum.resize(1);
+    accum.resize(kGradNormPartials);
     DDILOCO_CUDA_CHECK(cudaMemsetAsync(params.get(), 0, P * sizeof(float), stream));
     DDILOCO_CUDA_CHECK(cudaMemsetAsync(grads.get(), 0, P * sizeof(float), stream));
     DDILOCO_CUDA_CHECK(cudaMemsetAsync(m.get(), 0, P * sizeof(float), stream));

@@ -45,6 +45,15 @@ DeviceChoice select_device(MPI_Comm comm) {
   }
   c.device = c.local_rank % c.device_count;
   c.shared = c.local_size > c.device_count;
+  // A host wait (the step's read of loss and norm, stream synchronisations) sleeps on an
+  // interrupt instead of spinning a core: learner ranks often outnumber cores, and the
+  // project does not busy-spin. The flag must be set before the device's context exists;
+  // if something already created it, its flags stay as they are.
+  const cudaError_t init = cudaInitDevice(c.device, cudaDeviceScheduleBlockingSync, 0);
+  if (init == cudaErrorSetOnActiveProcess)
+    (void)cudaGetLastError();
+  else
+    DDILOCO_CUDA_CHECK(init);
   DDILOCO_CUDA_CHECK(cudaSetDevice(c.device));
   return c;
 }

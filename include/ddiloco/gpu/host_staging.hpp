@@ -6,8 +6,9 @@
 // difference against a reference, with error feedback), which the CPU computes from fp32
 // values: so the D2H target is an fp32 host buffer of our own, pinned (cudaHostAlloc, which
 // the copy engine reads and writes directly), that LearnerWindow::publish(p, snapshot(p), …)
-// then encodes; and LearnerWindow::take_inbox(p, merged_host(p)) decodes straight into the
-// pinned buffer the upload reads.
+// then encodes. A merged fragment is decoded by the learner into its own buffer and copied
+// into merged_host(p), the pinned buffer the upload reads (one host copy of the fragment per
+// merge taken).
 //
 // Why a device-side copy first: the parameters keep changing on the compute stream while a
 // slow D2H copy runs. start_snapshot therefore gathers the fragment's tensors into a device

@@ -208,8 +208,12 @@ void mean_loss(float* mean, const float* losses, int N, cudaStream_t stream);
 /// Global gradient norm and clipping coefficient, on the device (no host sync):
 ///   norm_out[0] = √Σ g² (sum in double, fp32 out); scale_out[0] = min(1, max_norm/(norm+1e-6))
 ///   when max_norm > 0, else 1 (torch.nn.utils.clip_grad_norm_, ddiloco::clip_grad_norm).
-/// accum: one double of device scratch. grads (n) fp32. prof (optional): times the memset,
+/// Deterministic: the same gradients give bit-identical results on every run and rank (a
+/// fixed grid of kGradNormPartials blocks whose partials are added in a fixed order), which
+/// keeps the ranks of a unit bit-identical.
+/// accum: kGradNormPartials doubles of device scratch. grads (n) fp32. prof (optional): times
 /// the sum of squares and the clip-coefficient kernel as nested ranges.
+constexpr int kGradNormPartials = 1024;
 void grad_norm_and_clip_scale(float* norm_out, float* scale_out, double* accum,
                               const float* grads, size_t n, float max_norm,
                               cudaStream_t stream, OpProfiler* prof = nullptr);

@@ -129,7 +129,7 @@ std::unique_ptr<UnitBackend> make_unit_backend(const Config& config, MPI_Comm un
                                                std::span<const float> initial);
 
 /// Which attention path run.gpu_attention selects for a model ("flash" or "cublas"): auto →
-/// flash when the head size is 64 and seq_len % 64 == 0, else cublas.
+/// cublas, the faster one measured on an H200 (README, "Speed on an H200").
 std::string resolve_attention(const Config& config);
 
 }  // namespace ddiloco::gpu
