@@ -221,7 +221,7 @@ class Simulation {
       if (t_group <= t_fault && t_group <= grace_deadline_)
         group_event(g_next, t);
       else if (grace_deadline_ <= t_fault)
-        grace_expired(t);
+        grace_expired();
       else
         fault_event(trace_.pop());
     }
@@ -488,10 +488,9 @@ class Simulation {
       grace_deadline_ = t + grace;
   }
 
-  void grace_expired(double t) {
+  void grace_expired() {
     grace_deadline_ = kNever;
     if (fresh_count_ >= quorum_) merge();
-    (void)t;
   }
 
   void merge() {
