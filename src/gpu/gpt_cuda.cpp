@@ -12,6 +12,7 @@
 #include "ddiloco/error.hpp"
 #include "ddiloco/gpu/check.hpp"
 #include "ddiloco/gpu/kernels.hpp"
+#include "model/weights.hpp"
 
 namespace ddiloco::gpu {
 namespace {
@@ -49,39 +50,13 @@ class DeviceBuffer {
   size_t size_ = 0;
 };
 
-constexpr int kTensorsPerLayer = 12;
-
 // Row stride of the logits: the vocabulary rounded up to 128 (50257 → 50304, as llm.c pads
 // GPT-2's), so every row starts 256-byte aligned and the LM-head GEMM gets aligned operands
 // and full tiles; the padding columns are never part of the softmax.
 size_t padded_vocab(int V) { return (static_cast<size_t>(V) + 127) / 128 * 128; }
 
-// One block's tensors inside a flat buffer (bf16 parameters or fp32 gradients), in
-// ParameterLayout::gpt2's order.
-template <typename T>
-struct Block {
-  T *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
-};
-
-template <typename T>
-struct Weights {
-  T *wte, *wpe, *lnfw, *lnfb;
-  std::vector<Block<T>> blocks;
-
-  Weights(const ParameterLayout& layout, T* base, int n_layer) {
-    const auto& t = layout.tensors();
-    auto at = [&](size_t i) { return base + t[i].offset; };
-    wte = at(0);
-    wpe = at(1);
-    for (int l = 0; l < n_layer; ++l) {
-      const size_t i = 2 + static_cast<size_t>(l) * kTensorsPerLayer;
-      blocks.push_back({at(i), at(i + 1), at(i + 2), at(i + 3), at(i + 4), at(i + 5), at(i + 6),
-                        at(i + 7), at(i + 8), at(i + 9), at(i + 10), at(i + 11)});
-    }
-    lnfw = at(t.size() - 2);
-    lnfb = at(t.size() - 1);
-  }
-};
+using model_views::Block;
+using model_views::Weights;
 
 // Views of the bf16 and fp32 activation buffers for a (B,T); per-layer tensors stacked by
 // layer. Every view starts at a multiple of 128 elements so GEMM operands are 256-byte

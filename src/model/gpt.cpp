@@ -7,6 +7,7 @@
 #include "ddiloco/layers.hpp"
 #include "ddiloco/model.hpp"
 #include "ddiloco/rng.hpp"
+#include "model/weights.hpp"
 
 namespace ddiloco {
 
@@ -84,34 +85,8 @@ const TensorView& ParameterLayout::at(std::string_view name) const {
 
 namespace {
 
-constexpr int kTensorsPerLayer = 12;
-
-// Pointers to one block's tensors inside a flat buffer (parameters or gradients), in the order
-// ParameterLayout::gpt2 lays them out.
-template <typename S>
-struct Block {
-  S *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
-};
-
-template <typename S>
-struct Weights {
-  S *wte, *wpe, *lnfw, *lnfb;
-  std::vector<Block<S>> blocks;
-
-  Weights(const ParameterLayout& layout, S* base, int n_layer) {
-    const auto& t = layout.tensors();
-    auto at = [&](size_t i) { return base + t[i].offset; };
-    wte = at(0);
-    wpe = at(1);
-    for (int l = 0; l < n_layer; ++l) {
-      const size_t i = 2 + static_cast<size_t>(l) * kTensorsPerLayer;
-      blocks.push_back({at(i), at(i + 1), at(i + 2), at(i + 3), at(i + 4), at(i + 5), at(i + 6),
-                        at(i + 7), at(i + 8), at(i + 9), at(i + 10), at(i + 11)});
-    }
-    lnfw = at(t.size() - 2);
-    lnfb = at(t.size() - 1);
-  }
-};
+using model_views::Block;
+using model_views::Weights;
 
 }  // namespace
 
