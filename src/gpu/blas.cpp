@@ -45,17 +45,19 @@ BlasContext::BlasContext(cudaStream_t stream, size_t workspace_bytes)
 }
 
 BlasContext::~BlasContext() {
-  for (auto& [key, plan] : plans_) delete plan;
+  for (auto& [key, plan] : plans_) delete plan;  // null entries: no-op
   if (lt_) cublasLtDestroy(lt_);
   if (cublas_) cublasDestroy(cublas_);
   if (workspace_) cudaFree(workspace_);
 }
 
-BlasContext::Plan& BlasContext::plan(const Key& key) {
-  if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
-  const auto [ta, tb, m, n, k, lda, ldb, ldd, d_fp32, has_bias, beta_nonzero, align_a, align_b,
-              align_d] = key;
+BlasContext::Plan* BlasContext::plan(const Key& key, const void* aux) {
+  if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+  const auto [ta, tb, m, n, k, lda, ldb, ldd, d_fp32, epilogue_code, beta_nonzero, align_a,
+              align_b, align_d, align_aux] = key;
   (void)beta_nonzero;  // part of the key only: beta ≠ 0 reads C, which may favour other tiles
+  (void)align_aux;     // part of the key only: the heuristic reads the aux pointer itself
+  const auto epilogue = static_cast<Epilogue>(epilogue_code);
   auto* p = new Plan;
   try {
     DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -65,10 +67,24 @@ BlasContext::Plan& BlasContext::plan(const Key& key) {
                                                         &opa, sizeof(opa)));
     DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                         &opb, sizeof(opb)));
-    const cublasLtEpilogue_t epilogue =
-        has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    cublasLtEpilogue_t lt_epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    switch (epilogue) {
+      case Epilogue::none: lt_epilogue = CUBLASLT_EPILOGUE_DEFAULT; break;
+      case Epilogue::bias: lt_epilogue = CUBLASLT_EPILOGUE_BIAS; break;
+      case Epilogue::gelu_aux_bias: lt_epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
+      case Epilogue::dgelu: lt_epilogue = CUBLASLT_EPILOGUE_DGELU; break;
+    }
     DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                        &epilogue, sizeof(epilogue)));
+                                                        &lt_epilogue, sizeof(lt_epilogue)));
+    if (epilogue == Epilogue::gelu_aux_bias || epilogue == Epilogue::dgelu) {
+      // The aux matrix has D's shape and leading dimension; its type defaults to D's (bf16).
+      // The heuristic derives the aux alignment from the pointer, so it is set before.
+      const int64_t aux_ld = ldd;
+      DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+      DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+    }
     // Stored shapes: op(A) is (m,k), so A is (k,m) when transposed; likewise B.
     DDILOCO_CUBLAS_CHECK(
         cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, ta ? k : m, ta ? m : k, lda));
@@ -96,58 +112,113 @@ BlasContext::Plan& BlasContext::plan(const Key& key) {
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p->desc, p->a, p->b, p->d,
                                                              p->d, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-      fail("cuBLASLt has no algorithm for GEMM m={} n={} k={} transA={} transB={} lda={} "
-           "ldb={} ldd={} D={} bias={} (alignments {}/{}/{} bytes): {}",
-           m, n, k, ta, tb, lda, ldb, ldd, d_fp32 ? "fp32" : "bf16", has_bias, align_a, align_b,
-           align_d, cublasGetStatusString(st));
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+      // Remembered as "none", so an optional fused GEMM asks the heuristic once, not per call.
+      delete p;
+      plans_.emplace(key, nullptr);
+      return nullptr;
+    }
     p->algo = result.algo;
   } catch (...) {
     delete p;
     throw;
   }
   plans_.emplace(key, p);
-  return *p;
+  return p;
 }
 
-void BlasContext::gemm(bool trans_a, bool trans_b, int m, int n, int k, const bf16* A, int lda,
+bool BlasContext::gemm(bool trans_a, bool trans_b, int m, int n, int k, const bf16* A, int lda,
                        const bf16* B, int ldb, void* D, bool d_fp32, int ldd, float beta,
-                       const bf16* bias) {
-  if (bias != nullptr && d_fp32) fail("BlasContext::gemm: a bias needs a bf16 output");
-  const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldd, d_fp32, bias != nullptr, beta != 0.0f,
-                alignment_of(A), alignment_of(B), alignment_of(D)};
-  Plan& p = plan(key);
+                       Epilogue epilogue, const bf16* bias, const bf16* aux, bool optional) {
+  const bool wants_bias = epilogue == Epilogue::bias || epilogue == Epilogue::gelu_aux_bias;
+  const bool wants_aux = epilogue == Epilogue::gelu_aux_bias || epilogue == Epilogue::dgelu;
+  if (epilogue != Epilogue::none && d_fp32)
+    fail("BlasContext::gemm: epilogue {} needs a bf16 output", static_cast<int>(epilogue));
+  if (wants_bias != (bias != nullptr))
+    fail("BlasContext::gemm: epilogue {} {} a bias", static_cast<int>(epilogue),
+         wants_bias ? "needs" : "takes no");
+  if (wants_aux != (aux != nullptr))
+    fail("BlasContext::gemm: epilogue {} {} an aux matrix", static_cast<int>(epilogue),
+         wants_aux ? "needs" : "takes no");
+  if (wants_aux && ldd % 8 != 0)
+    fail("BlasContext::gemm: the GELU epilogues need a leading dimension divisible by 8, got {}",
+         ldd);
+  const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldd, d_fp32, static_cast<int>(epilogue),
+                beta != 0.0f, alignment_of(A), alignment_of(B), alignment_of(D),
+                aux ? alignment_of(aux) : 0};
+  Plan* p = plan(key, aux);
+  if (p == nullptr) {
+    if (optional) {
+      ++optional_misses_;
+      return false;
+    }
+    fail("cuBLASLt has no algorithm for GEMM m={} n={} k={} transA={} transB={} lda={} ldb={} "
+         "ldd={} D={} epilogue={} (alignments {}/{}/{} bytes)",
+         m, n, k, trans_a, trans_b, lda, ldb, ldd, d_fp32 ? "fp32" : "bf16",
+         static_cast<int>(epilogue), alignment_of(A), alignment_of(B), alignment_of(D));
+  }
+  // Per-call pointers live in the cached descriptor: set them before every launch.
   if (bias != nullptr)
     DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-        p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (aux != nullptr)
+    DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
   const float alpha = 1.0f;
-  DDILOCO_CUBLAS_CHECK(cublasLtMatmul(lt_, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d,
-                                      &p.algo, workspace_, workspace_bytes_, stream_));
+  DDILOCO_CUBLAS_CHECK(cublasLtMatmul(lt_, p->desc, &alpha, A, p->a, B, p->b, &beta, D, p->d, D,
+                                      p->d, &p->algo, workspace_, workspace_bytes_, stream_));
+  return true;
 }
 
 void matmul_forward(BlasContext& blas, bf16* out, const bf16* inp, const bf16* w,
-                    const bf16* bias, int N, int IN, int OUT, int ld_out) {
+                    const bf16* bias, int N, int IN, int OUT, int ld_out, bf16* pre_gelu) {
   if (ld_out == 0) ld_out = OUT;
   if (ld_out < OUT) fail("matmul_forward: row stride {} < OUT = {}", ld_out, OUT);
   // Column-major view: outᵀ(OUT,N) = w(IN,OUT col-major)ᵀ · inpᵀ(IN,N).
-  blas.gemm(true, false, OUT, N, IN, w, IN, inp, IN, out, false, ld_out, 0.0f, bias);
+  if (pre_gelu == nullptr) {
+    blas.gemm(true, false, OUT, N, IN, w, IN, inp, IN, out, false, ld_out, 0.0f,
+              bias ? Epilogue::bias : Epilogue::none, bias);
+    return;
+  }
+  if (bias == nullptr || ld_out != OUT)
+    fail("matmul_forward: the fused GELU needs a bias and dense rows (ld_out {} vs OUT {})",
+         ld_out, OUT);
+  // The aux matrix needs a leading dimension divisible by 8; other widths run unfused.
+  if (OUT % 8 == 0 && blas.gemm(true, false, OUT, N, IN, w, IN, inp, IN, out, false, OUT, 0.0f,
+                                Epilogue::gelu_aux_bias, bias, pre_gelu, /*optional=*/true))
+    return;
+  blas.gemm(true, false, OUT, N, IN, w, IN, inp, IN, pre_gelu, false, OUT, 0.0f, Epilogue::bias,
+            bias);
+  gelu_forward(out, pre_gelu, static_cast<long>(N) * OUT, blas.stream());
 }
 
 void matmul_backward(BlasContext& blas, bf16* dinp, float* dw, float* dbias, const bf16* dout,
-                     const bf16* inp, const bf16* w, int N, int IN, int OUT, int ld_dout) {
+                     const bf16* inp, const bf16* w, int N, int IN, int OUT, int ld_dout,
+                     const bf16* pre_gelu) {
   if (ld_dout == 0) ld_dout = OUT;
   if (ld_dout < OUT) fail("matmul_backward: row stride {} < OUT = {}", ld_dout, OUT);
+  if (pre_gelu != nullptr && dinp == nullptr)
+    fail("matmul_backward: a GELU input without an input gradient to apply it to");
   OpProfiler* prof = blas.profiler();
   const double flops = 2.0 * N * IN * OUT;  // each of the two GEMMs
   if (dinp != nullptr) {
     // dinpᵀ(IN,N) = w(IN,OUT col-major) · doutᵀ(OUT,N)
-    ProfileScope ps(prof, "dgrad", flops);
-    blas.gemm(false, false, IN, N, OUT, w, IN, dout, ld_dout, dinp, false, IN, 0.0f, nullptr);
+    ProfileScope ps(prof, pre_gelu ? "dgrad (+dgelu)" : "dgrad", flops);
+    const bool fused =
+        pre_gelu != nullptr && IN % 8 == 0 &&
+        blas.gemm(false, false, IN, N, OUT, w, IN, dout, ld_dout, dinp,
+                                         false, IN, 0.0f, Epilogue::dgelu, nullptr, pre_gelu,
+                                         /*optional=*/true);
+    if (!fused) {
+      blas.gemm(false, false, IN, N, OUT, w, IN, dout, ld_dout, dinp, false, IN, 0.0f);
+      if (pre_gelu != nullptr)
+        gelu_backward(dinp, pre_gelu, dinp, static_cast<long>(N) * IN, blas.stream());
+    }
   }
   {
     // dwᵀ(IN,OUT) += inpᵀ(IN,N) · dout(N,OUT), fp32 output accumulated in place (beta = 1).
     ProfileScope ps(prof, "wgrad", flops);
-    blas.gemm(false, true, IN, OUT, N, inp, IN, dout, ld_dout, dw, true, IN, 1.0f, nullptr);
+    blas.gemm(false, true, IN, OUT, N, inp, IN, dout, ld_dout, dw, true, IN, 1.0f);
   }
   if (dbias != nullptr) {
     ProfileScope ps(prof, "bias grad");

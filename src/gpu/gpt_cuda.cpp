@@ -140,6 +140,7 @@ struct GptCuda::Impl {
   DeviceBuffer<int32_t> tokens, targets;  // (B,T) of the last forward pass
   int B = 0, T = 0;
   bool clip_pending = false;
+  bool fuse_gelu = true;  // GELU in the fc GEMMs' cuBLASLt epilogues (set_gelu_fusion)
   int64_t t = 0;  // AdamW steps taken
   OpProfiler* prof = nullptr;  // per-operation timing (bench gpu --profile); null = off
   enum class Pass { none, inference, training, backward_done } pass = Pass::none;
@@ -278,11 +279,15 @@ struct GptCuda::Impl {
         layernorm_forward(ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, residual2, p.ln2w,
                           p.ln2b, N, C, stream);
       }
-      {
-        ProfileScope ps(prof, "fwd matmul fc", 4 * fl);
-        matmul_forward(*blas, fch, ln2, p.fcw, p.fcb, N, C, 4 * C);
-      }
-      {
+      if (fuse_gelu) {
+        // fch (GELU's input, kept for backward) and fch_gelu from one GEMM's epilogue.
+        ProfileScope ps(prof, "fwd matmul fc (+gelu)", 4 * fl);
+        matmul_forward(*blas, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C, 0, fch);
+      } else {
+        {
+          ProfileScope ps(prof, "fwd matmul fc", 4 * fl);
+          matmul_forward(*blas, fch, ln2, p.fcw, p.fcb, N, C, 4 * C);
+        }
         ProfileScope ps(prof, "fwd gelu");
         gelu_forward(fch_gelu, fch, static_cast<long>(4 * NC), stream);
       }
@@ -346,12 +351,22 @@ struct GptCuda::Impl {
       const Block<float>& d = g.blocks[l];
       const bf16* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
       // MLP branch.
-      {
-        ProfileScope ps(prof, "bwd matmul fc_proj");
-        matmul_backward(*blas, a.dwide, d.fcprojw, d.fcprojb, a.dresidual,
-                        a.fch_gelu + l * 4 * NC, p.fcprojw, N, 4 * C, C);
-      }
-      {
+      if (fuse_gelu) {
+        {
+          // dwide = d(fch): GELU's backward in the dgrad GEMM's epilogue.
+          ProfileScope ps(prof, "bwd matmul fc_proj (+dgelu)");
+          matmul_backward(*blas, a.dwide, d.fcprojw, d.fcprojb, a.dresidual,
+                          a.fch_gelu + l * 4 * NC, p.fcprojw, N, 4 * C, C, 0,
+                          a.fch + l * 4 * NC);
+        }
+        ProfileScope ps(prof, "bwd fc bias grad");
+        bias_backward(d.fcb, a.dwide, N, 4 * C, 4 * C, stream);
+      } else {
+        {
+          ProfileScope ps(prof, "bwd matmul fc_proj");
+          matmul_backward(*blas, a.dwide, d.fcprojw, d.fcprojb, a.dresidual,
+                          a.fch_gelu + l * 4 * NC, p.fcprojw, N, 4 * C, C);
+        }
         // fc's bias gradient comes out of the same pass over the (N,4C) gradient.
         ProfileScope ps(prof, "bwd gelu (+ fc bias grad)");
         gelu_backward_bias(a.dwide, d.fcb, a.fch + l * 4 * NC, a.dwide, N, 4 * C, stream);
@@ -404,6 +419,9 @@ const GptConfig& GptCuda::config() const { return impl_->config; }
 const ParameterLayout& GptCuda::layout() const { return impl_->layout; }
 size_t GptCuda::num_parameters() const { return impl_->layout.size(); }
 AttentionKind GptCuda::attention() const { return impl_->attention; }
+void GptCuda::set_gelu_fusion(bool on) { impl_->fuse_gelu = on; }
+bool GptCuda::gelu_fusion() const { return impl_->fuse_gelu; }
+long GptCuda::fused_epilogue_fallbacks() const { return impl_->blas->optional_misses(); }
 
 void GptCuda::init_weights(uint64_t seed) {
   // The CPU model's initialiser, so both paths start from identical weights.

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <ostream>
 #include <utility>
 #include <vector>
@@ -210,6 +211,55 @@ TEST(GpuKernels, MatmulPaddedRows) {
   EXPECT_LE(scaled_error(got, out), kBf16Out) << "out";
   EXPECT_LE(scaled_error(download_bf16(d_dinp), dinp), kBf16Out) << "dinp";
   EXPECT_LE(scaled_error(d_dw.download(), dw), kGemmWeightGrad) << "dw";
+}
+
+// The MLP's GELU in the GEMMs' epilogues (matmul_forward/backward with pre_gelu), against the
+// CPU's separate matmul and GELU: the fc layer (IN → 4·IN) forward, then the fc_proj layer
+// (4·OUT → OUT) backward through GELU. C = 64: the fused cuBLASLt epilogues; C = 11 (widths
+// 44, not multiples of 8): the fallback to separate kernels. Tolerances as GpuMatmul's: one
+// bf16 rounding after fp32 math (the fallback rounds the product first, then GELU's output:
+// still within kBf16Out). The backward's CPU inputs are the GPU's own bf16 pre-activations
+// and GELU outputs, so the check isolates the backward.
+TEST(GpuKernels, MatmulGeluEpilogues) {
+  DDILOCO_REQUIRE_GPU();
+  for (const int C : {64, 11}) {
+    const int N = 200, H = 4 * C;
+    const size_t nh = static_cast<size_t>(N) * H;
+    const auto inp = random_bf16_values(static_cast<size_t>(N) * C, 50);
+    const auto w_fc = random_bf16_values(static_cast<size_t>(H) * C, 51, 0.2);
+    const auto b_fc = random_bf16_values(H, 52);
+    const auto w_proj = random_bf16_values(static_cast<size_t>(C) * H, 53, 0.1);
+    const auto dout = random_bf16_values(static_cast<size_t>(N) * C, 54);
+    const auto dw0 = random_bf16_values(static_cast<size_t>(C) * H, 55);
+    std::vector<float> pre(nh), act(nh);
+    layers::matmul_forward(pre.data(), inp.data(), w_fc.data(), b_fc.data(), N, C, H);
+    layers::gelu_forward(act.data(), pre.data(), static_cast<long>(nh));
+
+    BlasContext blas(nullptr);
+    DeviceArray<bf16> d_inp(to_bf16(inp)), d_wfc(to_bf16(w_fc)), d_bfc(to_bf16(b_fc)),
+        d_pre(nh), d_act(nh), d_wproj(to_bf16(w_proj)), d_dout(to_bf16(dout)), d_dpre(nh);
+    DeviceArray<float> d_dw(dw0), d_db(std::vector<float>(C, 0.5f));
+    matmul_forward(blas, d_act.get(), d_inp.get(), d_wfc.get(), d_bfc.get(), N, C, H, 0,
+                   d_pre.get());
+    const auto g_pre = download_bf16(d_pre), g_act = download_bf16(d_act);
+    EXPECT_LE(scaled_error(g_pre, pre), kBf16Out) << "pre-activation, C=" << C;
+    EXPECT_LE(scaled_error(g_act, act), kBf16Out) << "GELU output, C=" << C;
+
+    std::vector<float> dact(nh), dpre(nh), dw = dw0, db(C, 0.5f);
+    layers::matmul_backward(dact.data(), dw.data(), db.data(), dout.data(), g_act.data(),
+                            w_proj.data(), N, H, C);
+    layers::gelu_backward(dpre.data(), g_pre.data(), dact.data(), static_cast<long>(nh));
+    matmul_backward(blas, d_dpre.get(), d_dw.get(), d_db.get(), d_dout.get(), d_act.get(),
+                    d_wproj.get(), N, H, C, 0, d_pre.get());
+    EXPECT_LE(scaled_error(download_bf16(d_dpre), dpre), kBf16Out) << "dpre, C=" << C;
+    EXPECT_LE(scaled_error(d_dw.download(), dw), kGemmWeightGrad) << "dw, C=" << C;
+    EXPECT_LE(scaled_error(d_db.download(), db), 1e-4) << "dbias, C=" << C;
+    // Which path ran: informative, not a failure (the results are checked either way).
+    std::printf("MatmulGeluEpilogues C=%d: %s\n", C,
+                C % 2 == 1                  ? "separate kernels (width not a multiple of 8)"
+                : blas.optional_misses() == 0 ? "fused cuBLASLt epilogues"
+                                              : "separate kernels (no cuBLASLt algorithm)");
+  }
 }
 
 struct AttnShape {

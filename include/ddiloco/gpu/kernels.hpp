@@ -33,6 +33,15 @@ using bf16 = __nv_bfloat16;
 
 // ------------------------------------------------------------------------------------ BLAS
 
+/// What cuBLASLt's epilogue does to the fp32 product P = op(A)·op(B) (+ beta·C) before D is
+/// stored (cuBLAS docs, cublasLtEpilogue_t). `aux` is a bf16 matrix of D's shape and leading
+/// dimension (ldd, a multiple of 8 elements).
+///   none:          D = P
+///   bias:          D = P + bias(m) broadcast over columns
+///   gelu_aux_bias: aux = P + bias, D = gelu(P + bias)   (GELU's tanh form, as layers::gelu)
+///   dgelu:         D = P ⊙ gelu'(aux)                    (aux: GELU's saved input)
+enum class Epilogue : int { none = 0, bias = 1, gelu_aux_bias = 2, dgelu = 3 };
+
 /// cuBLAS and cuBLASLt handles bound to one stream, a workspace, and a cache of cuBLASLt
 /// matmul plans (descriptors + the heuristic's algorithm) keyed by shape, transposes, output
 /// type, epilogue and pointer alignment, so the heuristic runs once per distinct GEMM instead
@@ -52,25 +61,35 @@ class BlasContext {
   OpProfiler* profiler() const { return profiler_; }
 
   /// Column-major GEMM through cuBLASLt, fp32 accumulation (CUBLAS_COMPUTE_32F):
-  ///   D(m,n) = op(A)·op(B) [+ bias(m) broadcast over columns] + beta·D
+  ///   D(m,n) = epilogue(op(A)·op(B) + beta·D)
   /// A, B bf16; op(A) is (m,k), op(B) is (k,n); lda/ldb are the stored leading dimensions.
   /// D is bf16 (d_fp32 = false) or fp32 (d_fp32 = true); with beta ≠ 0 it is read as C too.
-  /// bias (bf16, length m) only with a bf16 D; nullptr for none.
-  void gemm(bool trans_a, bool trans_b, int m, int n, int k, const bf16* A, int lda,
+  /// bias (bf16, length m) for Epilogue::bias and gelu_aux_bias, aux (bf16, (m,n), leading
+  /// dimension ldd) for gelu_aux_bias (written) and dgelu (read); every epilogue but none
+  /// needs a bf16 D (Error otherwise).
+  /// Returns true once the GEMM is enqueued. When cuBLASLt has no algorithm for the
+  /// combination: Error, or with `optional` false with nothing enqueued (the caller then runs
+  /// the unfused kernels; optional_misses() counts these).
+  bool gemm(bool trans_a, bool trans_b, int m, int n, int k, const bf16* A, int lda,
             const bf16* B, int ldb, void* D, bool d_fp32, int ldd, float beta,
-            const bf16* bias);
+            Epilogue epilogue = Epilogue::none, const bf16* bias = nullptr,
+            const bf16* aux = nullptr, bool optional = false);
+  /// How many optional gemm() calls found no algorithm (each ran unfused instead).
+  long optional_misses() const { return optional_misses_; }
 
  private:
   struct Plan;
-  using Key = std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int, int>;
-  Plan& plan(const Key& key);
+  using Key =
+      std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int, int, int>;
+  Plan* plan(const Key& key, const void* aux);
 
   cudaStream_t stream_;
   cublasHandle_t cublas_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_;
-  std::map<Key, Plan*> plans_;
+  std::map<Key, Plan*> plans_;  // nullptr: cuBLASLt has no algorithm for the key
+  long optional_misses_ = 0;
   OpProfiler* profiler_ = nullptr;
 };
 
@@ -78,13 +97,25 @@ class BlasContext {
 /// bias is added in the GEMM's epilogue. bias may be nullptr. ld_out: row stride of out in
 /// elements (≥ OUT; 0 = OUT), e.g. logits padded to a multiple of 128 columns so that every
 /// row is 16-byte aligned whatever the vocabulary.
+/// With pre_gelu (N,OUT) bf16 (dense rows, needs a bias): the MLP's up
+/// projection and its GELU in one GEMM (Epilogue::gelu_aux_bias, llm.c's gelu_fusion):
+/// pre_gelu = inp·wᵀ + bias, out = gelu(inp·wᵀ + bias) — GELU of the fp32 sum, so out may
+/// differ from gelu_forward(pre_gelu) by one bf16 rounding. Falls back to the GEMM into
+/// pre_gelu and gelu_forward when OUT % 8 ≠ 0 (cuBLASLt's aux leading dimension) or cuBLASLt
+/// has no fused algorithm (BlasContext::optional_misses counts the latter).
 void matmul_forward(BlasContext& blas, bf16* out, const bf16* inp, const bf16* w,
-                    const bf16* bias, int N, int IN, int OUT, int ld_out = 0);
+                    const bf16* bias, int N, int IN, int OUT, int ld_out = 0,
+                    bf16* pre_gelu = nullptr);
 /// dinp(N,IN) = dout(N,OUT)·w (bf16, overwritten; skipped when dinp is nullptr);
 /// dw(OUT,IN) += doutᵀ·inp (fp32, accumulated by the GEMM with beta = 1);
 /// dbias(OUT) += Σ_N dout (fp32; skipped when nullptr). ld_dout: row stride of dout (0 = OUT).
+/// With pre_gelu (N,IN) bf16 (the GELU input whose output was this layer's inp; dense
+/// rows): dinp = (dout·w) ⊙ gelu'(pre_gelu), the GELU backward applied in the GEMM's
+/// epilogue (Epilogue::dgelu) to the fp32 product — one bf16 rounding instead of two. Falls
+/// back to the GEMM and gelu_backward when IN % 8 ≠ 0 or cuBLASLt has no fused algorithm.
 void matmul_backward(BlasContext& blas, bf16* dinp, float* dw, float* dbias, const bf16* dout,
-                     const bf16* inp, const bf16* w, int N, int IN, int OUT, int ld_dout = 0);
+                     const bf16* inp, const bf16* w, int N, int IN, int OUT, int ld_dout = 0,
+                     const bf16* pre_gelu = nullptr);
 
 // ------------------------------------------------------------------------- embeddings
 
