@@ -5,7 +5,8 @@
 #      the CUDA toolkit, NCCL_ROOT, or the nvidia-nccl Python wheel;
 #   2. configures and builds the `cuda` preset (ninja when present, all cores);
 #   3. runs the GPU tests (ctest -L gpu, but for step 5's) and the CPU parity tests (-R Parity);
-#   4. `ddiloco bench gpu` on a GPT-2 124M-shaped model: tokens/s and MFU, batch and sequence;
+#   4. `ddiloco bench gpu --compare` on a GPT-2 124M-shaped model: tokens/s and MFU of every
+#      kernel variant side by side, batch and sequence; then the default at larger batches;
 #   5. tests/e2e/gpu_train.sh: the trainer on the GPU, among others a 4-unit decoupled run
 #      sharing the one GPU (tokens/s printed).
 # Logs go to ${OUT:-build-cuda/gpu_check}: summary.txt and at most 7 *.log (a device tool's
@@ -16,7 +17,8 @@
 #   scripts/gpu_check.sh --build-only    steps 1-2 (and the GPU tests, which skip without a GPU)
 #   scripts/gpu_check.sh --debs          use the carried packages even where the system has them
 # Environment: BENCH_BATCH (default 16), BENCH_SEQ (1024), BENCH_STEPS (20), BENCH_WARMUP (3),
-# BENCH_ARGS (more `bench gpu` flags, e.g. "--attention cublas"), JOBS (default nproc),
+# BENCH_ARGS (more `bench gpu` flags, e.g. "--attention cublas"), BENCH_EXTRA_BATCHES (default
+# "32 64": the default variant again at these batches), JOBS (default nproc),
 # CUDA_ARCH (default: the preset's 90).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +30,7 @@ for arg in "$@"; do
   case "$arg" in
     --build-only) build_only=1 ;;
     --debs) force_debs=1 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -182,14 +184,24 @@ fi
 # bench gpu's defaults are the GPT-2 124M shape (12 layers, 12 heads, 768 channels, the
 # vocabulary padded to 50304); MFU against --peak-tflops (989: H100/H200 SXM dense bf16).
 # shellcheck disable=SC2206  # BENCH_ARGS: extra flags, split on purpose
+# --compare: every kernel variant side by side (attention kinds × GELU fused or separate).
 bench=(build-cuda/ddiloco bench gpu --batch "$batch" --seq "$seq"
-  --steps "${BENCH_STEPS:-20}" --warmup "${BENCH_WARMUP:-3}" ${BENCH_ARGS:-})
+  --steps "${BENCH_STEPS:-20}" --warmup "${BENCH_WARMUP:-3}" --compare ${BENCH_ARGS:-})
 say "benchmark: ${bench[*]}"
 run_logged bench_gpu.log "${bench[@]}" || die "ddiloco bench gpu (log: bench_gpu.log)"
-tail -n 12 "$logs/bench_gpu.log"
+sed -n '/^compare:/,/^$/p' "$logs/bench_gpu.log" | sed 's/^/  /' | tee -a "$summary"
+tail -n 8 "$logs/bench_gpu.log"
 last=$(grep -E '^batch=[0-9]+ seq_len=[0-9]+ tokens_per_s=' "$logs/bench_gpu.log" | tail -n 1)
 [[ -n $last ]] || die "ddiloco bench gpu printed no 'batch=... tokens_per_s=... mfu=...' line"
 say "GPT-2 124M shape: $last"
+# The default variant at larger batches (BENCH_EXTRA_BATCHES, "" for none): fixed per-step
+# costs (AdamW, launches) spread over more tokens.
+for b in ${BENCH_EXTRA_BATCHES-32 64}; do
+  run_logged bench_gpu.log build-cuda/ddiloco bench gpu --batch "$b" --seq "$seq" \
+    --steps "${BENCH_STEPS:-20}" --warmup "${BENCH_WARMUP:-3}" ${BENCH_ARGS:-} ||
+    die "ddiloco bench gpu --batch $b (log: bench_gpu.log)"
+  say "GPT-2 124M shape: $(grep -E '^batch=' "$logs/bench_gpu.log" | tail -n 1)"
+done
 
 # ------------------------------------------------------------------ 5. 4-unit decoupled run
 # tests/e2e/gpu_train.sh: (a) mode single on the GPU against the CPU, (b) decoupled with 4

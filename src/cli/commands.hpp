@@ -42,7 +42,12 @@ struct BenchGpuOptions {
   double lr = 6e-4;
   double grad_clip = 1.0;
   uint64_t seed = 1;
-  std::string attention = "cublas";  // cublas | flash (gpu::AttentionKind)
+  std::string attention = "cublas";  // gpu::attention_kind_name of a gpu::AttentionKind
+  bool gelu_fusion = true;           // gpu::GptCuda::set_gelu_fusion
+  // compare: run every kernel variant (attention kinds that fit the shape × GELU fused or
+  // separate), each on a fresh model, and print them side by side with tokens/s ratios; the
+  // summary line is the chosen variant's (attention, gelu_fusion).
+  bool compare = false;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   // profile: after the timed steps, profile_steps more with CUDA events around every
   // operation, and a table of where the step's time goes. The timed steps are not

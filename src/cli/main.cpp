@@ -336,6 +336,13 @@ int main(int argc, char** argv) {
                         "cublas (batched GEMMs, the default: faster on an H200) or flash (fused, "
                         "head size 64, T % 64 == 0, no (B,NH,T,T) buffer)")
       ->check(CLI::IsMember({"flash", "cublas"}));
+  bench_gpu->add_option("--gelu-fusion", bench_gpu_opts.gelu_fusion,
+                        "GELU in the MLP GEMMs' cuBLASLt epilogues (true, the default) or as "
+                        "separate kernels (false)");
+  bench_gpu->add_flag("--compare", bench_gpu_opts.compare,
+                      "run every kernel variant (attention kinds that fit the shape, GELU fused "
+                      "and separate) side by side on fresh models and print tokens/s ratios; the "
+                      "last line stays the chosen variant's");
   bench_gpu->add_flag("--profile", bench_gpu_opts.profile,
                       "after the timed steps, run --profile-steps more with CUDA events around "
                       "every operation and print where the step's time goes (per category: "

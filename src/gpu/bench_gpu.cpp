@@ -20,6 +20,7 @@
 #include "ddiloco/error.hpp"
 #include "ddiloco/gpu/check.hpp"
 #include "ddiloco/gpu/gpt_cuda.hpp"
+#include "ddiloco/gpu/kernels.hpp"
 #include "ddiloco/gpu/profiler.hpp"
 #include "ddiloco/rng.hpp"
 
@@ -101,6 +102,75 @@ void profile_steps(gpu::GptCuda& model, const int32_t* tokens, const int32_t* ta
               gemm_ms > 0 ? gemm_flops / (gemm_ms / 1e3) / 1e12 : 0.0, leaf_ms - gemm_ms);
 }
 
+// One configuration of the GPU model's kernels.
+struct Variant {
+  gpu::AttentionKind attention;
+  bool gelu_fusion;
+};
+
+std::string variant_name(const Variant& v) {
+  return gpu::attention_kind_name(v.attention) +
+         (v.gelu_fusion ? ", GELU fused" : ", GELU separate");
+}
+
+struct Measured {
+  double fwd_ms = 0, bwd_ms = 0, opt_ms = 0, step_ms = 0, tokens_per_s = 0, mfu = 0;
+  float first_loss = 0, last_loss = 0;
+  long fallbacks = 0;  // fused GEMMs cuBLASLt had no algorithm for (ran unfused)
+};
+
+// warmup + steps training steps of a fresh model (init_weights(seed)) on the given device
+// tokens, timed with CUDA events; with `profile`, the per-operation table afterwards.
+Measured measure(const GptConfig& config, const BenchGpuOptions& o, const Variant& variant,
+                 const int32_t* tokens, const int32_t* targets, bool profile) {
+  const int B = o.batch, T = o.seq_len;
+  gpu::GptCuda model(config, AdamWConfig{o.beta1, o.beta2, o.eps, o.weight_decay},
+                     variant.attention);
+  model.set_gelu_fusion(variant.gelu_fusion);
+  model.init_weights(o.seed);
+  auto stream = static_cast<cudaStream_t>(model.stream());
+  const int total = o.warmup + o.steps;
+  // Events: start, after forward, after backward, after clip+AdamW — per step.
+  std::vector<cudaEvent_t> events(4 * static_cast<size_t>(total));
+  for (auto& e : events) DDILOCO_CUDA_CHECK(cudaEventCreate(&e));
+  Measured r;
+  for (int i = 0; i < total; ++i) {
+    cudaEvent_t* ev = events.data() + 4 * static_cast<size_t>(i);
+    DDILOCO_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+    model.zero_grad();
+    model.forward_device(tokens, targets, B, T);
+    DDILOCO_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+    model.backward();
+    DDILOCO_CUDA_CHECK(cudaEventRecord(ev[2], stream));
+    model.clip_grad_norm(static_cast<float>(o.grad_clip));
+    model.step(o.lr);
+    DDILOCO_CUDA_CHECK(cudaEventRecord(ev[3], stream));
+    if (i == 0) r.first_loss = model.loss();  // one sync, in the warm-up (or first) step
+  }
+  model.synchronize();
+  r.last_loss = model.loss();
+  for (int i = o.warmup; i < total; ++i) {
+    cudaEvent_t* ev = events.data() + 4 * static_cast<size_t>(i);
+    float a = 0, b = 0, c = 0;
+    DDILOCO_CUDA_CHECK(cudaEventElapsedTime(&a, ev[0], ev[1]));
+    DDILOCO_CUDA_CHECK(cudaEventElapsedTime(&b, ev[1], ev[2]));
+    DDILOCO_CUDA_CHECK(cudaEventElapsedTime(&c, ev[2], ev[3]));
+    r.fwd_ms += a / o.steps;
+    r.bwd_ms += b / o.steps;
+    r.opt_ms += c / o.steps;
+  }
+  float span = 0;  // first timed start to last end: includes any gaps between steps
+  DDILOCO_CUDA_CHECK(cudaEventElapsedTime(&span, events[4 * static_cast<size_t>(o.warmup)],
+                                          events[4 * static_cast<size_t>(total) - 1]));
+  for (auto& e : events) cudaEventDestroy(e);
+  r.step_ms = span / o.steps;
+  r.tokens_per_s = static_cast<double>(B) * T / (r.step_ms / 1e3);
+  r.mfu = r.tokens_per_s * config.flops_per_token() / (o.peak_tflops * 1e12);
+  r.fallbacks = model.fused_epilogue_fallbacks();
+  if (profile) profile_steps(model, tokens, targets, B, T, o, r.step_ms);
+  return r;
+}
+
 }  // namespace
 
 int bench_gpu(const BenchGpuOptions& o) {
@@ -119,11 +189,7 @@ int bench_gpu(const BenchGpuOptions& o) {
   DDILOCO_CUDA_CHECK(cudaGetDevice(&dev));
   cudaDeviceProp prop{};
   DDILOCO_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-
-  const gpu::AttentionKind attention =
-      o.attention == "cublas" ? gpu::AttentionKind::cublas : gpu::AttentionKind::flash;
-  gpu::GptCuda model(config, AdamWConfig{o.beta1, o.beta2, o.eps, o.weight_decay}, attention);
-  model.init_weights(o.seed);
+  const Variant chosen{gpu::parse_attention_kind(o.attention), o.gelu_fusion};
 
   // Random tokens, uploaded once: the step then touches only device memory.
   const size_t N = static_cast<size_t>(B) * T;
@@ -136,76 +202,69 @@ int bench_gpu(const BenchGpuOptions& o) {
       cudaMemcpy(tokens, host.data(), 2 * N * sizeof(int32_t), cudaMemcpyHostToDevice));
   const int32_t* targets = tokens + N;
 
-  const double params = static_cast<double>(model.num_parameters());
   const double flops_per_token = config.flops_per_token();
   std::printf("bench gpu: %s (sm_%d%d), n_layer=%d n_head=%d n_embd=%d vocab=%d params=%.2fM\n",
               prop.name, prop.major, prop.minor, config.n_layer, config.n_head, config.n_embd,
-              config.vocab_size, params / 1e6);
+              config.vocab_size, static_cast<double>(ParameterLayout::gpt2(config).size()) / 1e6);
   std::printf("bench gpu: batch B=%d sequence T=%d (%zu tokens/step), bf16 activations, fp32 "
-              "master weights, %s attention, steps=%d (+%d warm-up)\n",
-              B, T, N, o.attention.c_str(), o.steps, o.warmup);
+              "master weights, %s, steps=%d (+%d warm-up)\n",
+              B, T, N, variant_name(chosen).c_str(), o.steps, o.warmup);
 
-  auto stream = static_cast<cudaStream_t>(model.stream());
-  const int total = o.warmup + o.steps;
-  // Events: start, after forward, after backward, after clip+AdamW — per step.
-  std::vector<cudaEvent_t> events(4 * static_cast<size_t>(total));
-  for (auto& e : events) DDILOCO_CUDA_CHECK(cudaEventCreate(&e));
-  float first_loss = 0;
-  for (int i = 0; i < total; ++i) {
-    cudaEvent_t* ev = events.data() + 4 * static_cast<size_t>(i);
-    DDILOCO_CUDA_CHECK(cudaEventRecord(ev[0], stream));
-    model.zero_grad();
-    model.forward_device(tokens, targets, B, T);
-    DDILOCO_CUDA_CHECK(cudaEventRecord(ev[1], stream));
-    model.backward();
-    DDILOCO_CUDA_CHECK(cudaEventRecord(ev[2], stream));
-    model.clip_grad_norm(static_cast<float>(o.grad_clip));
-    model.step(o.lr);
-    DDILOCO_CUDA_CHECK(cudaEventRecord(ev[3], stream));
-    if (i == 0) first_loss = model.loss();  // one sync, in the warm-up (or first) step
+  // --compare: every variant that fits the shape, side by side, the chosen one among them.
+  std::vector<Variant> variants{chosen};
+  if (o.compare) {
+    variants.clear();
+    for (const auto kind : gpu::kAttentionKinds) {
+      if (kind == gpu::AttentionKind::flash &&
+          !gpu::attention_flash_supported(T, config.n_embd, config.n_head))
+        continue;
+      for (const bool fused : {false, true}) variants.push_back({kind, fused});
+    }
   }
-  model.synchronize();
-  const float last_loss = model.loss();
-
-  double fwd = 0, bwd = 0, upd = 0, wall = 0;
-  for (int i = o.warmup; i < total; ++i) {
-    cudaEvent_t* ev = events.data() + 4 * static_cast<size_t>(i);
-    float a = 0, b = 0, c = 0;
-    DDILOCO_CUDA_CHECK(cudaEventElapsedTime(&a, ev[0], ev[1]));
-    DDILOCO_CUDA_CHECK(cudaEventElapsedTime(&b, ev[1], ev[2]));
-    DDILOCO_CUDA_CHECK(cudaEventElapsedTime(&c, ev[2], ev[3]));
-    fwd += a;
-    bwd += b;
-    upd += c;
+  std::vector<Measured> results;
+  Measured mine;
+  for (const auto& v : variants) {
+    const bool is_chosen = v.attention == chosen.attention && v.gelu_fusion == chosen.gelu_fusion;
+    // The profile table goes first so that the summary line stays the last one.
+    results.push_back(measure(config, o, v, tokens, targets, o.profile && is_chosen));
+    if (is_chosen) mine = results.back();
   }
-  {
-    float span = 0;  // first timed start to last end: includes any gaps between steps
-    DDILOCO_CUDA_CHECK(cudaEventElapsedTime(&span, events[4 * static_cast<size_t>(o.warmup)],
-                                            events[4 * static_cast<size_t>(total) - 1]));
-    wall = span;
+  cudaFree(tokens);
+  if (o.compare) {
+    std::printf("\ncompare: %zu variants, each a fresh model, %d steps after %d warm-up; ratio = "
+                "tokens/s over the first row's\n",
+                variants.size(), o.steps, o.warmup);
+    std::printf("%-34s %8s %8s %8s %8s %11s %7s %6s %s\n", "variant", "step ms", "fwd", "bwd",
+                "opt", "tokens/s", "MFU %", "ratio", "fused-GEMM fallbacks");
+    for (size_t i = 0; i < variants.size(); ++i) {
+      const Measured& r = results[i];
+      std::printf("%-34s %8.2f %8.2f %8.2f %8.2f %11.0f %7.1f %6.3f %ld\n",
+                  variant_name(variants[i]).c_str(), r.step_ms, r.fwd_ms, r.bwd_ms, r.opt_ms,
+                  r.tokens_per_s, 100.0 * r.mfu, r.tokens_per_s / results[0].tokens_per_s,
+                  r.fallbacks);
+    }
+    std::printf("\n");
   }
-  for (auto& e : events) cudaEventDestroy(e);
 
   size_t free_b = 0, total_b = 0;
   DDILOCO_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const double step_ms = wall / o.steps;
-  const double tps = static_cast<double>(N) / (step_ms / 1e3);
-  const double achieved = tps * flops_per_token;
-  const double mfu = achieved / (o.peak_tflops * 1e12);
   std::printf("per step: forward %.2f ms, backward %.2f ms, clip+AdamW %.2f ms, step %.2f ms\n",
-              fwd / o.steps, bwd / o.steps, upd / o.steps, step_ms);
+              mine.fwd_ms, mine.bwd_ms, mine.opt_ms, mine.step_ms);
   std::printf("loss: %.4f at the first step, %.4f after %d steps (random tokens: ln V = %.2f)\n",
-              first_loss, last_loss, total, std::log(static_cast<double>(o.vocab_size)));
-  std::printf("device memory in use: %.1f GiB of %.1f GiB\n",
+              mine.first_loss, mine.last_loss, o.warmup + o.steps,
+              std::log(static_cast<double>(o.vocab_size)));
+  std::printf("device memory in use after the runs: %.1f GiB of %.1f GiB\n",
               static_cast<double>(total_b - free_b) / (1u << 30),
               static_cast<double>(total_b) / (1u << 30));
+  if (chosen.gelu_fusion)
+    std::printf("GELU fusion: %s\n",
+                mine.fallbacks == 0
+                    ? "every fused GEMM ran in cuBLASLt's epilogue"
+                    : "cuBLASLt had no algorithm for some fused GEMMs: they ran unfused");
   std::printf("model FLOPs/token %.3g (6N + 12·L·C·T); achieved %.1f TFLOP/s; peak %.1f TFLOP/s\n",
-              flops_per_token, achieved / 1e12, o.peak_tflops);
-  // The profile goes first so that the summary line stays the last one (scripts parse it).
-  if (o.profile) profile_steps(model, tokens, targets, B, T, o, step_ms);
-  cudaFree(tokens);
-  std::printf("batch=%d seq_len=%d tokens_per_s=%.0f mfu=%.4f (%.1f %%)\n", B, T, tps, mfu,
-              100.0 * mfu);
+              flops_per_token, mine.tokens_per_s * flops_per_token / 1e12, o.peak_tflops);
+  std::printf("batch=%d seq_len=%d tokens_per_s=%.0f mfu=%.4f (%.1f %%)\n", B, T,
+              mine.tokens_per_s, mine.mfu, 100.0 * mine.mfu);
   return 0;
 }
 

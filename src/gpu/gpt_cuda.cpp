@@ -411,6 +411,23 @@ struct GptCuda::Impl {
   }
 };
 
+std::string attention_kind_name(AttentionKind kind) {
+  switch (kind) {
+    case AttentionKind::cublas: return "cublas";
+    case AttentionKind::flash: return "flash";
+  }
+  return "?";
+}
+
+AttentionKind parse_attention_kind(std::string_view name) {
+  std::string valid;
+  for (const auto kind : kAttentionKinds) {
+    if (name == attention_kind_name(kind)) return kind;
+    valid += (valid.empty() ? "" : " | ") + attention_kind_name(kind);
+  }
+  fail("GPU attention '{}' is unknown; expected {}", name, valid);
+}
+
 GptCuda::GptCuda(const GptConfig& config, const AdamWConfig& adamw, AttentionKind attention)
     : impl_(std::make_unique<Impl>(config, adamw, attention)) {}
 GptCuda::~GptCuda() = default;

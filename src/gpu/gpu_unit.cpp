@@ -53,7 +53,7 @@ class DeviceArray {
 };
 
 AttentionKind attention_of(const Config& config) {
-  return resolve_attention(config) == "flash" ? AttentionKind::flash : AttentionKind::cublas;
+  return parse_attention_kind(resolve_attention(config));
 }
 
 class CudaUnit final : public UnitBackend {

@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 
 #include "ddiloco/model.hpp"
 #include "ddiloco/optim.hpp"
@@ -34,6 +36,12 @@ class OpProfiler;  // ddiloco/gpu/profiler.hpp
 ///           needs head size 64 and T a multiple of 64 (Error otherwise). Far less memory
 ///           traffic at T = 1024: the path for throughput.
 enum class AttentionKind { cublas, flash };
+/// Every kind, in the order bench gpu --compare runs them.
+inline constexpr AttentionKind kAttentionKinds[] = {AttentionKind::cublas, AttentionKind::flash};
+/// "cublas" | "flash": the names config keys and command lines use.
+std::string attention_kind_name(AttentionKind kind);
+/// The kind named `name` (attention_kind_name's spelling); Error naming the valid ones else.
+AttentionKind parse_attention_kind(std::string_view name);
 
 class GptCuda {
  public:
