@@ -30,7 +30,7 @@ for arg in "$@"; do
   case "$arg" in
     --build-only) build_only=1 ;;
     --debs) force_debs=1 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done
