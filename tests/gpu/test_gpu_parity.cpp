@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddiloco/error.hpp"
@@ -228,18 +229,26 @@ TEST(GpuParity, AdamWStepsMatchCpu) {
               loss_rel, norm_rel, mean_abs, mean_abs / lr_mean, mx);
 }
 
-// The fixture's head size is 8; this shape (head size 64, T a multiple of 64) runs both
-// attention paths on GPT-2's own init, against the CPU model, with the fixture's limits.
+// Head size 64 and T a multiple of 64, so that every attention kind runs (the fixture's head
+// size is 8): GPT-2 shape in miniature, with random tokens and targets (B,T).
+const GptConfig kHs64{96, 128, 2, 2, 128};
+constexpr int kHs64B = 2, kHs64T = 128;
+std::pair<std::vector<int32_t>, std::vector<int32_t>> random_batch(uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> tokens(kHs64B * kHs64T), targets(kHs64B * kHs64T);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng.below(kHs64.vocab_size));
+  for (auto& t : targets) t = static_cast<int32_t>(rng.below(kHs64.vocab_size));
+  return {tokens, targets};
+}
+
+// Every attention kind on GPT-2's own init, against the CPU model, with the fixture's limits.
 class GpuModel : public ::testing::TestWithParam<AttentionKind> {};
 
 TEST_P(GpuModel, MatchesCpuAtHeadSize64) {
   DDILOCO_REQUIRE_GPU();
-  const GptConfig config{96, 128, 2, 2, 128};
-  const int B = 2, T = 128, N = B * T;
-  Rng rng(5);
-  std::vector<int32_t> tokens(N), targets(N);
-  for (auto& t : tokens) t = static_cast<int32_t>(rng.below(config.vocab_size));
-  for (auto& t : targets) t = static_cast<int32_t>(rng.below(config.vocab_size));
+  const GptConfig& config = kHs64;
+  const int B = kHs64B, T = kHs64T;
+  const auto [tokens, targets] = random_batch(5);
   Gpt<float> cpu(config);
   cpu.init_weights(11);
   cpu.zero_grad();
@@ -296,12 +305,9 @@ INSTANTIATE_TEST_SUITE_P(Attention, GpuModel,
 // bf16 rounding fewer per GELU, so loss and gradients agree within the CPU-parity limits.
 TEST(GpuParity, GeluFusionMatchesSeparateKernels) {
   DDILOCO_REQUIRE_GPU();
-  const GptConfig config{96, 128, 2, 2, 128};
-  const int B = 2, T = 128, N = B * T;
-  Rng rng(6);
-  std::vector<int32_t> tokens(N), targets(N);
-  for (auto& t : tokens) t = static_cast<int32_t>(rng.below(config.vocab_size));
-  for (auto& t : targets) t = static_cast<int32_t>(rng.below(config.vocab_size));
+  const GptConfig& config = kHs64;
+  const int B = kHs64B, T = kHs64T;
+  const auto [tokens, targets] = random_batch(6);
   float loss[2];
   std::vector<float> grads[2];
   long fallbacks = 0;
