@@ -43,7 +43,7 @@ struct BenchGpuOptions {
   double grad_clip = 1.0;
   uint64_t seed = 1;
   std::string attention = "cublas";  // gpu::attention_kind_name of a gpu::AttentionKind
-  bool gelu_fusion = true;           // gpu::GptCuda::set_gelu_fusion
+  bool gelu_fusion = false;          // gpu::GptCuda::set_gelu_fusion
   // compare: run every kernel variant (attention kinds that fit the shape × GELU fused or
   // separate), each on a fresh model, and print them side by side with tokens/s ratios; the
   // summary line is the chosen variant's (attention, gelu_fusion).

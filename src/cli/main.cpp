@@ -337,8 +337,8 @@ int main(int argc, char** argv) {
                         "head size 64, T % 64 == 0, no (B,NH,T,T) buffer)")
       ->check(CLI::IsMember({"flash", "cublas"}));
   bench_gpu->add_option("--gelu-fusion", bench_gpu_opts.gelu_fusion,
-                        "GELU in the MLP GEMMs' cuBLASLt epilogues (true, the default) or as "
-                        "separate kernels (false)");
+                        "GELU in the MLP GEMMs' cuBLASLt epilogues (true) or as separate kernels "
+                        "(false, the default)");
   bench_gpu->add_flag("--compare", bench_gpu_opts.compare,
                       "run every kernel variant (attention kinds that fit the shape, GELU fused "
                       "and separate) side by side on fresh models and print tokens/s ratios; the "

@@ -140,7 +140,7 @@ struct GptCuda::Impl {
   DeviceBuffer<int32_t> tokens, targets;  // (B,T) of the last forward pass
   int B = 0, T = 0;
   bool clip_pending = false;
-  bool fuse_gelu = true;  // GELU in the fc GEMMs' cuBLASLt epilogues (set_gelu_fusion)
+  bool fuse_gelu = false;  // GELU in the fc GEMMs' cuBLASLt epilogues (set_gelu_fusion)
   int64_t t = 0;  // AdamW steps taken
   OpProfiler* prof = nullptr;  // per-operation timing (bench gpu --profile); null = off
   enum class Pass { none, inference, training, backward_done } pass = Pass::none;

@@ -57,13 +57,14 @@ class GptCuda {
   const ParameterLayout& layout() const;
   size_t num_parameters() const;
   AttentionKind attention() const;
-  /// GELU fused into the MLP's GEMMs (on by default): the fc GEMM's cuBLASLt epilogue adds
-  /// the bias, stores GELU's input for backward and applies GELU; the fc_proj input-gradient
-  /// GEMM's epilogue multiplies by GELU's derivative (kernels.hpp matmul_forward/backward with
-  /// pre_gelu; llm.c's gelu_fusion = 2). Off: separate GEMMs and GELU kernels. Same math; the
-  /// fused path rounds to bf16 once where the separate kernels round twice. Takes effect at
-  /// the next forward pass; switch between a forward and its backward and the backward uses
-  /// the other path on the same saved activations, which is still correct.
+  /// GELU fused into the MLP's GEMMs: the fc GEMM's cuBLASLt epilogue adds the bias, stores
+  /// GELU's input for backward and applies GELU; the fc_proj input-gradient GEMM's epilogue
+  /// multiplies by GELU's derivative (kernels.hpp matmul_forward/backward with pre_gelu;
+  /// llm.c's gelu_fusion = 2). Off (the default until a GPU measurement shows the fused path
+  /// faster: bench gpu --compare): separate GEMMs and GELU kernels. Same math; the fused path
+  /// rounds to bf16 once where the separate kernels round twice. Takes effect at the next
+  /// forward pass; switched between a forward and its backward, the backward uses the other
+  /// path on the same saved activations, which is still correct.
   void set_gelu_fusion(bool on);
   bool gelu_fusion() const;
   /// How many fused GEMMs cuBLASLt had no algorithm for on this device; each ran as separate
