@@ -33,6 +33,44 @@ using bf16 = __nv_bfloat16;
 
 // ------------------------------------------------------------------------------------ BLAS
 
+/// One operand of a pointer-array batched GEMM over B·NH problems: problem i = b·NH + h
+/// (b < B, h < NH) reads or writes the matrix at base + b·b_stride + h·h_stride, strides in
+/// BYTES (for layouts like attention's heads inside (B,T,3C) rows, where i does not map to
+/// a single stride).
+struct BatchedOperand {
+  const void* base;
+  long long b_stride, h_stride;
+};
+
+/// Device arrays of pointers for cublasGemmBatchedEx, cached (src/gpu/batched_pointers.cpp).
+/// get() returns device memory holding the B·NH pointers of a, then of b, then of c (3·B·NH
+/// pointers back to back, in that order), built on the host and uploaded on the first request
+/// for that (a, b, c, B, NH) — one stream synchronisation — and returned as is afterwards, so
+/// a steady state whose buffers do not move does no host→device copies. Past kMaxEntries the
+/// cache is emptied first (after synchronising the stream, since GEMMs still queued may read
+/// the arrays). The arrays stay valid until then or the cache's destruction; each is only ever
+/// used by GEMMs enqueued on the stream passed to get(). Not thread-safe.
+class BatchedPointerCache {
+ public:
+  static constexpr size_t kMaxEntries = 4096;
+  BatchedPointerCache() = default;
+  ~BatchedPointerCache();
+  BatchedPointerCache(const BatchedPointerCache&) = delete;
+  BatchedPointerCache& operator=(const BatchedPointerCache&) = delete;
+
+  void* const* get(cudaStream_t stream, const BatchedOperand& a, const BatchedOperand& b,
+                   const BatchedOperand& c, int B, int NH);
+  size_t size() const { return arrays_.size(); }
+
+ private:
+  // (a.base, a.b_stride, a.h_stride, b..., c..., B, NH)
+  using Key = std::tuple<uintptr_t, long long, long long, uintptr_t, long long, long long,
+                         uintptr_t, long long, long long, int, int>;
+  void clear();
+  std::map<Key, void**> arrays_;  // device allocations of 3·B·NH pointers
+  cudaStream_t stream_ = nullptr;  // the stream of the GEMMs that use them (one per context)
+};
+
 /// cuBLAS and cuBLASLt handles bound to one stream, a workspace, and a cache of cuBLASLt
 /// matmul plans (descriptors + the heuristic's algorithm) keyed by shape, transposes, output
 /// type, epilogue and pointer alignment, so the heuristic runs once per distinct GEMM instead
@@ -50,6 +88,14 @@ class BlasContext {
   /// dgrad/wgrad/bias, attention's sub-steps); nullptr (the default) = off, no cost.
   void set_profiler(OpProfiler* profiler) { profiler_ = profiler; }
   OpProfiler* profiler() const { return profiler_; }
+  /// The cached device pointer arrays of a pointer-array batched GEMM on this context's
+  /// stream (BatchedPointerCache::get): A's B·NH pointers, then B's, then C's.
+  void* const* batched_pointers(const BatchedOperand& a, const BatchedOperand& b,
+                                const BatchedOperand& c, int B, int NH) {
+    return pointer_cache_.get(stream_, a, b, c, B, NH);
+  }
+  /// How many pointer-array sets the cache holds (steady state: constant from step to step).
+  size_t batched_pointer_arrays() const { return pointer_cache_.size(); }
 
   /// Column-major GEMM through cuBLASLt, fp32 accumulation (CUBLAS_COMPUTE_32F):
   ///   D(m,n) = op(A)·op(B) [+ bias(m) broadcast over columns] + beta·D
@@ -72,6 +118,7 @@ class BlasContext {
   size_t workspace_bytes_;
   std::map<Key, Plan*> plans_;
   OpProfiler* profiler_ = nullptr;
+  BatchedPointerCache pointer_cache_;  // freed after the destructor's body (members last)
 };
 
 /// out(N,OUT) = inp(N,IN) · w(OUT,IN)ᵀ + bias(OUT). bf16 in and out, fp32 accumulation; the
