@@ -208,6 +208,36 @@ void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
 void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const bf16* qkv,
                         const bf16* att, bf16* scratch, int B, int T, int C, int NH);
 
+/// True when the in-place launchers below run in place for the shape: head size C/NH a
+/// multiple of 8 and T a multiple of 4, so that every head's pointer is 16-byte aligned (the
+/// pointer-array GEMMs need it: cuBLAS cannot inspect pointers that live in device memory).
+bool attention_inplace_supported(int T, int C, int NH);
+/// Scratch of the in-place launchers, bf16 elements: forward 0, backward B·NH·T·T (datt);
+/// for shapes that are not attention_inplace_supported, those of the permuting launchers
+/// they fall back to (attention_forward_scratch_elems / attention_backward_scratch_elems).
+size_t attention_forward_inplace_scratch_elems(int B, int T, int C, int NH);
+size_t attention_backward_inplace_scratch_elems(int B, int T, int C, int NH);
+
+/// attention_forward without the permute copies: the same causal split, GEMMs, softmax and
+/// (B,NH,T,T) probabilities, but the products read Q, K, V straight from qkv (B,T,3C) and
+/// write y straight into out (B,T,C) through pointer-array batched GEMMs
+/// (cublasGemmBatchedEx; arrays cached in blas, BatchedPointerCache). In llm.c's column-major
+/// view head (b,h) of Q is an (hs,T) matrix with leading dimension 3C at
+/// qkv + b·T·3C + h·hs (K: + C, V: + 2C), of y an (hs,T) matrix with ld C at
+/// out + b·T·C + h·hs. Same arguments and results as attention_forward (the products and
+/// the softmax are the same; only the addressing differs). qkv, out, att 16-byte aligned
+/// (Error otherwise). scratch: attention_forward_inplace_scratch_elems(B,T,C,NH) elements
+/// (none when attention_inplace_supported(T,C,NH); otherwise this runs attention_forward).
+void attention_forward_inplace(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
+                               bf16* scratch, int B, int T, int C, int NH);
+/// attention_backward without the permute copies: dY read straight from dout (B,T,C), Q, K,
+/// V from qkv, dQ, dK, dV written straight into dqkv (B,T,3C) (ld 3C, as Q, K, V above).
+/// Overwrites dqkv. scratch: attention_backward_inplace_scratch_elems(B,T,C,NH) elements, the
+/// (B,NH,T,T) datt when attention_inplace_supported (otherwise this runs attention_backward).
+/// All buffers 16-byte aligned (Error otherwise).
+void attention_backward_inplace(BlasContext& blas, bf16* dqkv, const bf16* dout, const bf16* qkv,
+                                const bf16* att, bf16* scratch, int B, int T, int C, int NH);
+
 /// True when the fused path below handles the shape: head size C/NH == 64 and T % 64 == 0.
 bool attention_flash_supported(int T, int C, int NH);
 /// Fused causal attention (kernels/flash_attention.cu, FlashAttention-2's algorithm on WMMA
