@@ -42,7 +42,7 @@ struct BenchGpuOptions {
   double lr = 6e-4;
   double grad_clip = 1.0;
   uint64_t seed = 1;
-  std::string attention = "cublas";  // cublas | flash (gpu::AttentionKind)
+  std::string attention = "cublas";  // cublas | cublas_inplace | flash (gpu::AttentionKind)
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   // profile: after the timed steps, profile_steps more with CUDA events around every
   // operation, and a table of where the step's time goes. The timed steps are not

@@ -120,8 +120,14 @@ int bench_gpu(const BenchGpuOptions& o) {
   cudaDeviceProp prop{};
   DDILOCO_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
 
-  const gpu::AttentionKind attention =
-      o.attention == "cublas" ? gpu::AttentionKind::cublas : gpu::AttentionKind::flash;
+  gpu::AttentionKind attention = gpu::AttentionKind::cublas;
+  if (o.attention == "flash")
+    attention = gpu::AttentionKind::flash;
+  else if (o.attention == "cublas_inplace")
+    attention = gpu::AttentionKind::cublas_inplace;
+  else if (o.attention != "cublas")
+    fail("bench gpu: --attention must be cublas, cublas_inplace or flash, got '{}'",
+         o.attention);
   gpu::GptCuda model(config, AdamWConfig{o.beta1, o.beta2, o.eps, o.weight_decay}, attention);
   model.init_weights(o.seed);
 

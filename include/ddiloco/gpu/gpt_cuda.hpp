@@ -33,7 +33,12 @@ class OpProfiler;  // ddiloco/gpu/profiler.hpp
 ///   flash:  fused FlashAttention-2-style kernels, only a (B,NH,T) log-sum-exp per layer;
 ///           needs head size 64 and T a multiple of 64 (Error otherwise). Far less memory
 ///           traffic at T = 1024: the path for throughput.
-enum class AttentionKind { cublas, flash };
+///   cublas_inplace: the same math and the same (B,NH,T,T) probabilities as cublas, but the
+///           products read Q, K, V and write y, dQ, dK, dV directly in the (B,T,3C)/(B,T,C)
+///           activations through pointer-array batched GEMMs: no permute copies, and the
+///           attention scratch shrinks to the backward's (B,NH,T,T) gradient. Any shape
+///           (head size not a multiple of 8 or T not a multiple of 4: the cublas path runs).
+enum class AttentionKind { cublas, flash, cublas_inplace };
 
 class GptCuda {
  public:
