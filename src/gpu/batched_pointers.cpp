@@ -11,8 +11,9 @@
 namespace ddiloco::gpu {
 
 BatchedPointerCache::~BatchedPointerCache() {
-  // GEMMs still queued may read the arrays: wait for them (errors ignored in a destructor).
-  if (!arrays_.empty() && stream_ != nullptr) cudaStreamSynchronize(stream_);
+  // GEMMs still queued may read the arrays: wait for them (errors ignored in a destructor;
+  // stream_ may be the legacy default stream, nullptr, which is waited for just the same).
+  if (!arrays_.empty()) cudaStreamSynchronize(stream_);
   for (auto& [key, p] : arrays_) cudaFree(p);
 }
 
