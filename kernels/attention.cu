@@ -4,6 +4,8 @@
 // products are split into ~4 causal blocks (CausalSplit): the staircase right of the block
 // diagonal is never computed or touched, the rest (10/16 of T×T at 4 blocks, the masked part
 // inside it zeroed by the softmax) runs as plain dense tensor-core GEMMs.
+// The *_inplace launchers run the same split, GEMMs and softmax without the head-major
+// copies: pointer-array batched GEMMs address the heads inside the (B,T,3C)/(B,T,C) rows.
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
@@ -234,14 +236,77 @@ __global__ void softmax_backward_kernel(bf16* datt, const bf16* att, int rows, i
   }
 }
 
-// C = op(A)·op(B) for `batch` column-major problems at fixed strides, bf16, fp32 accumulate.
-void batched_gemm(BlasContext& blas, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
-                  int k, const bf16* A, int lda, long long sa, const bf16* B, int ldb,
-                  long long sb, bf16* C, int ldc, long long sc, int batch) {
+// One operand of attention's batched products, in llm.c's column-major view: for head
+// (b, h), b < B, h < NH, a column-major matrix whose column j starts at
+//   base + b·sb + h·sh + j·ld   (elements).
+// The per-head (T, hs) vectors (q, k, v, y and their gradients) are (hs, T) column-major
+// matrices: column j = position j's hs values. The (T,T) scores S are (T, T) with ld T:
+// column j = score row j, element (i, j) = S[j][i].
+//   head-major (B,NH,T,hs):      ld = hs, sh = T·hs, sb = NH·T·hs   (heads_operand)
+//   in place in (B,T,R) rows,    ld = R,  sh = hs,   sb = T·R       (rows_operand)
+//     head h at columns [h·hs, (h+1)·hs) of a row of R (R = 3C for qkv/dqkv, C for y/dy)
+//   scores (B,NH,T,T):           ld = T,  sh = T·T,  sb = NH·T·T    (scores_operand)
+// The column block [lo, …) of an operand starts lo·ld elements further (col(lo)): lo·hs in
+// the head-major layout, lo·R in place, lo·T for the scores.
+struct HeadOperand {
+  const bf16* base;  // the output's (C's) base comes from a non-const pointer
+  int ld;
+  long long sb, sh;
+  HeadOperand at(size_t elems) const { return {base + elems, ld, sb, sh}; }
+  HeadOperand col(int j) const { return at(static_cast<size_t>(j) * ld); }
+  // Head i = b·NH + h starts at base + i·sh: one stride covers the batch.
+  bool strided(int NH) const { return sb == static_cast<long long>(NH) * sh; }
+  BatchedOperand batched() const {
+    return {base, sb * static_cast<long long>(sizeof(bf16)),
+            sh * static_cast<long long>(sizeof(bf16))};
+  }
+};
+
+HeadOperand heads_operand(const bf16* p, int T, int hs, int NH) {
+  const long long sh = static_cast<long long>(T) * hs;
+  return {p, hs, NH * sh, sh};
+}
+HeadOperand rows_operand(const bf16* p, int T, int row_len, int hs) {
+  return {p, row_len, static_cast<long long>(T) * row_len, hs};
+}
+HeadOperand scores_operand(const bf16* p, int T, int NH) {
+  const long long sh = static_cast<long long>(T) * T;
+  return {p, T, NH * sh, sh};
+}
+
+bool aligned16_elems(long long elems) {
+  return elems * static_cast<long long>(sizeof(bf16)) % 16 == 0;
+}
+
+// C = op(A)·op(B) for the B·NH column-major problems of the heads, bf16, fp32 accumulate.
+// When every operand's heads sit at one stride (head-major layouts) this is one strided-batched
+// GEMM, exactly as before the in-place path existed; otherwise a pointer-array batched GEMM
+// whose arrays come from the context's cache (uploaded once per distinct operand set).
+void head_gemm(BlasContext& blas, int B, int NH, cublasOperation_t ta, cublasOperation_t tb,
+               int m, int n, int k, const HeadOperand& a, const HeadOperand& b,
+               const HeadOperand& c) {
   const float one = 1.0f, zero = 0.0f;
-  DDILOCO_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      blas.cublas(), ta, tb, m, n, k, &one, A, CUDA_R_16BF, lda, sa, B, CUDA_R_16BF, ldb, sb,
-      &zero, C, CUDA_R_16BF, ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  const int batch = B * NH;
+  bf16* c_base = const_cast<bf16*>(c.base);
+  if (a.strided(NH) && b.strided(NH) && c.strided(NH)) {
+    DDILOCO_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        blas.cublas(), ta, tb, m, n, k, &one, a.base, CUDA_R_16BF, a.ld, a.sh, b.base,
+        CUDA_R_16BF, b.ld, b.sh, &zero, c_base, CUDA_R_16BF, c.ld, c.sh, batch,
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  // cuBLAS cannot see pointers that live in device memory, so its kernels may assume they
+  // are 16-byte aligned: make sure every one is, i.e. the (column-offset) base and both head
+  // strides (the callers guarantee it, attention_inplace_supported). The leading dimensions
+  // need no check here: cuBLAS sees them (the scores' ld = T is only a multiple of 4).
+  for (const HeadOperand* o : {&a, &b, &c})
+    if (!detail::aligned16(o->base) || !aligned16_elems(o->sb) || !aligned16_elems(o->sh))
+      throw_error("attention: pointer-array GEMM operands must be 16-byte aligned");
+  void* const* p = blas.batched_pointers(a.batched(), b.batched(), c.batched(), B, NH);
+  DDILOCO_CUBLAS_CHECK(cublasGemmBatchedEx(
+      blas.cublas(), ta, tb, m, n, k, &one, const_cast<const void* const*>(p), CUDA_R_16BF,
+      a.ld, const_cast<const void* const*>(p + batch), CUDA_R_16BF, b.ld, &zero, p + 2 * batch,
+      CUDA_R_16BF, c.ld, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 bool rows_vectorisable(int T, const void* a, const void* b) {
@@ -350,44 +415,49 @@ void softmax_backward(bf16* datt, const bf16* att, int BNH, int T, int blk, floa
 //   rows    o[j] = Σ_i S[j][i]·z_i:  j in block r over i < b_{r+1};
 //   columns o[i] = Σ_j S[j][i]·z_j:  i in block c over j ≥ b_c (S[j][i] = 0 for j < i, so
 //           no accumulation across GEMMs is needed and every output is rounded once).
-// All in llm.c's column-major view: S stored with ld T, element (i, j) = S[j][i]; x, y, z, o
-// are (T, hs) per head. Strides per head: sTh for vectors, sTT for S.
+// All in llm.c's column-major view (HeadOperand): S is (T,T) with ld T, element (i, j) =
+// S[j][i]; x, y, z, o are (hs, T), column j = position j. Positions [lo, hi) of a vector
+// operand start at col(lo) = lo·ld elements in (lo·hs head-major, lo·3C or lo·C in place);
+// rows [lo, hi) of S at col(lo) = lo·T, and S's sub-block (i ≥ lo, j ≥ lo) at lo·T + lo.
+// The operands say where each head lives, so the same split runs on head-major copies
+// (strided-batched GEMMs) and in place in the (B,T,3C)/(B,T,C) activations (pointer arrays).
 struct CausalSplit {
-  int T, hs, blk, parts, batch;
-  long long sTh, sTT;
-  CausalSplit(int T_, int hs_, int batch_)
+  int T, hs, blk, parts, B, NH;
+  CausalSplit(int T_, int hs_, int B_, int NH_)
       : T(T_), hs(hs_), blk(attention_causal_split(T_)),
-        parts(blk > 0 ? T_ / blk : 1), batch(batch_),
-        sTh(static_cast<long long>(T_) * hs_), sTT(static_cast<long long>(T_) * T_) {}
+        parts(blk > 0 ? T_ / blk : 1), B(B_), NH(NH_) {}
   int lo(int r) const { return r * blk; }                      // b_r
   int hi(int r) const { return r + 1 == parts ? T : (r + 1) * blk; }  // b_{r+1}
   // FLOPs of one product: 2·hs·Σ_r b_{r+1}·(b_{r+1} − b_r) per head.
   double flops() const {
     double f = 0.0;
     for (int r = 0; r < parts; ++r) f += static_cast<double>(hi(r)) * (hi(r) - lo(r));
-    return 2.0 * hs * f * batch;
+    return 2.0 * hs * f * B * NH;
   }
-  // S = x·yᵀ (S[j][i] = x_j·y_i, x the queries' side).
-  void scores(BlasContext& blas, bf16* S, const bf16* x, const bf16* y) const {
+  // S = x·yᵀ (S[j][i] = x_j·y_i, x the queries' side): for block r,
+  //   S(:hi, lo:hi) (hi × (hi−lo), ld T) = y(:, :hi)ᵀ · x(:, lo:hi),  k = hs.
+  void scores(BlasContext& blas, const HeadOperand& S, const HeadOperand& x,
+              const HeadOperand& y) const {
     for (int r = 0; r < parts; ++r)
-      batched_gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, hi(r), hi(r) - lo(r), hs, y, hs, sTh,
-                   x + static_cast<size_t>(lo(r)) * hs, hs, sTh,
-                   S + static_cast<size_t>(lo(r)) * T, T, sTT, batch);
+      head_gemm(blas, B, NH, CUBLAS_OP_T, CUBLAS_OP_N, hi(r), hi(r) - lo(r), hs, y,
+                x.col(lo(r)), S.col(lo(r)));
   }
-  // o[j] = Σ_i S[j][i]·z_i.
-  void rows(BlasContext& blas, bf16* o, const bf16* S, const bf16* z) const {
+  // o[j] = Σ_i S[j][i]·z_i: for block r,
+  //   o(:, lo:hi) (hs × (hi−lo)) = z(:, :hi) · S(:hi, lo:hi),  k = hi.
+  void rows(BlasContext& blas, const HeadOperand& o, const HeadOperand& S,
+            const HeadOperand& z) const {
     for (int r = 0; r < parts; ++r)
-      batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, hi(r) - lo(r), hi(r), z, hs, sTh,
-                   S + static_cast<size_t>(lo(r)) * T, T, sTT,
-                   o + static_cast<size_t>(lo(r)) * hs, hs, sTh, batch);
+      head_gemm(blas, B, NH, CUBLAS_OP_N, CUBLAS_OP_N, hs, hi(r) - lo(r), hi(r), z,
+                S.col(lo(r)), o.col(lo(r)));
   }
-  // o[i] = Σ_j S[j][i]·z_j.
-  void columns(BlasContext& blas, bf16* o, const bf16* S, const bf16* z) const {
+  // o[i] = Σ_j S[j][i]·z_j: for block c (lo = b_c, hi = b_{c+1}),
+  //   o(:, lo:hi) (hs × (hi−lo)) = z(:, lo:T) · S(lo:hi, lo:T)ᵀ,  k = T − lo,
+  // where S(lo:hi, lo:T) (stored (hi−lo) × (T−lo), ld T) starts at lo·T + lo.
+  void columns(BlasContext& blas, const HeadOperand& o, const HeadOperand& S,
+               const HeadOperand& z) const {
     for (int c = 0; c < parts; ++c)
-      batched_gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, hi(c) - lo(c), T - lo(c),
-                   z + static_cast<size_t>(lo(c)) * hs, hs, sTh,
-                   S + static_cast<size_t>(lo(c)) * T + lo(c), T, sTT,
-                   o + static_cast<size_t>(lo(c)) * hs, hs, sTh, batch);
+      head_gemm(blas, B, NH, CUBLAS_OP_N, CUBLAS_OP_T, hs, hi(c) - lo(c), T - lo(c),
+                z.col(lo(c)), S.col(lo(c)).at(lo(c)), o.col(lo(c)));
   }
 };
 
@@ -411,7 +481,8 @@ void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
   bf16 *q = scratch, *k = q + NC, *v = k + NC, *y = v + NC;
   cudaStream_t stream = blas.stream();
   OpProfiler* prof = blas.profiler();
-  const CausalSplit cs(T, hs, B * NH);
+  const CausalSplit cs(T, hs, B, NH);
+  auto heads = [&](const bf16* p) { return heads_operand(p, T, hs, NH); };
   // Each batched product: the split's blocks (10/16 of dense T·T at 4 blocks).
   const double gemm_flops = cs.flops();
   const Permute pm(B, T, C, hs, {scratch, qkv, out});
@@ -426,7 +497,7 @@ void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
   {
     // att[j][i] = q_j·k_i (row-major (T,T) per head; see the derivation in llm.c).
     ProfileScope ps(prof, "QK^T gemm", gemm_flops);
-    cs.scores(blas, att, q, k);
+    cs.scores(blas, scores_operand(att, T, NH), heads(q), heads(k));
   }
   {
     ProfileScope ps(prof, "softmax");
@@ -435,7 +506,7 @@ void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
   {
     // y[j][d] = Σ_i att[j][i]·v[i][d].
     ProfileScope ps(prof, "PV gemm", gemm_flops);
-    cs.rows(blas, y, att, v);
+    cs.rows(blas, heads(y), scores_operand(att, T, NH), heads(v));
   }
   ProfileScope ps(prof, "unpermute y");
   if (pm.vec)
@@ -453,7 +524,9 @@ void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const b
        *dv = dk + NC, *datt = dv + NC;
   cudaStream_t stream = blas.stream();
   OpProfiler* prof = blas.profiler();
-  const CausalSplit cs(T, hs, B * NH);
+  const CausalSplit cs(T, hs, B, NH);
+  auto heads = [&](const bf16* p) { return heads_operand(p, T, hs, NH); };
+  const HeadOperand P = scores_operand(att, T, NH), dS = scores_operand(datt, T, NH);
   const double gemm_flops = cs.flops();  // each product
   const Permute pm(B, T, C, hs, {scratch, qkv, dout, dqkv});
   {
@@ -472,12 +545,12 @@ void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const b
   {
     // dP[j][i] = dy_j·v_i
     ProfileScope ps(prof, "dP = dY V^T gemm", gemm_flops);
-    cs.scores(blas, datt, dy, v);
+    cs.scores(blas, dS, heads(dy), heads(v));
   }
   {
     // dV[j][d] = Σ_i P[i][j]·dy[i][d]
     ProfileScope ps(prof, "dV = P^T dY gemm", gemm_flops);
-    cs.columns(blas, dv, att, dy);
+    cs.columns(blas, heads(dv), P, heads(dy));
   }
   {
     // dS = P ⊙ (dP − rowsum(P ⊙ dP)) / √hs, in place
@@ -488,12 +561,12 @@ void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const b
   {
     // dQ[j][d] = Σ_i dS[j][i]·k[i][d]
     ProfileScope ps(prof, "dQ = dS K gemm", gemm_flops);
-    cs.rows(blas, dq, datt, k);
+    cs.rows(blas, heads(dq), dS, heads(k));
   }
   {
     // dK[j][d] = Σ_i dS[i][j]·q[i][d]
     ProfileScope ps(prof, "dK = dS^T Q gemm", gemm_flops);
-    cs.columns(blas, dk, datt, q);
+    cs.columns(blas, heads(dk), dS, heads(q));
   }
   ProfileScope ps(prof, "unpermute dqkv");
   if (pm.vec)
@@ -501,6 +574,115 @@ void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const b
   else
     unpermute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, pm.n, T, NH, hs);
   DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+bool attention_inplace_supported(int T, int C, int NH) {
+  // Every pointer of the arrays 16-byte aligned (8 bf16), given 16-byte aligned buffers:
+  //   qkv/dqkv heads: b·T·3C + h·hs + j·3C;  out/dout heads: b·T·C + h·hs + j·C
+  //     → hs % 8 == 0 (then C = NH·hs is a multiple of 8 too; j = block starts);
+  //   att/datt heads: (b·NH + h)·T·T + j·T + i with j, i block starts (multiples of 8)
+  //     → T·T % 8 == 0, i.e. T % 4 == 0.
+  return NH > 0 && C % NH == 0 && (C / NH) % 8 == 0 && T > 0 && T % 4 == 0;
+}
+
+size_t attention_forward_inplace_scratch_elems(int B, int T, int C, int NH) {
+  return attention_inplace_supported(T, C, NH) ? 0 : attention_forward_scratch_elems(B, T, C);
+}
+
+size_t attention_backward_inplace_scratch_elems(int B, int T, int C, int NH) {
+  return attention_inplace_supported(T, C, NH)
+             ? static_cast<size_t>(B) * NH * T * T
+             : attention_backward_scratch_elems(B, T, C, NH);
+}
+
+namespace {
+
+void require_aligned(std::initializer_list<const void*> ptrs, const char* what) {
+  for (const void* p : ptrs)
+    if (!detail::aligned16(p)) throw_error(what);
+}
+
+}  // namespace
+
+void attention_forward_inplace(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
+                               bf16* scratch, int B, int T, int C, int NH) {
+  if (!attention_inplace_supported(T, C, NH)) {
+    attention_forward(blas, out, att, qkv, scratch, B, T, C, NH);
+    return;
+  }
+  require_aligned({out, att, qkv}, "attention_forward_inplace: buffers must be 16-byte aligned");
+  const int hs = C / NH;
+  const size_t Cs = static_cast<size_t>(C);
+  cudaStream_t stream = blas.stream();
+  OpProfiler* prof = blas.profiler();
+  const CausalSplit cs(T, hs, B, NH);
+  // Head (b, h) of Q at qkv + b·T·3C + h·hs, column (position) j at + j·3C; K at + C, V at
+  // + 2C; y at out + b·T·C + h·hs, column j at + j·C.
+  const HeadOperand q = rows_operand(qkv, T, 3 * C, hs), k = rows_operand(qkv + Cs, T, 3 * C, hs),
+                    v = rows_operand(qkv + 2 * Cs, T, 3 * C, hs), y = rows_operand(out, T, C, hs),
+                    P = scores_operand(att, T, NH);
+  const double gemm_flops = cs.flops();  // each product
+  {
+    // att[j][i] = q_j·k_i
+    ProfileScope ps(prof, "QK^T gemm", gemm_flops);
+    cs.scores(blas, P, q, k);
+  }
+  {
+    ProfileScope ps(prof, "softmax");
+    softmax_forward(att, B * NH, T, cs.blk, 1.0f / std::sqrt(static_cast<float>(hs)), stream);
+  }
+  // y[j][d] = Σ_i att[j][i]·v[i][d], written straight into out's rows.
+  ProfileScope ps(prof, "PV gemm", gemm_flops);
+  cs.rows(blas, y, P, v);
+}
+
+void attention_backward_inplace(BlasContext& blas, bf16* dqkv, const bf16* dout, const bf16* qkv,
+                                const bf16* att, bf16* scratch, int B, int T, int C, int NH) {
+  if (!attention_inplace_supported(T, C, NH)) {
+    attention_backward(blas, dqkv, dout, qkv, att, scratch, B, T, C, NH);
+    return;
+  }
+  require_aligned({dqkv, dout, qkv, att, scratch},
+                  "attention_backward_inplace: buffers must be 16-byte aligned");
+  const int hs = C / NH;
+  const size_t Cs = static_cast<size_t>(C);
+  bf16* datt = scratch;  // (B,NH,T,T)
+  cudaStream_t stream = blas.stream();
+  OpProfiler* prof = blas.profiler();
+  const CausalSplit cs(T, hs, B, NH);
+  // As in the forward: Q, K, V and dQ, dK, dV in (B,T,3C) rows (ld 3C), dY in (B,T,C) (ld C).
+  const HeadOperand q = rows_operand(qkv, T, 3 * C, hs), k = rows_operand(qkv + Cs, T, 3 * C, hs),
+                    v = rows_operand(qkv + 2 * Cs, T, 3 * C, hs),
+                    dq = rows_operand(dqkv, T, 3 * C, hs),
+                    dk = rows_operand(dqkv + Cs, T, 3 * C, hs),
+                    dv = rows_operand(dqkv + 2 * Cs, T, 3 * C, hs),
+                    dy = rows_operand(dout, T, C, hs), P = scores_operand(att, T, NH),
+                    dS = scores_operand(datt, T, NH);
+  const double gemm_flops = cs.flops();  // each product
+  {
+    // dP[j][i] = dy_j·v_i
+    ProfileScope ps(prof, "dP = dY V^T gemm", gemm_flops);
+    cs.scores(blas, dS, dy, v);
+  }
+  {
+    // dV[j][d] = Σ_i P[i][j]·dy[i][d]
+    ProfileScope ps(prof, "dV = P^T dY gemm", gemm_flops);
+    cs.columns(blas, dv, P, dy);
+  }
+  {
+    // dS = P ⊙ (dP − rowsum(P ⊙ dP)) / √hs, in place
+    ProfileScope ps(prof, "softmax bwd");
+    softmax_backward(datt, att, B * NH, T, cs.blk, 1.0f / std::sqrt(static_cast<float>(hs)),
+                     stream);
+  }
+  {
+    // dQ[j][d] = Σ_i dS[j][i]·k[i][d]
+    ProfileScope ps(prof, "dQ = dS K gemm", gemm_flops);
+    cs.rows(blas, dq, dS, k);
+  }
+  // dK[j][d] = Σ_i dS[i][j]·q[i][d]
+  ProfileScope ps(prof, "dK = dS^T Q gemm", gemm_flops);
+  cs.columns(blas, dk, dS, q);
 }
 
 bool attention_flash_supported(int T, int C, int NH) {

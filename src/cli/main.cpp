@@ -333,9 +333,11 @@ int main(int argc, char** argv) {
   bench_gpu->add_option("--grad-clip", bench_gpu_opts.grad_clip, "global norm clip (0 = off)");
   bench_gpu->add_option("--seed", bench_gpu_opts.seed, "weights and tokens");
   bench_gpu->add_option("--attention", bench_gpu_opts.attention,
-                        "cublas (batched GEMMs, the default: faster on an H200) or flash (fused, "
-                        "head size 64, T % 64 == 0, no (B,NH,T,T) buffer)")
-      ->check(CLI::IsMember({"flash", "cublas"}));
+                        "cublas (batched GEMMs, the default: faster on an H200), "
+                        "cublas_inplace (the same GEMMs reading and writing the heads in place "
+                        "through pointer arrays, no permute copies) or flash (fused, head size "
+                        "64, T % 64 == 0, no (B,NH,T,T) buffer)")
+      ->check(CLI::IsMember({"flash", "cublas", "cublas_inplace"}));
   bench_gpu->add_option("--gelu-fusion", bench_gpu_opts.gelu_fusion,
                         "GELU in the MLP GEMMs' cuBLASLt epilogues (true) or as separate kernels "
                         "(false, the default)");

@@ -71,7 +71,8 @@ struct Activations {
   size_t total_bf16 = 0, total_f32 = 0;
 
   // flash: no (B,NH,T,T) probabilities; a (B,NH,T) log-sum-exp per layer and one delta.
-  Activations(const GptConfig& c, int B, int T, bool flash, bf16* hbase, float* fbase) {
+  Activations(const GptConfig& c, int B, int T, AttentionKind kind, bf16* hbase, float* fbase) {
+    const bool flash = kind == AttentionKind::flash;
     const size_t L = c.n_layer, C = c.n_embd, NH = c.n_head;
     const size_t N = static_cast<size_t>(B) * T, NC = N * C;
     auto round = [](size_t n) { return (n + 127) / 128 * 128; };
@@ -99,11 +100,15 @@ struct Activations {
     logits = h(N * padded_vocab(c.vocab_size));
     // Attention scratch (forward: q,k,v,y; backward: q,k,v,dy,dq,dk,dv,datt), also the
     // output of the projections before their residual add.
-    // (The flash path needs no (B,NH,T,T) gradient buffer: 7·N·C covers its backward.)
-    scratch = h(std::max(attention_forward_scratch_elems(B, T, static_cast<int>(C)),
-                         flash ? 7 * NC
-                               : attention_backward_scratch_elems(B, T, static_cast<int>(C),
-                                                                  static_cast<int>(NH))));
+    // (The flash path needs no (B,NH,T,T) gradient buffer: 7·N·C covers its backward. The
+    // in-place path needs no copies: the backward's datt, and N·C for the projections.)
+    const int Ci = static_cast<int>(C), NHi = static_cast<int>(NH);
+    if (kind == AttentionKind::cublas_inplace)
+      scratch = h(std::max({NC, attention_forward_inplace_scratch_elems(B, T, Ci, NHi),
+                            attention_backward_inplace_scratch_elems(B, T, Ci, NHi)}));
+    else
+      scratch = h(std::max(attention_forward_scratch_elems(B, T, Ci),
+                           flash ? 7 * NC : attention_backward_scratch_elems(B, T, Ci, NHi)));
     dresidual = h(NC);
     dln = h(NC);
     datty = h(NC);
@@ -181,7 +186,7 @@ struct GptCuda::Impl {
   }
 
   void ensure_activations(int b, int t_len) {
-    const Activations need(config, b, t_len, flash(), nullptr, nullptr);
+    const Activations need(config, b, t_len, attention, nullptr, nullptr);
     if (need.total_bf16 > acts_bf16.size() || need.total_f32 > acts_f32.size()) {
       DDILOCO_CUDA_CHECK(cudaStreamSynchronize(stream));  // old buffers may still be in use
       if (need.total_bf16 > acts_bf16.size()) acts_bf16.resize(need.total_bf16);
@@ -198,7 +203,7 @@ struct GptCuda::Impl {
   bool flash() const { return attention == AttentionKind::flash; }
 
   Activations acts() const {
-    return Activations(config, B, T, flash(), acts_bf16.get(), acts_f32.get());
+    return Activations(config, B, T, attention, acts_bf16.get(), acts_f32.get());
   }
 
   void check_range(size_t offset, size_t n, const char* what) const {
@@ -262,6 +267,8 @@ struct GptCuda::Impl {
         ProfileScope ps(prof, "fwd attention");
         if (flash())
           attention_forward_flash(atty, lse, qkv, a.scratch, B, T, C, NH, stream, prof);
+        else if (attention == AttentionKind::cublas_inplace)
+          attention_forward_inplace(*blas, atty, att, qkv, a.scratch, B, T, C, NH);
         else
           attention_forward(*blas, atty, att, qkv, a.scratch, B, T, C, NH);
       }
@@ -392,6 +399,10 @@ struct GptCuda::Impl {
           attention_backward_flash(a.dwide, a.datty, a.qkv + l * 3 * NC, a.atty + l * NC,
                                    a.lse + static_cast<size_t>(l) * B * NH * T, a.scratch,
                                    a.delta, B, T, C, NH, stream, prof);
+        else if (attention == AttentionKind::cublas_inplace)
+          attention_backward_inplace(*blas, a.dwide, a.datty, a.qkv + l * 3 * NC,
+                                     a.att + static_cast<size_t>(l) * B * NH * T * T, a.scratch,
+                                     B, T, C, NH);
         else
           attention_backward(*blas, a.dwide, a.datty, a.qkv + l * 3 * NC,
                              a.att + static_cast<size_t>(l) * B * NH * T * T, a.scratch, B, T,
@@ -415,6 +426,7 @@ std::string attention_kind_name(AttentionKind kind) {
   switch (kind) {
     case AttentionKind::cublas: return "cublas";
     case AttentionKind::flash: return "flash";
+    case AttentionKind::cublas_inplace: return "cublas_inplace";
   }
   return "?";
 }

@@ -244,6 +244,15 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> random_batch(uint64_t seed
 // Every attention kind on GPT-2's own init, against the CPU model, with the fixture's limits.
 class GpuModel : public ::testing::TestWithParam<AttentionKind> {};
 
+const char* attention_name(AttentionKind kind) {
+  switch (kind) {
+    case AttentionKind::cublas: return "cublas";
+    case AttentionKind::flash: return "flash";
+    case AttentionKind::cublas_inplace: return "cublas_inplace";
+  }
+  return "?";
+}
+
 TEST_P(GpuModel, MatchesCpuAtHeadSize64) {
   DDILOCO_REQUIRE_GPU();
   const GptConfig& config = kHs64;
@@ -290,14 +299,15 @@ TEST_P(GpuModel, MatchesCpuAtHeadSize64) {
   EXPECT_LE(std::sqrt(d2 / g2), kGradL2Rel);
   std::printf("gpu model (%s attention, hs 64): loss gpu %.6f cpu %.6f; gradients worst "
               "max|Δ|/max|g| %.3g (%s), ‖Δ‖/‖g‖ %.3g\n",
-              GetParam() == AttentionKind::flash ? "flash" : "cublas", gpu_loss, cpu_loss, worst,
+              attention_name(GetParam()), gpu_loss, cpu_loss, worst,
               worst_name.c_str(), std::sqrt(d2 / g2));
 }
 
 INSTANTIATE_TEST_SUITE_P(Attention, GpuModel,
-                         ::testing::Values(AttentionKind::cublas, AttentionKind::flash),
+                         ::testing::Values(AttentionKind::cublas, AttentionKind::flash,
+                                           AttentionKind::cublas_inplace),
                          [](const auto& param_info) {
-                           return param_info.param == AttentionKind::flash ? "flash" : "cublas";
+                           return std::string(attention_name(param_info.param));
                          });
 
 // GELU fused into the MLP's GEMM epilogues against the separate GEMM and GELU kernels (the

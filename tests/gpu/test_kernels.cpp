@@ -270,9 +270,63 @@ std::ostream& operator<<(std::ostream& os, const AttnShape& s) {
 }
 class GpuAttention : public ::testing::TestWithParam<AttnShape> {};
 
+// Where the causal split leaves att unwritten (right of a block's end) the CPU's zeros are
+// put in; every other entry above the diagonal must be exactly 0 (the GEMMs read it).
+std::vector<float> att_as_read(const std::vector<float>& g_att, int BNH, int T) {
+  const int blk = attention_causal_split(T);
+  const int last = blk > 0 ? (T / blk - 1) * blk : 0;  // start of the last block (ends at T)
+  std::vector<float> r = g_att;
+  size_t nonzero = 0;
+  for (int bh = 0; bh < BNH; ++bh)
+    for (int t = 0; t < T; ++t)
+      for (int s = t + 1; s < T; ++s) {
+        const size_t i = (static_cast<size_t>(bh) * T + t) * T + s;
+        const int width = blk > 0 && t < last ? (t / blk + 1) * blk : T;
+        if (s >= width) {
+          r[i] = 0.0f;
+        } else if (g_att[i] != 0.0f && nonzero++ == 0) {
+          ADD_FAILURE() << "att above the diagonal not 0 at head " << bh << ", row " << t
+                        << ", column " << s << ": " << g_att[i];
+        }
+      }
+  EXPECT_EQ(nonzero, 0u) << "entries above the diagonal that are not 0";
+  return r;
+}
+
+// Columns [part·C, (part+1)·C) of the N rows of a (N, 3C) tensor: dQ, dK or dV of dqkv.
+std::vector<float> qkv_part(const std::vector<float>& x, size_t N, int C, int part) {
+  std::vector<float> r;
+  r.reserve(N * C);
+  for (size_t row = 0; row < N; ++row)
+    for (int c = 0; c < C; ++c) r.push_back(x[row * 3 * C + static_cast<size_t>(part) * C + c]);
+  return r;
+}
+
+size_t count_different(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += !(a[i] == b[i]);
+  return n;
+}
+
 // T = 64 uses the vectorised softmax rows, T = 20 the scalar ones; T = 1 the degenerate row.
 // Causal split blocks: 4 of 16 rows at T = 64, 8 + 12 at T = 20, 4 of 64 at T = 256, none at
 // T = 1.
+// The in-place launchers (attention_*_inplace) run on the same inputs against the same CPU
+// reference and tolerances, and against the permuting path: they issue the same products
+// (same m, n, k, transposes and per-head operands, same causal blocks) and the same softmax
+// kernels, only the heads are addressed in place through pointer arrays. So the results are
+// expected to be bit-identical wherever cuBLAS runs the same kernel for a strided and a
+// pointer-array product; cuBLAS does not promise that (its heuristic sees another API, other
+// leading dimensions and alignments and may pick another kernel, i.e. another fp32 summation
+// order, which can move a bf16 rounding by one ulp). One ulp of a score Q·Kᵀ (|S| up to ~30)
+// moves its probability by up to ~1.5 % through the exponential, so end to end the two paths
+// are only held to the CPU's tolerance; a single GEMM on identical inputs (dV from the same P)
+// is held to one bf16 ulp. The number of elements that differ at all is printed, so a device
+// run shows whether they were bit-identical.
+// Shapes for the in-place addressing: B = 3, NH = 3 with T = 100 (blocks of 24, the last 28
+// rows: T not a multiple of the block) and T = 36 (blocks of 8, the last 12 rows); hs = 12
+// (C = 36) and T = 1 are not attention_inplace_supported: there the in-place launchers run
+// the permuting path.
 TEST_P(GpuAttention, ForwardBackward) {
   DDILOCO_REQUIRE_GPU();
   const auto [B, T, C, NH] = GetParam();
@@ -292,25 +346,75 @@ TEST_P(GpuAttention, ForwardBackward) {
   const auto g_att = download_bf16(d_att);
   attention_backward(blas, d_dqkv.get(), d_dout.get(), d_qkv.get(), d_att.get(), scratch.get(), B,
                      T, C, NH);
-  // Masked entries exactly 0 where the GEMMs read them: whole rows, except that rows of a
-  // causal block end at the block's end; the entries beyond are never written (compared as
-  // the CPU's zeros below).
-  const int blk = attention_causal_split(T);
-  const int last = blk > 0 ? (T / blk - 1) * blk : 0;  // start of the last block (ends at T)
-  std::vector<float> g_att_read = g_att;
-  for (int bh = 0; bh < B * NH; ++bh)
-    for (int t = 0; t < T; ++t)
-      for (int s = t + 1; s < T; ++s) {
-        const size_t i = (static_cast<size_t>(bh) * T + t) * T + s;
-        const int width = blk > 0 && t < last ? (t / blk + 1) * blk : T;
-        if (s >= width)
-          g_att_read[i] = 0.0f;
-        else
-          ASSERT_EQ(g_att[i], 0.0f) << bh << " " << t << " " << s;
-      }
+  const auto g_att_read = att_as_read(g_att, B * NH, T);
+  const auto g_out = download_bf16(d_out), g_dqkv = download_bf16(d_dqkv);
   EXPECT_LE(scaled_error(g_att_read, att), kAttn) << "att";
-  EXPECT_LE(scaled_error(download_bf16(d_out), out), kAttn) << "out";
-  EXPECT_LE(scaled_error(download_bf16(d_dqkv), dqkv), kAttn) << "dqkv";
+  EXPECT_LE(scaled_error(g_out, out), kAttn) << "out";
+  EXPECT_LE(scaled_error(g_dqkv, dqkv), kAttn) << "dqkv";
+  EXPECT_EQ(blas.batched_pointer_arrays(), 0u) << "the permuting path is all strided GEMMs";
+
+  // In place. Outputs start as a sentinel (77) so that an element no GEMM writes shows up.
+  const bool inplace = attention_inplace_supported(T, C, NH);
+  DeviceArray<bf16> i_out(to_bf16(std::vector<float>(NC, 77.0f))),
+      i_att(to_bf16(std::vector<float>(att.size(), 77.0f))),
+      i_dqkv(to_bf16(std::vector<float>(3 * NC, 77.0f)));
+  const size_t i_scratch_elems = std::max(attention_forward_inplace_scratch_elems(B, T, C, NH),
+                                          attention_backward_inplace_scratch_elems(B, T, C, NH));
+  EXPECT_EQ(i_scratch_elems, inplace ? static_cast<size_t>(B) * NH * T * T
+                                     : std::max(attention_forward_scratch_elems(B, T, C),
+                                                attention_backward_scratch_elems(B, T, C, NH)));
+  DeviceArray<bf16> i_scratch(i_scratch_elems);
+  attention_forward_inplace(blas, i_out.get(), i_att.get(), d_qkv.get(), i_scratch.get(), B, T,
+                            C, NH);
+  const size_t arrays_after_forward = blas.batched_pointer_arrays();
+  if (inplace) {
+    EXPECT_GT(arrays_after_forward, 0u);
+  } else {
+    EXPECT_EQ(arrays_after_forward, 0u);
+  }
+  const auto i_g_att = download_bf16(i_att), i_g_out = download_bf16(i_out);
+  // Again: the arrays come from the cache (no new entries) and give the same result.
+  attention_forward_inplace(blas, i_out.get(), i_att.get(), d_qkv.get(), i_scratch.get(), B, T,
+                            C, NH);
+  EXPECT_EQ(blas.batched_pointer_arrays(), arrays_after_forward) << "second forward: all hits";
+  EXPECT_EQ(count_different(download_bf16(i_out), i_g_out), 0u) << "second forward";
+  attention_backward_inplace(blas, i_dqkv.get(), d_dout.get(), d_qkv.get(), i_att.get(),
+                             i_scratch.get(), B, T, C, NH);
+  const auto i_g_dqkv = download_bf16(i_dqkv);
+  const auto i_g_att_read = att_as_read(i_g_att, B * NH, T);
+  EXPECT_LE(scaled_error(i_g_att_read, att), kAttn) << "in place: att";
+  EXPECT_LE(scaled_error(i_g_out, out), kAttn) << "in place: out";
+  EXPECT_LE(scaled_error(i_g_dqkv, dqkv), kAttn) << "in place: dqkv";
+  // Each third (dQ, dK, dV) on its own scale: a wrong base or ld in one would hide otherwise.
+  const size_t N = static_cast<size_t>(B) * T;
+  for (int part = 0; part < 3; ++part)
+    EXPECT_LE(scaled_error(qkv_part(i_g_dqkv, N, C, part), qkv_part(dqkv, N, C, part)), kAttn)
+        << "in place: d" << "qkv"[part];
+  // Against the permuting path, end to end: both within kAttn of the CPU; printed: how many
+  // elements differ at all (0 = bit-identical).
+  EXPECT_LE(scaled_error(i_g_att_read, g_att_read), kAttn) << "in place vs permuted: att";
+  EXPECT_LE(scaled_error(i_g_out, g_out), kAttn) << "in place vs permuted: out";
+  EXPECT_LE(scaled_error(i_g_dqkv, g_dqkv), kAttn) << "in place vs permuted: dqkv";
+  // The backward again, from the permuting path's own P (d_att): now dV = Pᵀ·dY is one GEMM
+  // on identical bf16 inputs in both paths, so at most one rounding apart: one bf16 ulp at the
+  // tensor's scale (2⁻⁷·max|dV| bounds the ulp of every element). dQ, dK come through dP (one
+  // GEMM, ≤ 1 ulp), the softmax backward (no exponential: a dP ulp moves dS by about one ulp)
+  // and a second GEMM: two ulps at scale.
+  attention_backward_inplace(blas, i_dqkv.get(), d_dout.get(), d_qkv.get(), d_att.get(),
+                             i_scratch.get(), B, T, C, NH);
+  const auto s_g_dqkv = download_bf16(i_dqkv);
+  const double ulp = std::ldexp(1.0, -7);
+  for (int part = 0; part < 3; ++part)
+    EXPECT_LE(scaled_error(qkv_part(s_g_dqkv, N, C, part), qkv_part(g_dqkv, N, C, part)),
+              part == 2 ? ulp : 2 * ulp)
+        << "in place vs permuted from the same P: d" << "qkv"[part];
+  std::printf("attention B=%d T=%d C=%d NH=%d (%s): in place vs permuted, elements that "
+              "differ: att %zu, out %zu, dqkv %zu (from the same P: %zu); %zu pointer-array "
+              "sets cached\n",
+              B, T, C, NH, inplace ? "pointer arrays" : "fallback, permuting",
+              count_different(i_g_att_read, g_att_read), count_different(i_g_out, g_out),
+              count_different(i_g_dqkv, g_dqkv), count_different(s_g_dqkv, g_dqkv),
+              blas.batched_pointer_arrays());
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention,
@@ -318,7 +422,64 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention,
                                            AttnShape{1, 1, 16, 2}, AttnShape{1, 256, 768, 12},
                                            // softmax forward: all 4 register chunks (T = 1024)
                                            // and the two-pass kernel beyond them (T = 1032)
-                                           AttnShape{1, 1024, 64, 1}, AttnShape{1, 1032, 64, 1}));
+                                           AttnShape{1, 1024, 64, 1}, AttnShape{1, 1032, 64, 1},
+                                           // in place: odd B, NH and last blocks; hs = 12
+                                           AttnShape{3, 100, 48, 3}, AttnShape{3, 36, 96, 3},
+                                           AttnShape{2, 24, 36, 3}));
+
+// Which shapes run in place, and the scratch they need (host functions: runs without a GPU).
+TEST(GpuKernels, AttentionInplaceShapes) {
+  EXPECT_TRUE(attention_inplace_supported(1024, 768, 12));  // GPT-2 124M, hs 64
+  EXPECT_TRUE(attention_inplace_supported(100, 48, 3));     // hs 16
+  EXPECT_TRUE(attention_inplace_supported(4, 64, 8));       // hs 8
+  EXPECT_FALSE(attention_inplace_supported(24, 36, 3));     // hs 12: heads 24 bytes apart
+  EXPECT_FALSE(attention_inplace_supported(1, 16, 2));      // T·T = 1: att heads unaligned
+  EXPECT_FALSE(attention_inplace_supported(30, 64, 4));     // T·T = 900 not a multiple of 8
+  EXPECT_EQ(attention_forward_inplace_scratch_elems(16, 1024, 768, 12), 0u);
+  EXPECT_EQ(attention_backward_inplace_scratch_elems(16, 1024, 768, 12),
+            static_cast<size_t>(16) * 12 * 1024 * 1024);
+  EXPECT_EQ(attention_forward_inplace_scratch_elems(2, 24, 36, 3),
+            attention_forward_scratch_elems(2, 24, 36));
+  EXPECT_EQ(attention_backward_inplace_scratch_elems(2, 24, 36, 3),
+            attention_backward_scratch_elems(2, 24, 36, 3));
+}
+
+// The pointer arrays: problem i = b·NH + h of each operand at base + b·b_stride + h·h_stride,
+// A's then B's then C's; the same request returns the same device array (no upload); the
+// cache empties itself past kMaxEntries.
+TEST(GpuKernels, BatchedPointerCache) {
+  DDILOCO_REQUIRE_GPU();
+  BlasContext blas(nullptr);
+  DeviceArray<bf16> buf(1 << 16);
+  const char* base = reinterpret_cast<const char*>(buf.get());
+  const int B = 3, NH = 5;
+  const BatchedOperand a{base, 4096, 128}, b{base + 256, 2048, 64}, c{base + 512, 1024, 32};
+  void* const* p = blas.batched_pointers(a, b, c, B, NH);
+  EXPECT_EQ(blas.batched_pointer_arrays(), 1u);
+  EXPECT_EQ(blas.batched_pointers(a, b, c, B, NH), p) << "a hit returns the same array";
+  EXPECT_EQ(blas.batched_pointer_arrays(), 1u);
+  std::vector<void*> got(3 * B * NH);
+  ASSERT_EQ(cudaMemcpy(got.data(), p, got.size() * sizeof(void*), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  const BatchedOperand* ops[3] = {&a, &b, &c};
+  for (int o = 0; o < 3; ++o)
+    for (int bi = 0; bi < B; ++bi)
+      for (int h = 0; h < NH; ++h)
+        EXPECT_EQ(got[o * B * NH + bi * NH + h],
+                  static_cast<const void*>(static_cast<const char*>(ops[o]->base) +
+                                           bi * ops[o]->b_stride + h * ops[o]->h_stride))
+            << o << " " << bi << " " << h;
+  // Another geometry is another entry; past the bound everything is dropped and rebuilt.
+  EXPECT_NE(blas.batched_pointers(a, b, c, B, NH - 1), p);
+  EXPECT_EQ(blas.batched_pointer_arrays(), 2u);
+  for (size_t i = 2; i < BatchedPointerCache::kMaxEntries; ++i) {
+    const BatchedOperand ai{base + 16 * i, 4096, 128};
+    blas.batched_pointers(ai, b, c, 1, 1);
+  }
+  EXPECT_EQ(blas.batched_pointer_arrays(), BatchedPointerCache::kMaxEntries);
+  blas.batched_pointers(a, b, c, 2, 2);  // a miss at the bound: the cache starts over
+  EXPECT_EQ(blas.batched_pointer_arrays(), 1u);
+}
 
 // The fused head-size-64 path against the same CPU reference; it never stores P, so only the
 // output and the input gradient are compared. Same bf16 tolerance as the cuBLAS path (P is

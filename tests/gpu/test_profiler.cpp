@@ -103,6 +103,16 @@ TEST_P(GpuProfilerModel, InstrumentedStepMatchesPlainStep) {
             nullptr);
   EXPECT_NE(find(p, flash ? "bwd attention / dQ kernel" : "bwd attention / softmax bwd"),
             nullptr);
+  // cublas_inplace: the same GEMM and softmax ranges as cublas (profiles compare side by
+  // side), and no permute copies (head size 64, T = 128: attention_inplace_supported).
+  const bool inplace = GetParam() == AttentionKind::cublas_inplace;
+  if (!flash) {
+    for (const char* name : {"fwd attention / PV gemm", "fwd attention / softmax",
+                             "bwd attention / dP = dY V^T gemm", "bwd attention / dK = dS^T Q gemm"})
+      EXPECT_NE(find(p, name), nullptr) << name;
+  }
+  EXPECT_EQ(find(p, "fwd attention / permute qkv") == nullptr, inplace);
+  EXPECT_EQ(find(p, "bwd attention / unpermute dqkv") == nullptr, inplace);
   const auto* qkv = find(p, "fwd matmul qkv");
   ASSERT_NE(qkv, nullptr);
   EXPECT_EQ(qkv->count, config.n_layer);
@@ -110,10 +120,16 @@ TEST_P(GpuProfilerModel, InstrumentedStepMatchesPlainStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Attention, GpuProfilerModel,
-                         ::testing::Values(AttentionKind::cublas, AttentionKind::flash),
+                         ::testing::Values(AttentionKind::cublas, AttentionKind::flash,
+                                           AttentionKind::cublas_inplace),
                          [](const auto& param_info) {
-                           return std::string(param_info.param == AttentionKind::flash ? "flash"
-                                                                                 : "cublas");
+                           switch (param_info.param) {
+                             case AttentionKind::flash: return std::string("flash");
+                             case AttentionKind::cublas_inplace:
+                               return std::string("cublas_inplace");
+                             case AttentionKind::cublas: break;
+                           }
+                           return std::string("cublas");
                          });
 
 }  // namespace

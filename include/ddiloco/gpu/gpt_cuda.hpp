@@ -34,11 +34,17 @@ class OpProfiler;  // ddiloco/gpu/profiler.hpp
 ///           stored per layer in bf16 (llm.c's non-cuDNN path); any shape.
 ///   flash:  fused FlashAttention-2-style kernels, only a (B,NH,T) log-sum-exp per layer;
 ///           needs head size 64 and T a multiple of 64 (Error otherwise). Far less memory
-///           traffic at T = 1024: the path for throughput.
-enum class AttentionKind { cublas, flash };
+///           traffic at T = 1024, but its WMMA kernels ran slower than cublas on an H200.
+///   cublas_inplace: the same math and the same (B,NH,T,T) probabilities as cublas, but the
+///           products read Q, K, V and write y, dQ, dK, dV directly in the (B,T,3C)/(B,T,C)
+///           activations through pointer-array batched GEMMs: no permute copies, and the
+///           attention scratch shrinks to the backward's (B,NH,T,T) gradient. Any shape
+///           (head size not a multiple of 8 or T not a multiple of 4: the cublas path runs).
+enum class AttentionKind { cublas, flash, cublas_inplace };
 /// Every kind, in the order bench gpu --compare runs them.
-inline constexpr AttentionKind kAttentionKinds[] = {AttentionKind::cublas, AttentionKind::flash};
-/// "cublas" | "flash": the names config keys and command lines use.
+inline constexpr AttentionKind kAttentionKinds[] = {
+    AttentionKind::cublas, AttentionKind::cublas_inplace, AttentionKind::flash};
+/// "cublas" | "cublas_inplace" | "flash": the names config keys and command lines use.
 std::string attention_kind_name(AttentionKind kind);
 /// The kind named `name` (attention_kind_name's spelling); Error naming the valid ones else.
 AttentionKind parse_attention_kind(std::string_view name);

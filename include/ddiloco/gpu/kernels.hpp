@@ -33,6 +33,44 @@ using bf16 = __nv_bfloat16;
 
 // ------------------------------------------------------------------------------------ BLAS
 
+/// One operand of a pointer-array batched GEMM over B·NH problems: problem i = b·NH + h
+/// (b < B, h < NH) reads or writes the matrix at base + b·b_stride + h·h_stride, strides in
+/// BYTES (for layouts like attention's heads inside (B,T,3C) rows, where i does not map to
+/// a single stride).
+struct BatchedOperand {
+  const void* base;
+  long long b_stride, h_stride;
+};
+
+/// Device arrays of pointers for cublasGemmBatchedEx, cached (src/gpu/batched_pointers.cpp).
+/// get() returns device memory holding the B·NH pointers of a, then of b, then of c (3·B·NH
+/// pointers back to back, in that order), built on the host and uploaded on the first request
+/// for that (a, b, c, B, NH) — one stream synchronisation — and returned as is afterwards, so
+/// a steady state whose buffers do not move does no host→device copies. Past kMaxEntries the
+/// cache is emptied first (after synchronising the stream, since GEMMs still queued may read
+/// the arrays). The arrays stay valid until then or the cache's destruction; each is only ever
+/// used by GEMMs enqueued on the stream passed to get(). Not thread-safe.
+class BatchedPointerCache {
+ public:
+  static constexpr size_t kMaxEntries = 4096;
+  BatchedPointerCache() = default;
+  ~BatchedPointerCache();
+  BatchedPointerCache(const BatchedPointerCache&) = delete;
+  BatchedPointerCache& operator=(const BatchedPointerCache&) = delete;
+
+  void* const* get(cudaStream_t stream, const BatchedOperand& a, const BatchedOperand& b,
+                   const BatchedOperand& c, int B, int NH);
+  size_t size() const { return arrays_.size(); }
+
+ private:
+  // (a.base, a.b_stride, a.h_stride, b..., c..., B, NH)
+  using Key = std::tuple<uintptr_t, long long, long long, uintptr_t, long long, long long,
+                         uintptr_t, long long, long long, int, int>;
+  void clear();
+  std::map<Key, void**> arrays_;  // device allocations of 3·B·NH pointers
+  cudaStream_t stream_ = nullptr;  // the stream of the GEMMs that use them (one per context)
+};
+
 /// What cuBLASLt's epilogue does to the fp32 product P = op(A)·op(B) (+ beta·C) before D is
 /// stored (cuBLAS docs, cublasLtEpilogue_t). `aux` is a bf16 matrix of D's shape and leading
 /// dimension (ldd, a multiple of 8 elements).
@@ -59,6 +97,14 @@ class BlasContext {
   /// dgrad/wgrad/bias, attention's sub-steps); nullptr (the default) = off, no cost.
   void set_profiler(OpProfiler* profiler) { profiler_ = profiler; }
   OpProfiler* profiler() const { return profiler_; }
+  /// The cached device pointer arrays of a pointer-array batched GEMM on this context's
+  /// stream (BatchedPointerCache::get): A's B·NH pointers, then B's, then C's.
+  void* const* batched_pointers(const BatchedOperand& a, const BatchedOperand& b,
+                                const BatchedOperand& c, int B, int NH) {
+    return pointer_cache_.get(stream_, a, b, c, B, NH);
+  }
+  /// How many pointer-array sets the cache holds (steady state: constant from step to step).
+  size_t batched_pointer_arrays() const { return pointer_cache_.size(); }
 
   /// Column-major GEMM through cuBLASLt, fp32 accumulation (CUBLAS_COMPUTE_32F):
   ///   D(m,n) = epilogue(op(A)·op(B) + beta·D)
@@ -91,6 +137,7 @@ class BlasContext {
   std::map<Key, Plan*> plans_;  // nullptr: cuBLASLt has no algorithm for the key
   long optional_misses_ = 0;
   OpProfiler* profiler_ = nullptr;
+  BatchedPointerCache pointer_cache_;  // freed after the destructor's body (members last)
 };
 
 /// out(N,OUT) = inp(N,IN) · w(OUT,IN)ᵀ + bias(OUT). bf16 in and out, fp32 accumulation; the
@@ -191,6 +238,36 @@ void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
 /// scratch: attention_backward_scratch_elems(B,T,C,NH) bf16 elements.
 void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const bf16* qkv,
                         const bf16* att, bf16* scratch, int B, int T, int C, int NH);
+
+/// True when the in-place launchers below run in place for the shape: head size C/NH a
+/// multiple of 8 and T a multiple of 4, so that every head's pointer is 16-byte aligned (the
+/// pointer-array GEMMs need it: cuBLAS cannot inspect pointers that live in device memory).
+bool attention_inplace_supported(int T, int C, int NH);
+/// Scratch of the in-place launchers, bf16 elements: forward 0, backward B·NH·T·T (datt);
+/// for shapes that are not attention_inplace_supported, those of the permuting launchers
+/// they fall back to (attention_forward_scratch_elems / attention_backward_scratch_elems).
+size_t attention_forward_inplace_scratch_elems(int B, int T, int C, int NH);
+size_t attention_backward_inplace_scratch_elems(int B, int T, int C, int NH);
+
+/// attention_forward without the permute copies: the same causal split, GEMMs, softmax and
+/// (B,NH,T,T) probabilities, but the products read Q, K, V straight from qkv (B,T,3C) and
+/// write y straight into out (B,T,C) through pointer-array batched GEMMs
+/// (cublasGemmBatchedEx; arrays cached in blas, BatchedPointerCache). In llm.c's column-major
+/// view head (b,h) of Q is an (hs,T) matrix with leading dimension 3C at
+/// qkv + b·T·3C + h·hs (K: + C, V: + 2C), of y an (hs,T) matrix with ld C at
+/// out + b·T·C + h·hs. Same arguments and results as attention_forward (the products and
+/// the softmax are the same; only the addressing differs). qkv, out, att 16-byte aligned
+/// (Error otherwise). scratch: attention_forward_inplace_scratch_elems(B,T,C,NH) elements
+/// (none when attention_inplace_supported(T,C,NH); otherwise this runs attention_forward).
+void attention_forward_inplace(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
+                               bf16* scratch, int B, int T, int C, int NH);
+/// attention_backward without the permute copies: dY read straight from dout (B,T,C), Q, K,
+/// V from qkv, dQ, dK, dV written straight into dqkv (B,T,3C) (ld 3C, as Q, K, V above).
+/// Overwrites dqkv. scratch: attention_backward_inplace_scratch_elems(B,T,C,NH) elements, the
+/// (B,NH,T,T) datt when attention_inplace_supported (otherwise this runs attention_backward).
+/// All buffers 16-byte aligned (Error otherwise).
+void attention_backward_inplace(BlasContext& blas, bf16* dqkv, const bf16* dout, const bf16* qkv,
+                                const bf16* att, bf16* scratch, int B, int T, int C, int NH);
 
 /// True when the fused path below handles the shape: head size C/NH == 64 and T % 64 == 0.
 bool attention_flash_supported(int T, int C, int NH);
