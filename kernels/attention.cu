@@ -254,8 +254,9 @@ struct HeadOperand {
   long long sb, sh;
   HeadOperand at(size_t elems) const { return {base + elems, ld, sb, sh}; }
   HeadOperand col(int j) const { return at(static_cast<size_t>(j) * ld); }
-  // Head i = b·NH + h starts at base + i·sh: one stride covers the batch.
-  bool strided(int NH) const { return sb == static_cast<long long>(NH) * sh; }
+  // Head i = b·NH + h starts at base + i·sh: one stride covers the batch (always so for
+  // B = 1, where i = h; in place too, at sh = hs).
+  bool strided(int B, int NH) const { return B == 1 || sb == static_cast<long long>(NH) * sh; }
   BatchedOperand batched() const {
     return {base, sb * static_cast<long long>(sizeof(bf16)),
             sh * static_cast<long long>(sizeof(bf16))};
@@ -288,7 +289,7 @@ void head_gemm(BlasContext& blas, int B, int NH, cublasOperation_t ta, cublasOpe
   const float one = 1.0f, zero = 0.0f;
   const int batch = B * NH;
   bf16* c_base = const_cast<bf16*>(c.base);
-  if (a.strided(NH) && b.strided(NH) && c.strided(NH)) {
+  if (a.strided(B, NH) && b.strided(B, NH) && c.strided(B, NH)) {
     DDILOCO_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         blas.cublas(), ta, tb, m, n, k, &one, a.base, CUDA_R_16BF, a.ld, a.sh, b.base,
         CUDA_R_16BF, b.ld, b.sh, &zero, c_base, CUDA_R_16BF, c.ld, c.sh, batch,

@@ -10,8 +10,10 @@
 #   5. tests/e2e/gpu_train.sh: the trainer on the GPU, among others a 4-unit decoupled run
 #      sharing the one GPU (tokens/s printed).
 # Logs go to ${OUT:-build-cuda/gpu_check}: summary.txt and at most 7 *.log (a device tool's
-# $OUT returns 8 files). Exits non-zero on any failure; without a GPU the build and the (skipped)
-# GPU tests run, then the script fails saying that no GPU step could run.
+# $OUT returns 8 files). Exits non-zero on any failure: at once when a step cannot go on
+# (dependencies, build, benchmark, decoupled run), at the end for failed tests (so that one
+# run still measures); without a GPU the build and the (skipped) GPU tests run, then the
+# script fails saying that no GPU step could run.
 #
 #   scripts/gpu_check.sh                 everything
 #   scripts/gpu_check.sh --build-only    steps 1-2 (and the GPU tests, which skip without a GPU)
@@ -30,7 +32,7 @@ for arg in "$@"; do
   case "$arg" in
     --build-only) build_only=1 ;;
     --debs) force_debs=1 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -44,7 +46,16 @@ rm -f "$logs"/*.log
 t0=$(date +%s)
 say() { echo "gpu_check: $*" | tee -a "$summary"; }
 elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
-die() { say "FAILED: $*"; say "logs: $logs"; exit 1; }
+# Failed checks that need not stop the later ones (device time is scarce: one run should
+# report every failure and still measure); the script fails at the end if there are any.
+failures=()
+failed() { say "FAILED (going on): $*"; failures+=("$*"); }
+die() {
+  say "FAILED: $*"
+  if ((${#failures[@]} > 0)); then say "failed before: ${failures[*]}"; fi
+  say "logs: $logs"
+  exit 1
+}
 # Runs a command with its output appended to log file $1; on failure prints the log's tail and
 # returns the command's status.
 run_logged() {
@@ -164,16 +175,17 @@ ctest_step() {
 }
 # e2e_gpu_train (tests/e2e/gpu_train.sh) is step 5, run once, with its own log.
 say "GPU tests: ctest -L gpu -E '^e2e_gpu_train\$'"
-ctest_step ctest_gpu.log -L gpu -E '^e2e_gpu_train$' || die "GPU tests (log: ctest_gpu.log)"
 if [[ $build_only == 1 ]]; then
+  ctest_step ctest_gpu.log -L gpu -E '^e2e_gpu_train$' || die "GPU tests (log: ctest_gpu.log)"
   say "--build-only: the CPU parity tests, the benchmark and the decoupled run were not run"
   say "done in $(elapsed)"
   exit 0
 fi
+ctest_step ctest_gpu.log -L gpu -E '^e2e_gpu_train$' || failed "GPU tests (log: ctest_gpu.log)"
 [[ $have_gpu == 1 ]] || die "no GPU on this machine: the GPU tests above were SKIPPED, and the
   benchmark and the decoupled run cannot run; this was not a device check (use --build-only)"
 say "CPU parity tests: ctest -R Parity"
-ctest_step ctest_cpu.log -R Parity || die "CPU parity tests (log: ctest_cpu.log)"
+ctest_step ctest_cpu.log -R Parity || failed "CPU parity tests (log: ctest_cpu.log)"
 
 # ------------------------------------------------------------------ 4. benchmark (GPT-2 124M)
 batch=${BENCH_BATCH:-16}
@@ -191,7 +203,8 @@ say "benchmark: ${bench[*]}"
 run_logged bench_gpu.log "${bench[@]}" || die "ddiloco bench gpu (log: bench_gpu.log)"
 sed -n '/^compare:/,/^$/p' "$logs/bench_gpu.log" | sed 's/^/  /' | tee -a "$summary"
 tail -n 8 "$logs/bench_gpu.log"
-last=$(grep -E '^batch=[0-9]+ seq_len=[0-9]+ tokens_per_s=' "$logs/bench_gpu.log" | tail -n 1)
+last=$(grep -E '^batch=[0-9]+ seq_len=[0-9]+ tokens_per_s=' "$logs/bench_gpu.log" | tail -n 1 ||
+  true)
 [[ -n $last ]] || die "ddiloco bench gpu printed no 'batch=... tokens_per_s=... mfu=...' line"
 say "GPT-2 124M shape: $last"
 # The default variant at larger batches (BENCH_EXTRA_BATCHES, "" for none): fixed per-step
@@ -218,4 +231,9 @@ if ((rc == 77)); then
 fi
 ((rc == 0)) || die "4-unit decoupled GPU run (log: decoupled.log)"
 say "4-unit decoupled GPU run: passed in $(( $(date +%s) - td )) s"
+if ((${#failures[@]} > 0)); then
+  say "FAILED: ${failures[*]}"
+  say "logs: $logs"
+  exit 1
+fi
 say "all checks passed in $(elapsed); logs: $logs"

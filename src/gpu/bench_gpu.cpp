@@ -117,6 +117,7 @@ struct Measured {
   double fwd_ms = 0, bwd_ms = 0, opt_ms = 0, step_ms = 0, tokens_per_s = 0, mfu = 0;
   float first_loss = 0, last_loss = 0;
   long fallbacks = 0;  // fused GEMMs cuBLASLt had no algorithm for (ran unfused)
+  double device_gib = 0, total_gib = 0;  // device memory in use with the model alive
 };
 
 // warmup + steps training steps of a fresh model (init_weights(seed)) on the given device
@@ -167,6 +168,10 @@ Measured measure(const GptConfig& config, const BenchGpuOptions& o, const Varian
   r.tokens_per_s = static_cast<double>(B) * T / (r.step_ms / 1e3);
   r.mfu = r.tokens_per_s * config.flops_per_token() / (o.peak_tflops * 1e12);
   r.fallbacks = model.fused_epilogue_fallbacks();
+  size_t free_b = 0, total_b = 0;
+  DDILOCO_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  r.device_gib = static_cast<double>(total_b - free_b) / (1u << 30);
+  r.total_gib = static_cast<double>(total_b) / (1u << 30);
   if (profile) profile_steps(model, tokens, targets, B, T, o, r.step_ms);
   return r;
 }
@@ -210,6 +215,11 @@ int bench_gpu(const BenchGpuOptions& o) {
               "master weights, %s, steps=%d (+%d warm-up)\n",
               B, T, N, variant_name(chosen).c_str(), o.steps, o.warmup);
 
+  if (chosen.attention == gpu::AttentionKind::flash &&
+      !gpu::attention_flash_supported(T, config.n_embd, config.n_head))
+    fail("bench gpu: --attention flash needs head size 64 and a sequence length that is a "
+         "multiple of 64 (n_embd {}, n_head {}, seq {})",
+         config.n_embd, config.n_head, T);
   // --compare: every variant that fits the shape, side by side, the chosen one among them.
   std::vector<Variant> variants{chosen};
   if (o.compare) {
@@ -246,16 +256,12 @@ int bench_gpu(const BenchGpuOptions& o) {
     std::printf("\n");
   }
 
-  size_t free_b = 0, total_b = 0;
-  DDILOCO_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   std::printf("per step: forward %.2f ms, backward %.2f ms, clip+AdamW %.2f ms, step %.2f ms\n",
               mine.fwd_ms, mine.bwd_ms, mine.opt_ms, mine.step_ms);
   std::printf("loss: %.4f at the first step, %.4f after %d steps (random tokens: ln V = %.2f)\n",
               mine.first_loss, mine.last_loss, o.warmup + o.steps,
               std::log(static_cast<double>(o.vocab_size)));
-  std::printf("device memory in use after the runs: %.1f GiB of %.1f GiB\n",
-              static_cast<double>(total_b - free_b) / (1u << 30),
-              static_cast<double>(total_b) / (1u << 30));
+  std::printf("device memory in use: %.1f GiB of %.1f GiB\n", mine.device_gib, mine.total_gib);
   if (chosen.gelu_fusion)
     std::printf("GELU fusion: %s\n",
                 mine.fallbacks == 0

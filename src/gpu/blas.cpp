@@ -51,12 +51,14 @@ BlasContext::~BlasContext() {
   if (workspace_) cudaFree(workspace_);
 }
 
-BlasContext::Plan* BlasContext::plan(const Key& key, const void* aux) {
+BlasContext::Plan* BlasContext::plan(const Key& key, const void* bias, const void* aux) {
   if (auto it = plans_.find(key); it != plans_.end()) return it->second;
   const auto [ta, tb, m, n, k, lda, ldb, ldd, d_fp32, epilogue_code, beta_nonzero, align_a,
-              align_b, align_d, align_aux] = key;
+              align_b, align_d, align_bias, align_aux] = key;
   (void)beta_nonzero;  // part of the key only: beta ≠ 0 reads C, which may favour other tiles
-  (void)align_aux;     // part of the key only: the heuristic reads the aux pointer itself
+  // Part of the key only: the heuristic reads the bias and aux pointers themselves.
+  (void)align_bias;
+  (void)align_aux;
   const auto epilogue = static_cast<Epilogue>(epilogue_code);
   auto* p = new Plan;
   try {
@@ -76,9 +78,13 @@ BlasContext::Plan* BlasContext::plan(const Key& key, const void* aux) {
     }
     DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                         &lt_epilogue, sizeof(lt_epilogue)));
+    // The heuristic derives the bias and aux alignments from the pointers (cublasLt.h), so
+    // they are set before it runs; calls with the same alignments reuse its algorithm.
+    if (bias != nullptr)
+      DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     if (epilogue == Epilogue::gelu_aux_bias || epilogue == Epilogue::dgelu) {
       // The aux matrix has D's shape and leading dimension; its type defaults to D's (bf16).
-      // The heuristic derives the aux alignment from the pointer, so it is set before.
       const int64_t aux_ld = ldd;
       DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
           p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
@@ -112,12 +118,17 @@ BlasContext::Plan* BlasContext::plan(const Key& key, const void* aux) {
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p->desc, p->a, p->b, p->d,
                                                              p->d, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    if ((st == CUBLAS_STATUS_SUCCESS && found == 0) || st == CUBLAS_STATUS_NOT_SUPPORTED) {
       // Remembered as "none", so an optional fused GEMM asks the heuristic once, not per call.
       delete p;
       plans_.emplace(key, nullptr);
       return nullptr;
     }
+    if (st != CUBLAS_STATUS_SUCCESS)
+      fail("cuBLASLt heuristic failed for GEMM m={} n={} k={} transA={} transB={} lda={} "
+           "ldb={} ldd={} D={} epilogue={}: {}",
+           m, n, k, ta, tb, lda, ldb, ldd, d_fp32 ? "fp32" : "bf16", epilogue_code,
+           cublasGetStatusString(st));
     p->algo = result.algo;
   } catch (...) {
     delete p;
@@ -145,8 +156,8 @@ bool BlasContext::gemm(bool trans_a, bool trans_b, int m, int n, int k, const bf
          ldd);
   const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldd, d_fp32, static_cast<int>(epilogue),
                 beta != 0.0f, alignment_of(A), alignment_of(B), alignment_of(D),
-                aux ? alignment_of(aux) : 0};
-  Plan* p = plan(key, aux);
+                bias ? alignment_of(bias) : 0, aux ? alignment_of(aux) : 0};
+  Plan* p = plan(key, bias, aux);
   if (p == nullptr) {
     if (optional) {
       ++optional_misses_;

@@ -254,7 +254,12 @@ TEST(GpuKernels, MatmulGeluEpilogues) {
     EXPECT_LE(scaled_error(download_bf16(d_dpre), dpre), kBf16Out) << "dpre, C=" << C;
     EXPECT_LE(scaled_error(d_dw.download(), dw), kGemmWeightGrad) << "dw, C=" << C;
     EXPECT_LE(scaled_error(d_db.download(), db), 1e-4) << "dbias, C=" << C;
-    // Which path ran: informative, not a failure (the results are checked either way).
+    // cuBLASLt has both fused epilogues for bf16 on Hopper (llm.c's gelu_fusion relies on
+    // them): a silent fallback there would hide the variant being measured. Elsewhere which
+    // path ran is only printed (the results are checked either way).
+    if (C == 64 && test::device_major() >= 9) {
+      EXPECT_EQ(blas.optional_misses(), 0) << "the fused GELU GEMMs ran unfused on this GPU";
+    }
     std::printf("MatmulGeluEpilogues C=%d: %s\n", C,
                 C % 2 == 1                  ? "separate kernels (width not a multiple of 8)"
                 : blas.optional_misses() == 0 ? "fused cuBLASLt epilogues"
@@ -366,8 +371,10 @@ TEST_P(GpuAttention, ForwardBackward) {
   DeviceArray<bf16> i_scratch(i_scratch_elems);
   attention_forward_inplace(blas, i_out.get(), i_att.get(), d_qkv.get(), i_scratch.get(), B, T,
                             C, NH);
+  // B = 1: every head at one stride (hs in place), strided-batched GEMMs; else pointer arrays.
+  const bool pointer_arrays = inplace && B > 1;
   const size_t arrays_after_forward = blas.batched_pointer_arrays();
-  if (inplace) {
+  if (pointer_arrays) {
     EXPECT_GT(arrays_after_forward, 0u);
   } else {
     EXPECT_EQ(arrays_after_forward, 0u);
@@ -396,22 +403,28 @@ TEST_P(GpuAttention, ForwardBackward) {
   EXPECT_LE(scaled_error(i_g_out, g_out), kAttn) << "in place vs permuted: out";
   EXPECT_LE(scaled_error(i_g_dqkv, g_dqkv), kAttn) << "in place vs permuted: dqkv";
   // The backward again, from the permuting path's own P (d_att): now dV = Pᵀ·dY is one GEMM
-  // on identical bf16 inputs in both paths, so at most one rounding apart: one bf16 ulp at the
-  // tensor's scale (2⁻⁷·max|dV| bounds the ulp of every element). dQ, dK come through dP (one
-  // GEMM, ≤ 1 ulp), the softmax backward (no exponential: a dP ulp moves dS by about one ulp)
-  // and a second GEMM: two ulps at scale.
+  // on identical bf16 inputs in both paths. Rounded once from fp32 they would be at most one
+  // bf16 ulp apart, but cuBLAS may split k and reduce the partial sums in the output type
+  // (bf16; CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION is not set) in another way for
+  // another kernel, so two ulps at the tensor's scale (2⁻⁷·max|dV| bounds the ulp of every
+  // element). dQ, dK come through dP (one such GEMM), the softmax backward (P·(dP − Σ P·dP):
+  // where dP and the row sum nearly cancel a dP ulp is a larger part of dS) and a second GEMM:
+  // three ulps at scale (kAttn is about four).
   attention_backward_inplace(blas, i_dqkv.get(), d_dout.get(), d_qkv.get(), d_att.get(),
                              i_scratch.get(), B, T, C, NH);
   const auto s_g_dqkv = download_bf16(i_dqkv);
   const double ulp = std::ldexp(1.0, -7);
   for (int part = 0; part < 3; ++part)
     EXPECT_LE(scaled_error(qkv_part(s_g_dqkv, N, C, part), qkv_part(g_dqkv, N, C, part)),
-              part == 2 ? ulp : 2 * ulp)
+              part == 2 ? 2 * ulp : 3 * ulp)
         << "in place vs permuted from the same P: d" << "qkv"[part];
   std::printf("attention B=%d T=%d C=%d NH=%d (%s): in place vs permuted, elements that "
               "differ: att %zu, out %zu, dqkv %zu (from the same P: %zu); %zu pointer-array "
               "sets cached\n",
-              B, T, C, NH, inplace ? "pointer arrays" : "fallback, permuting",
+              B, T, C, NH,
+              pointer_arrays ? "pointer arrays"
+              : inplace      ? "strided, B = 1"
+                             : "fallback, permuting",
               count_different(i_g_att_read, g_att_read), count_different(i_g_out, g_out),
               count_different(i_g_dqkv, g_dqkv), count_different(s_g_dqkv, g_dqkv),
               blas.batched_pointer_arrays());

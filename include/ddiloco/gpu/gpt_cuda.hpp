@@ -44,7 +44,8 @@ enum class AttentionKind { cublas, flash, cublas_inplace };
 /// Every kind, in the order bench gpu --compare runs them.
 inline constexpr AttentionKind kAttentionKinds[] = {
     AttentionKind::cublas, AttentionKind::cublas_inplace, AttentionKind::flash};
-/// "cublas" | "cublas_inplace" | "flash": the names config keys and command lines use.
+/// "cublas" | "cublas_inplace" | "flash": the names bench gpu --attention takes (the run
+/// config's run.gpu_attention offers auto, cublas and flash).
 std::string attention_kind_name(AttentionKind kind);
 /// The kind named `name` (attention_kind_name's spelling); Error naming the valid ones else.
 AttentionKind parse_attention_kind(std::string_view name);

@@ -114,8 +114,9 @@ class BlasContext {
   /// dimension ldd) for gelu_aux_bias (written) and dgelu (read); every epilogue but none
   /// needs a bf16 D (Error otherwise).
   /// Returns true once the GEMM is enqueued. When cuBLASLt has no algorithm for the
-  /// combination: Error, or with `optional` false with nothing enqueued (the caller then runs
-  /// the unfused kernels; optional_misses() counts these).
+  /// combination: Error; or, with `optional` true, false with nothing enqueued (the caller
+  /// then runs the unfused kernels; optional_misses() counts these). Any other cuBLASLt
+  /// failure is an Error either way.
   bool gemm(bool trans_a, bool trans_b, int m, int n, int k, const bf16* A, int lda,
             const bf16* B, int ldb, void* D, bool d_fp32, int ldd, float beta,
             Epilogue epilogue = Epilogue::none, const bf16* bias = nullptr,
@@ -125,9 +126,9 @@ class BlasContext {
 
  private:
   struct Plan;
-  using Key =
-      std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int, int, int>;
-  Plan* plan(const Key& key, const void* aux);
+  using Key = std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int, int,
+                         int, int>;
+  Plan* plan(const Key& key, const void* bias, const void* aux);
 
   cudaStream_t stream_;
   cublasHandle_t cublas_ = nullptr;
