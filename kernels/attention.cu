@@ -462,6 +462,66 @@ struct CausalSplit {
   }
 };
 
+// The products and softmax of one attention call on heads wherever they live (head-major
+// copies or in place in the activations; HeadOperand says where), in the order and with the
+// profile names both paths share. att, datt: (B,NH,T,T).
+//   forward:  att = softmax(q·kᵀ/√hs) (causal), y = att·v
+void attention_products_forward(BlasContext& blas, const CausalSplit& cs, bf16* att,
+                                const HeadOperand& q, const HeadOperand& k, const HeadOperand& v,
+                                const HeadOperand& y) {
+  OpProfiler* prof = blas.profiler();
+  const HeadOperand P = scores_operand(att, cs.T, cs.NH);
+  const double gemm_flops = cs.flops();  // each product: the split's blocks
+  {
+    // att[j][i] = q_j·k_i (row-major (T,T) per head; see the derivation in llm.c).
+    ProfileScope ps(prof, "QK^T gemm", gemm_flops);
+    cs.scores(blas, P, q, k);
+  }
+  {
+    ProfileScope ps(prof, "softmax");
+    softmax_forward(att, cs.B * cs.NH, cs.T, cs.blk,
+                    1.0f / std::sqrt(static_cast<float>(cs.hs)), blas.stream());
+  }
+  // y[j][d] = Σ_i att[j][i]·v[i][d].
+  ProfileScope ps(prof, "PV gemm", gemm_flops);
+  cs.rows(blas, y, P, v);
+}
+
+//   backward: dq, dk, dv from dy and the saved att; datt is scratch.
+void attention_products_backward(BlasContext& blas, const CausalSplit& cs, const bf16* att,
+                                 bf16* datt, const HeadOperand& q, const HeadOperand& k,
+                                 const HeadOperand& v, const HeadOperand& dy,
+                                 const HeadOperand& dq, const HeadOperand& dk,
+                                 const HeadOperand& dv) {
+  OpProfiler* prof = blas.profiler();
+  const HeadOperand P = scores_operand(att, cs.T, cs.NH), dS = scores_operand(datt, cs.T, cs.NH);
+  const double gemm_flops = cs.flops();  // each product
+  {
+    // dP[j][i] = dy_j·v_i
+    ProfileScope ps(prof, "dP = dY V^T gemm", gemm_flops);
+    cs.scores(blas, dS, dy, v);
+  }
+  {
+    // dV[j][d] = Σ_i P[i][j]·dy[i][d]
+    ProfileScope ps(prof, "dV = P^T dY gemm", gemm_flops);
+    cs.columns(blas, dv, P, dy);
+  }
+  {
+    // dS = P ⊙ (dP − rowsum(P ⊙ dP)) / √hs, in place
+    ProfileScope ps(prof, "softmax bwd");
+    softmax_backward(datt, att, cs.B * cs.NH, cs.T, cs.blk,
+                     1.0f / std::sqrt(static_cast<float>(cs.hs)), blas.stream());
+  }
+  {
+    // dQ[j][d] = Σ_i dS[j][i]·k[i][d]
+    ProfileScope ps(prof, "dQ = dS K gemm", gemm_flops);
+    cs.rows(blas, dq, dS, k);
+  }
+  // dK[j][d] = Σ_i dS[i][j]·q[i][d]
+  ProfileScope ps(prof, "dK = dS^T Q gemm", gemm_flops);
+  cs.columns(blas, dk, dS, q);
+}
+
 }  // namespace
 
 int attention_causal_split(int T) { return T >= 16 ? std::max(8, (T / 4) / 8 * 8) : 0; }
@@ -484,8 +544,6 @@ void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
   OpProfiler* prof = blas.profiler();
   const CausalSplit cs(T, hs, B, NH);
   auto heads = [&](const bf16* p) { return heads_operand(p, T, hs, NH); };
-  // Each batched product: the split's blocks (10/16 of dense T·T at 4 blocks).
-  const double gemm_flops = cs.flops();
   const Permute pm(B, T, C, hs, {scratch, qkv, out});
   {
     ProfileScope ps(prof, "permute qkv");
@@ -495,20 +553,7 @@ void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
       permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
     DDILOCO_CUDA_CHECK_LAUNCH();
   }
-  {
-    // att[j][i] = q_j·k_i (row-major (T,T) per head; see the derivation in llm.c).
-    ProfileScope ps(prof, "QK^T gemm", gemm_flops);
-    cs.scores(blas, scores_operand(att, T, NH), heads(q), heads(k));
-  }
-  {
-    ProfileScope ps(prof, "softmax");
-    softmax_forward(att, B * NH, T, cs.blk, 1.0f / std::sqrt(static_cast<float>(hs)), stream);
-  }
-  {
-    // y[j][d] = Σ_i att[j][i]·v[i][d].
-    ProfileScope ps(prof, "PV gemm", gemm_flops);
-    cs.rows(blas, heads(y), scores_operand(att, T, NH), heads(v));
-  }
+  attention_products_forward(blas, cs, att, heads(q), heads(k), heads(v), heads(y));
   ProfileScope ps(prof, "unpermute y");
   if (pm.vec)
     heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(out, y, pm.n, T, NH, hs, true);
@@ -527,8 +572,6 @@ void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const b
   OpProfiler* prof = blas.profiler();
   const CausalSplit cs(T, hs, B, NH);
   auto heads = [&](const bf16* p) { return heads_operand(p, T, hs, NH); };
-  const HeadOperand P = scores_operand(att, T, NH), dS = scores_operand(datt, T, NH);
-  const double gemm_flops = cs.flops();  // each product
   const Permute pm(B, T, C, hs, {scratch, qkv, dout, dqkv});
   {
     // Q, K, V again from the saved qkv: cheaper than keeping three more (N,C) per layer.
@@ -542,33 +585,8 @@ void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const b
     }
     DDILOCO_CUDA_CHECK_LAUNCH();
   }
-  const int BNH = B * NH;
-  {
-    // dP[j][i] = dy_j·v_i
-    ProfileScope ps(prof, "dP = dY V^T gemm", gemm_flops);
-    cs.scores(blas, dS, heads(dy), heads(v));
-  }
-  {
-    // dV[j][d] = Σ_i P[i][j]·dy[i][d]
-    ProfileScope ps(prof, "dV = P^T dY gemm", gemm_flops);
-    cs.columns(blas, heads(dv), P, heads(dy));
-  }
-  {
-    // dS = P ⊙ (dP − rowsum(P ⊙ dP)) / √hs, in place
-    ProfileScope ps(prof, "softmax bwd");
-    softmax_backward(datt, att, BNH, T, cs.blk, 1.0f / std::sqrt(static_cast<float>(hs)),
-                     stream);
-  }
-  {
-    // dQ[j][d] = Σ_i dS[j][i]·k[i][d]
-    ProfileScope ps(prof, "dQ = dS K gemm", gemm_flops);
-    cs.rows(blas, heads(dq), dS, heads(k));
-  }
-  {
-    // dK[j][d] = Σ_i dS[i][j]·q[i][d]
-    ProfileScope ps(prof, "dK = dS^T Q gemm", gemm_flops);
-    cs.columns(blas, heads(dk), dS, heads(q));
-  }
+  attention_products_backward(blas, cs, att, datt, heads(q), heads(k), heads(v), heads(dy),
+                              heads(dq), heads(dk), heads(dv));
   ProfileScope ps(prof, "unpermute dqkv");
   if (pm.vec)
     unpermute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, pm.n, T, NH, hs);
@@ -614,27 +632,12 @@ void attention_forward_inplace(BlasContext& blas, bf16* out, bf16* att, const bf
   require_aligned({out, att, qkv}, "attention_forward_inplace: buffers must be 16-byte aligned");
   const int hs = C / NH;
   const size_t Cs = static_cast<size_t>(C);
-  cudaStream_t stream = blas.stream();
-  OpProfiler* prof = blas.profiler();
-  const CausalSplit cs(T, hs, B, NH);
   // Head (b, h) of Q at qkv + b·T·3C + h·hs, column (position) j at + j·3C; K at + C, V at
-  // + 2C; y at out + b·T·C + h·hs, column j at + j·C.
-  const HeadOperand q = rows_operand(qkv, T, 3 * C, hs), k = rows_operand(qkv + Cs, T, 3 * C, hs),
-                    v = rows_operand(qkv + 2 * Cs, T, 3 * C, hs), y = rows_operand(out, T, C, hs),
-                    P = scores_operand(att, T, NH);
-  const double gemm_flops = cs.flops();  // each product
-  {
-    // att[j][i] = q_j·k_i
-    ProfileScope ps(prof, "QK^T gemm", gemm_flops);
-    cs.scores(blas, P, q, k);
-  }
-  {
-    ProfileScope ps(prof, "softmax");
-    softmax_forward(att, B * NH, T, cs.blk, 1.0f / std::sqrt(static_cast<float>(hs)), stream);
-  }
-  // y[j][d] = Σ_i att[j][i]·v[i][d], written straight into out's rows.
-  ProfileScope ps(prof, "PV gemm", gemm_flops);
-  cs.rows(blas, y, P, v);
+  // + 2C; y at out + b·T·C + h·hs, column j at + j·C: written straight into out's rows.
+  attention_products_forward(blas, CausalSplit(T, hs, B, NH), att,
+                             rows_operand(qkv, T, 3 * C, hs), rows_operand(qkv + Cs, T, 3 * C, hs),
+                             rows_operand(qkv + 2 * Cs, T, 3 * C, hs),
+                             rows_operand(out, T, C, hs));
 }
 
 void attention_backward_inplace(BlasContext& blas, bf16* dqkv, const bf16* dout, const bf16* qkv,
@@ -647,43 +650,12 @@ void attention_backward_inplace(BlasContext& blas, bf16* dqkv, const bf16* dout,
                   "attention_backward_inplace: buffers must be 16-byte aligned");
   const int hs = C / NH;
   const size_t Cs = static_cast<size_t>(C);
-  bf16* datt = scratch;  // (B,NH,T,T)
-  cudaStream_t stream = blas.stream();
-  OpProfiler* prof = blas.profiler();
-  const CausalSplit cs(T, hs, B, NH);
-  // As in the forward: Q, K, V and dQ, dK, dV in (B,T,3C) rows (ld 3C), dY in (B,T,C) (ld C).
-  const HeadOperand q = rows_operand(qkv, T, 3 * C, hs), k = rows_operand(qkv + Cs, T, 3 * C, hs),
-                    v = rows_operand(qkv + 2 * Cs, T, 3 * C, hs),
-                    dq = rows_operand(dqkv, T, 3 * C, hs),
-                    dk = rows_operand(dqkv + Cs, T, 3 * C, hs),
-                    dv = rows_operand(dqkv + 2 * Cs, T, 3 * C, hs),
-                    dy = rows_operand(dout, T, C, hs), P = scores_operand(att, T, NH),
-                    dS = scores_operand(datt, T, NH);
-  const double gemm_flops = cs.flops();  // each product
-  {
-    // dP[j][i] = dy_j·v_i
-    ProfileScope ps(prof, "dP = dY V^T gemm", gemm_flops);
-    cs.scores(blas, dS, dy, v);
-  }
-  {
-    // dV[j][d] = Σ_i P[i][j]·dy[i][d]
-    ProfileScope ps(prof, "dV = P^T dY gemm", gemm_flops);
-    cs.columns(blas, dv, P, dy);
-  }
-  {
-    // dS = P ⊙ (dP − rowsum(P ⊙ dP)) / √hs, in place
-    ProfileScope ps(prof, "softmax bwd");
-    softmax_backward(datt, att, B * NH, T, cs.blk, 1.0f / std::sqrt(static_cast<float>(hs)),
-                     stream);
-  }
-  {
-    // dQ[j][d] = Σ_i dS[j][i]·k[i][d]
-    ProfileScope ps(prof, "dQ = dS K gemm", gemm_flops);
-    cs.rows(blas, dq, dS, k);
-  }
-  // dK[j][d] = Σ_i dS[i][j]·q[i][d]
-  ProfileScope ps(prof, "dK = dS^T Q gemm", gemm_flops);
-  cs.columns(blas, dk, dS, q);
+  // As in the forward: Q, K, V and dQ, dK, dV in (B,T,3C) rows (ld 3C), dY in (B,T,C) (ld C);
+  // the scratch holds datt (B,NH,T,T).
+  auto rows3 = [&](const bf16* p) { return rows_operand(p, T, 3 * C, hs); };
+  attention_products_backward(blas, CausalSplit(T, hs, B, NH), att, scratch, rows3(qkv),
+                              rows3(qkv + Cs), rows3(qkv + 2 * Cs), rows_operand(dout, T, C, hs),
+                              rows3(dqkv), rows3(dqkv + Cs), rows3(dqkv + 2 * Cs));
 }
 
 bool attention_flash_supported(int T, int C, int NH) {
