@@ -87,16 +87,45 @@ __global__ void heads_kernel(bf16* dst, const bf16* src, size_t n, int T, int NH
     copy_vec<VW>(dst + x.head, src + x.row);
 }
 
-// Launches one of the three permutes with VW = 8 when every row segment is 16-byte aligned.
+// Launches the three permutes for (B,T,C) activations and hs-wide heads, with VW = 8 when
+// every row segment of `ptrs` (all the buffers involved) is 16-byte aligned.
 struct Permute {
   bool vec;
   size_t n;
   unsigned grid;
-  Permute(int B, int T, int C, int hs, std::initializer_list<const void*> ptrs) {
+  int T, NH, hs;
+  cudaStream_t stream;
+  Permute(int B, int T_, int C, int hs_, std::initializer_list<const void*> ptrs,
+          cudaStream_t stream_)
+      : T(T_), NH(C / hs_), hs(hs_), stream(stream_) {
     vec = hs % 8 == 0;
     for (const void* p : ptrs) vec = vec && detail::aligned16(p);
     n = static_cast<size_t>(B) * T * C / (vec ? 8 : 1);
     grid = detail::blocks_for(n, kThreads);
+  }
+  // qkv (B,T,3C) → q, k, v (B,NH,T,hs).
+  void split_qkv(bf16* q, bf16* k, bf16* v, const bf16* qkv) const {
+    if (vec)
+      permute_qkv_kernel<8><<<grid, kThreads, 0, stream>>>(q, k, v, qkv, n, T, NH, hs);
+    else
+      permute_qkv_kernel<1><<<grid, kThreads, 0, stream>>>(q, k, v, qkv, n, T, NH, hs);
+    DDILOCO_CUDA_CHECK_LAUNCH();
+  }
+  // dq, dk, dv (B,NH,T,hs) → dqkv (B,T,3C).
+  void join_qkv(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv) const {
+    if (vec)
+      unpermute_qkv_kernel<8><<<grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, n, T, NH, hs);
+    else
+      unpermute_qkv_kernel<1><<<grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, n, T, NH, hs);
+    DDILOCO_CUDA_CHECK_LAUNCH();
+  }
+  // heads_kernel: to_bt = true (B,NH,T,hs) → (B,T,C), false the other way.
+  void heads(bf16* dst, const bf16* src, bool to_bt) const {
+    if (vec)
+      heads_kernel<8><<<grid, kThreads, 0, stream>>>(dst, src, n, T, NH, hs, to_bt);
+    else
+      heads_kernel<1><<<grid, kThreads, 0, stream>>>(dst, src, n, T, NH, hs, to_bt);
+    DDILOCO_CUDA_CHECK_LAUNCH();
   }
 };
 
@@ -544,22 +573,14 @@ void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
   OpProfiler* prof = blas.profiler();
   const CausalSplit cs(T, hs, B, NH);
   auto heads = [&](const bf16* p) { return heads_operand(p, T, hs, NH); };
-  const Permute pm(B, T, C, hs, {scratch, qkv, out});
+  const Permute pm(B, T, C, hs, {scratch, qkv, out}, stream);
   {
     ProfileScope ps(prof, "permute qkv");
-    if (pm.vec)
-      permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
-    else
-      permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
-    DDILOCO_CUDA_CHECK_LAUNCH();
+    pm.split_qkv(q, k, v, qkv);
   }
   attention_products_forward(blas, cs, att, heads(q), heads(k), heads(v), heads(y));
   ProfileScope ps(prof, "unpermute y");
-  if (pm.vec)
-    heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(out, y, pm.n, T, NH, hs, true);
-  else
-    heads_kernel<1><<<pm.grid, kThreads, 0, stream>>>(out, y, pm.n, T, NH, hs, true);
-  DDILOCO_CUDA_CHECK_LAUNCH();
+  pm.heads(out, y, true);
 }
 
 void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const bf16* qkv,
@@ -572,27 +593,17 @@ void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const b
   OpProfiler* prof = blas.profiler();
   const CausalSplit cs(T, hs, B, NH);
   auto heads = [&](const bf16* p) { return heads_operand(p, T, hs, NH); };
-  const Permute pm(B, T, C, hs, {scratch, qkv, dout, dqkv});
+  const Permute pm(B, T, C, hs, {scratch, qkv, dout, dqkv}, stream);
   {
     // Q, K, V again from the saved qkv: cheaper than keeping three more (N,C) per layer.
     ProfileScope ps(prof, "permute qkv + dy");
-    if (pm.vec) {
-      permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
-      heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
-    } else {
-      permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
-      heads_kernel<1><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
-    }
-    DDILOCO_CUDA_CHECK_LAUNCH();
+    pm.split_qkv(q, k, v, qkv);
+    pm.heads(dy, dout, false);
   }
   attention_products_backward(blas, cs, att, datt, heads(q), heads(k), heads(v), heads(dy),
                               heads(dq), heads(dk), heads(dv));
   ProfileScope ps(prof, "unpermute dqkv");
-  if (pm.vec)
-    unpermute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, pm.n, T, NH, hs);
-  else
-    unpermute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, pm.n, T, NH, hs);
-  DDILOCO_CUDA_CHECK_LAUNCH();
+  pm.join_qkv(dqkv, dq, dk, dv);
 }
 
 bool attention_inplace_supported(int T, int C, int NH) {
@@ -669,14 +680,10 @@ void attention_forward_flash(bf16* out, float* lse, const bf16* qkv, bf16* scrat
   const int hs = C / NH;
   const size_t NC = static_cast<size_t>(B) * T * C;
   bf16 *q = scratch, *k = q + NC, *v = k + NC, *y = v + NC;
-  const Permute pm(B, T, C, hs, {scratch, qkv, out});
+  const Permute pm(B, T, C, hs, {scratch, qkv, out}, stream);
   {
     ProfileScope ps(prof, "permute qkv");
-    if (pm.vec)
-      permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
-    else
-      permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
-    DDILOCO_CUDA_CHECK_LAUNCH();
+    pm.split_qkv(q, k, v, qkv);
   }
   {
     // FLOPs of the computed (causal) 64×64 tiles: S = QKᵀ and O = PV, 2·64³ each per tile.
@@ -687,11 +694,7 @@ void attention_forward_flash(bf16* out, float* lse, const bf16* qkv, bf16* scrat
                           stream);
   }
   ProfileScope ps(prof, "unpermute y");
-  if (pm.vec)
-    heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(out, y, pm.n, T, NH, hs, true);
-  else
-    heads_kernel<1><<<pm.grid, kThreads, 0, stream>>>(out, y, pm.n, T, NH, hs, true);
-  DDILOCO_CUDA_CHECK_LAUNCH();
+  pm.heads(out, y, true);
 }
 
 void attention_backward_flash(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
@@ -703,17 +706,11 @@ void attention_backward_flash(bf16* dqkv, const bf16* dout, const bf16* qkv, con
   const size_t NC = static_cast<size_t>(B) * T * C;
   bf16 *q = scratch, *k = q + NC, *v = k + NC, *dy = v + NC, *dq = dy + NC, *dk = dq + NC,
        *dv = dk + NC;
-  const Permute pm(B, T, C, hs, {scratch, qkv, dout, dqkv});
+  const Permute pm(B, T, C, hs, {scratch, qkv, dout, dqkv}, stream);
   {
     ProfileScope ps(prof, "permute qkv + dy");
-    if (pm.vec) {
-      permute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
-      heads_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
-    } else {
-      permute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(q, k, v, qkv, pm.n, T, NH, hs);
-      heads_kernel<1><<<pm.grid, kThreads, 0, stream>>>(dy, dout, pm.n, T, NH, hs, false);
-    }
-    DDILOCO_CUDA_CHECK_LAUNCH();
+    pm.split_qkv(q, k, v, qkv);
+    pm.heads(dy, dout, false);
   }
   {
     ProfileScope ps(prof, "delta = rowsum(dO*O)");
@@ -722,11 +719,7 @@ void attention_backward_flash(bf16* dqkv, const bf16* dout, const bf16* qkv, con
   detail::flash_backward(q, k, v, dy, lse, delta, dq, dk, dv, B * NH, T,
                          1.0f / std::sqrt(static_cast<float>(hs)), stream, prof);
   ProfileScope ps(prof, "unpermute dqkv");
-  if (pm.vec)
-    unpermute_qkv_kernel<8><<<pm.grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, pm.n, T, NH, hs);
-  else
-    unpermute_qkv_kernel<1><<<pm.grid, kThreads, 0, stream>>>(dqkv, dq, dk, dv, pm.n, T, NH, hs);
-  DDILOCO_CUDA_CHECK_LAUNCH();
+  pm.join_qkv(dqkv, dq, dk, dv);
 }
 
 }  // namespace ddiloco::gpu
