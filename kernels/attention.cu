@@ -95,9 +95,9 @@ struct Permute {
   unsigned grid;
   int T, NH, hs;
   cudaStream_t stream;
-  Permute(int B, int T_, int C, int hs_, std::initializer_list<const void*> ptrs,
+  Permute(int B, int T_, int C, int NH_, int hs_, std::initializer_list<const void*> ptrs,
           cudaStream_t stream_)
-      : T(T_), NH(C / hs_), hs(hs_), stream(stream_) {
+      : T(T_), NH(NH_), hs(hs_), stream(stream_) {
     vec = hs % 8 == 0;
     for (const void* p : ptrs) vec = vec && detail::aligned16(p);
     n = static_cast<size_t>(B) * T * C / (vec ? 8 : 1);
@@ -573,7 +573,7 @@ void attention_forward(BlasContext& blas, bf16* out, bf16* att, const bf16* qkv,
   OpProfiler* prof = blas.profiler();
   const CausalSplit cs(T, hs, B, NH);
   auto heads = [&](const bf16* p) { return heads_operand(p, T, hs, NH); };
-  const Permute pm(B, T, C, hs, {scratch, qkv, out}, stream);
+  const Permute pm(B, T, C, NH, hs, {scratch, qkv, out}, stream);
   {
     ProfileScope ps(prof, "permute qkv");
     pm.split_qkv(q, k, v, qkv);
@@ -593,7 +593,7 @@ void attention_backward(BlasContext& blas, bf16* dqkv, const bf16* dout, const b
   OpProfiler* prof = blas.profiler();
   const CausalSplit cs(T, hs, B, NH);
   auto heads = [&](const bf16* p) { return heads_operand(p, T, hs, NH); };
-  const Permute pm(B, T, C, hs, {scratch, qkv, dout, dqkv}, stream);
+  const Permute pm(B, T, C, NH, hs, {scratch, qkv, dout, dqkv}, stream);
   {
     // Q, K, V again from the saved qkv: cheaper than keeping three more (N,C) per layer.
     ProfileScope ps(prof, "permute qkv + dy");
@@ -680,7 +680,7 @@ void attention_forward_flash(bf16* out, float* lse, const bf16* qkv, bf16* scrat
   const int hs = C / NH;
   const size_t NC = static_cast<size_t>(B) * T * C;
   bf16 *q = scratch, *k = q + NC, *v = k + NC, *y = v + NC;
-  const Permute pm(B, T, C, hs, {scratch, qkv, out}, stream);
+  const Permute pm(B, T, C, NH, hs, {scratch, qkv, out}, stream);
   {
     ProfileScope ps(prof, "permute qkv");
     pm.split_qkv(q, k, v, qkv);
@@ -706,7 +706,7 @@ void attention_backward_flash(bf16* dqkv, const bf16* dout, const bf16* qkv, con
   const size_t NC = static_cast<size_t>(B) * T * C;
   bf16 *q = scratch, *k = q + NC, *v = k + NC, *dy = v + NC, *dq = dy + NC, *dk = dq + NC,
        *dv = dk + NC;
-  const Permute pm(B, T, C, hs, {scratch, qkv, dout, dqkv}, stream);
+  const Permute pm(B, T, C, NH, hs, {scratch, qkv, dout, dqkv}, stream);
   {
     ProfileScope ps(prof, "permute qkv + dy");
     pm.split_qkv(q, k, v, qkv);
