@@ -131,28 +131,12 @@ __global__ void bias_backward_kernel(float* dbias, const bf16* dout, int N, int 
   }
 }
 
-// Vector variant (OUT % 8 == 0, ld % 8 == 0, dout 16-byte aligned): threadIdx.x picks one of
-// 32 adjacent groups of 8 columns (each warp reads 512 contiguous bytes of a row with 16-byte
-// loads, 8× fewer load instructions than the scalar kernel), threadIdx.y strides over the
-// block's rows; the 8 partial sums of each column meet in shared memory in a fixed order and
-// one fp32 atomic per column and block goes to global memory.
-// rows_per_block (a multiple of 8) is chosen by the launcher so that the grid fills the GPU
-// even when OUT is only a few blocks of 256 columns wide.
-__global__ void bias_backward_vec_kernel(float* dbias, const bf16* dout, int N, int OUT, int ld,
-                                         int rows_per_block) {
+// The end of the (32, 8)-thread column-sum kernels below: thread (x, y) holds the partial
+// sums s[0..8) of columns blockIdx.x·256 + x·8 + k over its rows; they meet in shared memory
+// in a fixed order and one fp32 atomic per column and block goes to dbias (length OUT).
+// Every thread of the block must call it (it synchronises the block).
+__device__ __forceinline__ void flush_column_sums(const float (&s)[8], float* dbias, int OUT) {
   __shared__ float partial[8][32 * 8 + 1];
-  const int col = (blockIdx.x * 32 + threadIdx.x) * 8;
-  const int row0 = blockIdx.y * rows_per_block;
-  const int row1 = min(N, row0 + rows_per_block);
-  float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-  if (col < OUT) {
-#pragma unroll 4
-    for (int r = row0 + threadIdx.y; r < row1; r += 8) {
-      const Bf16x8 x = load8(dout + static_cast<size_t>(r) * ld + col);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) s[k] += __bfloat162float(x.v[k]);
-    }
-  }
 #pragma unroll
   for (int k = 0; k < 8; ++k) partial[threadIdx.y][threadIdx.x * 8 + k] = s[k];
   __syncthreads();
@@ -167,6 +151,29 @@ __global__ void bias_backward_vec_kernel(float* dbias, const bf16* dout, int N, 
   }
 }
 
+// Vector variant (OUT % 8 == 0, ld % 8 == 0, dout 16-byte aligned): threadIdx.x picks one of
+// 32 adjacent groups of 8 columns (each warp reads 512 contiguous bytes of a row with 16-byte
+// loads, 8× fewer load instructions than the scalar kernel), threadIdx.y strides over the
+// block's rows; flush_column_sums adds the partial sums up.
+// rows_per_block (a multiple of 8) is chosen by the launcher so that the grid fills the GPU
+// even when OUT is only a few blocks of 256 columns wide.
+__global__ void bias_backward_vec_kernel(float* dbias, const bf16* dout, int N, int OUT, int ld,
+                                         int rows_per_block) {
+  const int col = (blockIdx.x * 32 + threadIdx.x) * 8;
+  const int row0 = blockIdx.y * rows_per_block;
+  const int row1 = min(N, row0 + rows_per_block);
+  float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  if (col < OUT) {
+#pragma unroll 4
+    for (int r = row0 + threadIdx.y; r < row1; r += 8) {
+      const Bf16x8 x = load8(dout + static_cast<size_t>(r) * ld + col);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) s[k] += __bfloat162float(x.v[k]);
+    }
+  }
+  flush_column_sums(s, dbias, OUT);
+}
+
 // GELU backward fused with the bias gradient of the Linear layer before it (the MLP's fc):
 // dinp = bf16(gelu'(inp)·dout) as gelu_backward_vec, and dbias += column sums of those
 // bf16-rounded values, exactly what bias_backward would read back — one pass over the
@@ -175,7 +182,6 @@ __global__ void bias_backward_vec_kernel(float* dbias, const bf16* dout, int N, 
 __global__ void gelu_backward_bias_kernel(bf16* dinp, float* dbias, const bf16* inp,
                                           const bf16* dout, int N, int OUT,
                                           int rows_per_block) {
-  __shared__ float partial[8][32 * 8 + 1];
   const int col = (blockIdx.x * 32 + threadIdx.x) * 8;
   const int row0 = blockIdx.y * rows_per_block;
   const int row1 = min(N, row0 + rows_per_block);
@@ -195,17 +201,7 @@ __global__ void gelu_backward_bias_kernel(bf16* dinp, float* dbias, const bf16* 
       store8(dinp + off, y);
     }
   }
-#pragma unroll
-  for (int k = 0; k < 8; ++k) partial[threadIdx.y][threadIdx.x * 8 + k] = s[k];
-  __syncthreads();
-  const int j = threadIdx.y * 32 + threadIdx.x;
-  const int c = blockIdx.x * 256 + j;
-  if (c < OUT) {
-    float total = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) total += partial[k][j];
-    atomicAdd(dbias + c, total);
-  }
+  flush_column_sums(s, dbias, OUT);
 }
 
 // Grid of the (32, 8)-thread column-sum kernels above: OUT/256 column strips, rows split so

@@ -58,6 +58,29 @@ __global__ void layernorm_forward_kernel(bf16* out, float* mean, float* rstd, co
   }
 }
 
+// LayerNorm backward's first pass over one row (a warp, lane = its lane): the row means
+// mg = mean(g) and mgx = mean(g·x̂) of g = dout·w, x̂ = (inp − m)·r, over C columns.
+template <int VW>
+__device__ __forceinline__ void row_grad_means(float& mg, float& mgx, const bf16* dout,
+                                               const bf16* inp, const bf16* w, float m, float r,
+                                               int C, int lane) {
+  float xv[VW], dv[VW], wv[VW];
+  float sg = 0.0f, sgx = 0.0f;
+  for (int c = lane * VW; c < C; c += kWarp * VW) {
+    load_f<VW>(inp + c, xv);
+    load_f<VW>(dout + c, dv);
+    load_f<VW>(w + c, wv);
+#pragma unroll
+    for (int k = 0; k < VW; ++k) {
+      const float g = dv[k] * wv[k];
+      sg += g;
+      sgx += g * (xv[k] - m) * r;
+    }
+  }
+  mg = warp_sum(sg) / C;
+  mgx = warp_sum(sgx) / C;
+}
+
 // Backward, fast path: each block walks rows with a stride of gridDim.x·8 (one warp per row).
 // Every warp owns 2·C floats of shared memory (its dw and db partial sums) and inside a warp
 // each lane owns the columns it loads, so the per-element accumulation is a plain shared
@@ -99,19 +122,8 @@ __global__ void layernorm_backward_kernel(bf16* dinp, float* dw, float* db, cons
     const float m = mean[row], r = rstd[row];
     float xv[VW], dv[VW], wv[VW];
     // Pass 1: mean(g) and mean(g·x̂) with g = dout·w.
-    float sg = 0.0f, sgx = 0.0f;
-    for (int c = lane * VW; c < C; c += kWarp * VW) {
-      load_f<VW>(inp + off + c, xv);
-      load_f<VW>(dout + off + c, dv);
-      load_f<VW>(w + c, wv);
-#pragma unroll
-      for (int k = 0; k < VW; ++k) {
-        const float g = dv[k] * wv[k];
-        sg += g;
-        sgx += g * (xv[k] - m) * r;
-      }
-    }
-    const float mg = warp_sum(sg) / C, mgx = warp_sum(sgx) / C;
+    float mg, mgx;
+    row_grad_means<VW>(mg, mgx, dout + off, inp + off, w, m, r, C, lane);
     // Pass 2 (the row is in L1 from pass 1): dx (accumulated into the bf16 residual
     // gradient), this warp's dw, db.
     float di[VW];
@@ -159,19 +171,9 @@ __global__ void layernorm_backward_global_kernel(bf16* dinp, float* dw, float* d
     const size_t off = static_cast<size_t>(row) * C;
     const float m = mean[row], r = rstd[row];
     float xv[VW], dv[VW], wv[VW];
-    float sg = 0.0f, sgx = 0.0f;
-    for (int c = lane * VW; c < C; c += kWarp * VW) {
-      load_f<VW>(inp + off + c, xv);
-      load_f<VW>(dout + off + c, dv);
-      load_f<VW>(w + c, wv);
-#pragma unroll
-      for (int k = 0; k < VW; ++k) {
-        const float g = dv[k] * wv[k];
-        sg += g;
-        sgx += g * (xv[k] - m) * r;
-      }
-    }
-    const float mg = warp_sum(sg) / C, mgx = warp_sum(sgx) / C;
+    // Pass 1: mean(g) and mean(g·x̂) with g = dout·w.
+    float mg, mgx;
+    row_grad_means<VW>(mg, mgx, dout + off, inp + off, w, m, r, C, lane);
     float di[VW];
     for (int c = lane * VW; c < C; c += kWarp * VW) {
       load_f<VW>(inp + off + c, xv);
