@@ -1,13 +1,13 @@
-// The learner ↔ syncer protocol over MPI one-sided windows (architecture.md, "Learner ↔
-// syncer over MPI one-sided windows").
+// The learner ↔ syncer protocol over one-sided windows (architecture.md, "Learner ↔ syncer
+// over MPI one-sided windows"), written once over the transport of remote_memory.hpp: MPI RMA
+// in the one-job deployment, UCX between separately launched jobs.
 //
-// Every unit leader exposes one window (MPI_Win_allocate over the sync communicator: syncer +
-// leaders) holding a control block, one header per fragment, and per fragment an OUTBOX (the
-// learner's latest snapshot of θ_p) and an INBOX (the syncer's merged Θ_p). The syncer is the
-// only RMA origin: it reads outboxes with MPI_Rget and writes inboxes with MPI_Rput, so a
-// learner never blocks on the network: publishing and applying are local loads and stores
-// (std::atomic_ref for the header words, MPI_Win_sync as the memory barrier) inside one
-// MPI_Win_lock_all epoch held for the whole run.
+// Every unit leader exposes one window (comm::ExposedMemory) holding a control block, one
+// header per fragment, and per fragment an OUTBOX (the learner's latest snapshot of θ_p) and
+// an INBOX (the syncer's merged Θ_p). The syncer is the only origin (comm::RemoteMemory): it
+// reads outboxes and writes inboxes, so a learner never blocks on the network: publishing and
+// applying are local loads and stores (std::atomic_ref for the header words, the transport's
+// sync() as the memory barrier).
 //
 // Flow control, so that nothing is ever read while it is being written:
 //   outbox p: the learner writes a snapshot (data, then the header, then seq = previous + 1)
@@ -22,8 +22,11 @@
 //             regardless of in_ack (the unit is waiting for kRejoinServed and reads no inbox
 //             meanwhile), and the unit's takes restore the normal rule.
 // Words are int64, 8-byte aligned, each written by exactly one side with a single store (the
-// learner) or MPI_Accumulate(MPI_REPLACE) (the syncer); the windows are in MPI's unified
-// memory model on every transport we use (osc/sm, osc/rdma).
+// learner) or the transport's atomic put_word (the syncer).
+//
+// A unit the transport reports absent (not connected, or lost) is skipped by the syncer's
+// side: its headers keep their last polled values with `reachable` false, a fetch from it is
+// refused, and what is written to it is dropped (remote_memory.hpp).
 //
 // Wire format (wire_format.hpp): what a fragment's outbox and inbox carry. With fp32 they hold
 // the values themselves. With bf16, int8 or int4 they hold a DIFFERENCE against a reference
@@ -43,8 +46,7 @@
 // common initialisation) or, on resume, from the checkpoint's Θ.
 #pragma once
 
-#include <mpi.h>
-
+#include <bit>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -54,6 +56,7 @@
 
 #include "ddiloco/checksum.hpp"
 #include "ddiloco/fragments.hpp"
+#include "ddiloco/remote_memory.hpp"
 #include "ddiloco/wire_format.hpp"
 
 namespace ddiloco::sync {
@@ -79,7 +82,10 @@ enum Control : int {
   kCheckpointFailed,  ///< learner: id of a checkpoint whose unit file it could not write
   kStopAfterVersion,  ///< syncer (diloco): stop once the merge of this round is applied
   kSignal,          ///< learner: the stop signal its leader received (0 = none)
-  kControlWords = 24
+  kReleased,        ///< syncer (isolated): 1 = done reading, the unit may close its window
+  kTimeBook,        ///< learner (isolated): its unit's TimeBook, TimeBook::kFields doubles
+                    ///< (bit patterns) from here on, written before kState = kDone
+  kControlWords = 32
 };
 
 enum UnitState : int64_t { kStarting = 0, kRunning = 1, kDone = 2 };
@@ -139,18 +145,20 @@ struct SnapshotMeta {
   int64_t c_steps = 0, c_tok = 0, step = 0, base_version = 0;
 };
 
-/// A unit leader's side. Constructing and close() are collective over the sync communicator.
+/// A unit leader's side, over `memory` (at least layout.bytes(), zeroed; it must outlive the
+/// window). Throws Error when the memory is too small.
 class LearnerWindow {
  public:
-  LearnerWindow(MPI_Comm sync_comm, const WindowLayout& layout);
-  ~LearnerWindow();
+  LearnerWindow(comm::ExposedMemory& memory, const WindowLayout& layout);
   LearnerWindow(const LearnerWindow&) = delete;
   LearnerWindow& operator=(const LearnerWindow&) = delete;
-  /// Ends the access epoch and frees the window (collective, after every exchange is over).
-  void close();
+  /// Ends the exposure (MPI: collective, after every exchange is over).
+  void close() { memory_->close(); }
 
   int64_t control(Control word) const;
   void set_control(Control word, int64_t value);
+  /// Stores a double's bit pattern in control word `word` (kTimeBook + i).
+  void set_control_f64(int word, double value);
 
   /// May fragment p's outbox be written (the syncer consumed the previous snapshot)?
   bool outbox_free(int p) const;
@@ -189,8 +197,9 @@ class LearnerWindow {
 
  private:
   int64_t& word(size_t byte_offset) const;
-  MPI_Win win_ = MPI_WIN_NULL;
-  char* base_ = nullptr;
+  void sync() const { memory_->sync(); }
+  comm::ExposedMemory* memory_;
+  std::byte* base_ = nullptr;
   const WindowLayout* layout_;
   std::vector<std::vector<float>> ref_;  // per fragment: R (lossy wire formats)
   std::vector<int64_t> ref_version_;
@@ -201,23 +210,31 @@ class LearnerWindow {
 /// What the syncer sees of one unit after a poll: its control block and fragment headers.
 struct UnitHeaders {
   std::vector<int64_t> words;  ///< header_block_bytes / 8 words
+  bool reachable = false;      ///< the last poll read them (false: the unit is absent)
   int64_t control(Control w) const { return words[w]; }
+  /// A double the learner stored with set_control_f64 (its bit pattern).
+  double control_f64(int w) const { return std::bit_cast<double>(words[w]); }
   int64_t header(int p, Header h) const {
     return words[kControlWords + static_cast<size_t>(p) * kHeaderWords + h];
   }
 };
 
-/// The syncer's side: origin of every RMA operation. Collective construction/close() over
-/// the sync communicator (the syncer exposes no memory).
+/// The syncer's side: origin of every operation, over `remote` (one unit per remote unit;
+/// it must outlive the window).
 class SyncerWindow {
  public:
-  SyncerWindow(MPI_Comm sync_comm, const WindowLayout& layout, int units);
-  ~SyncerWindow();
+  SyncerWindow(comm::RemoteMemory& remote, const WindowLayout& layout);
   SyncerWindow(const SyncerWindow&) = delete;
   SyncerWindow& operator=(const SyncerWindow&) = delete;
-  void close();
+  void close() { remote_->close(); }
+  comm::RemoteMemory& remote() { return *remote_; }
 
-  /// Reads every unit's control block and headers (one MPI_Rget per unit, completed together).
+  /// Forgets what was known of unit u's window (its references fall back to `version` of Θ,
+  /// which the caller delivers raw): a new process of the unit has a new, zeroed window.
+  void reset_unit(int u);
+
+  /// Reads every connected unit's control block and headers (one read per unit, completed
+  /// together); an absent unit's keep their last values, with `reachable` false.
   void poll(std::vector<UnitHeaders>& out);
   /// What fetch() found.
   struct Fetched {
@@ -255,7 +272,7 @@ class SyncerWindow {
  private:
   void put_word(int u, size_t byte_offset, int64_t value);
   void prune_references(const std::vector<UnitHeaders>& headers);
-  MPI_Win win_ = MPI_WIN_NULL;
+  comm::RemoteMemory* remote_;
   const WindowLayout* layout_;
   int units_;
   uint64_t bytes_read_ = 0, bytes_written_ = 0;

@@ -1,7 +1,5 @@
 #include "ddiloco/sync_window.hpp"
 
-#include <exception>
-
 #include <atomic>
 #include <algorithm>
 #include <cstring>
@@ -9,23 +7,12 @@
 #include <limits>
 
 #include "ddiloco/error.hpp"
-#include "ddiloco/mpi.hpp"
 
 namespace ddiloco::sync {
 
 namespace {
 constexpr size_t kAlign = 64;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-// An RMA transfer of `bytes` as an MPI count and type: counts are int, so whole floats where
-// the size allows (up to 8 GiB), bytes otherwise (an odd-sized int4 encoding).
-struct RmaCount {
-  int count;
-  MPI_Datatype type;
-};
-RmaCount rma_count(size_t bytes) {
-  if (bytes % sizeof(float) == 0) return {static_cast<int>(bytes / sizeof(float)), MPI_FLOAT};
-  return {static_cast<int>(bytes), MPI_BYTE};
-}
 }  // namespace
 
 WindowLayout::WindowLayout(const FragmentPlan& plan, wire::Format format, size_t block)
@@ -53,32 +40,11 @@ size_t WindowLayout::header_offset(int p) const {
 
 // ---------------------------------------------------------------------------- learner side
 
-LearnerWindow::LearnerWindow(MPI_Comm sync_comm, const WindowLayout& layout) : layout_(&layout) {
-  mpi::check(MPI_Win_allocate(static_cast<MPI_Aint>(layout.bytes()), 1, MPI_INFO_NULL, sync_comm,
-                              &base_, &win_),
-             "Win_allocate(learner)");
-  std::memset(base_, 0, layout.bytes());
-  mpi::check(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_), "Win_lock_all(learner)");
-  MPI_Win_sync(win_);
-  // Every window is initialised before the syncer's first read.
-  mpi::check(MPI_Barrier(sync_comm), "Barrier(window ready)");
-}
-
-LearnerWindow::~LearnerWindow() {
-  // Freeing a window is collective: while an error unwinds the stack on this rank alone, the
-  // others would never join, and the job would hang instead of reporting it (main aborts).
-  if (win_ != MPI_WIN_NULL && std::uncaught_exceptions() == 0) {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) close();
-  }
-}
-
-void LearnerWindow::close() {
-  if (win_ == MPI_WIN_NULL) return;
-  MPI_Win_unlock_all(win_);
-  MPI_Win_free(&win_);
-  win_ = MPI_WIN_NULL;
+LearnerWindow::LearnerWindow(comm::ExposedMemory& memory, const WindowLayout& layout)
+    : memory_(&memory), base_(memory.base()), layout_(&layout) {
+  if (memory.bytes() < layout.bytes())
+    fail("learner window: the exposed memory holds {} bytes, the layout needs {}", memory.bytes(),
+         layout.bytes());
 }
 
 int64_t& LearnerWindow::word(size_t byte_offset) const {
@@ -86,17 +52,24 @@ int64_t& LearnerWindow::word(size_t byte_offset) const {
 }
 
 int64_t LearnerWindow::control(Control w) const {
-  MPI_Win_sync(win_);
+  sync();
   return std::atomic_ref<int64_t>(word(w * sizeof(int64_t))).load(std::memory_order_acquire);
 }
 
 void LearnerWindow::set_control(Control w, int64_t value) {
   std::atomic_ref<int64_t>(word(w * sizeof(int64_t))).store(value, std::memory_order_release);
-  MPI_Win_sync(win_);
+  sync();
+}
+
+void LearnerWindow::set_control_f64(int w, double value) {
+  if (w < 0 || w >= kControlWords) fail("set_control_f64: word {} outside the control block", w);
+  std::atomic_ref<int64_t>(word(static_cast<size_t>(w) * sizeof(int64_t)))
+      .store(std::bit_cast<int64_t>(value), std::memory_order_release);
+  sync();
 }
 
 bool LearnerWindow::outbox_free(int p) const {
-  MPI_Win_sync(win_);
+  sync();
   const size_t h = layout_->header_offset(p);
   const int64_t seq =
       std::atomic_ref<int64_t>(word(h + kOutSeq * 8)).load(std::memory_order_acquire);
@@ -182,16 +155,16 @@ int64_t LearnerWindow::publish(int p, std::span<const float> packed, const Snaps
   store(kOutBytes, static_cast<int64_t>(bytes));
   store(kOutChecksum, static_cast<int64_t>(checksum(std::span<const std::byte>(out, bytes))));
   // Data and metadata first, then the sequence number that announces them.
-  MPI_Win_sync(win_);
+  sync();
   auto seq_word = std::atomic_ref<int64_t>(word(h + kOutSeq * 8));
   const int64_t seq = seq_word.load(std::memory_order_relaxed) + 1;
   seq_word.store(seq, std::memory_order_release);
-  MPI_Win_sync(win_);
+  sync();
   return seq;
 }
 
 int64_t LearnerWindow::inbox_version(int p) const {
-  MPI_Win_sync(win_);
+  sync();
   return std::atomic_ref<int64_t>(word(layout_->header_offset(p) + kInVersion * 8))
       .load(std::memory_order_acquire);
 }
@@ -200,7 +173,7 @@ bool LearnerWindow::take_inbox(int p, std::span<float> out) {
   if (out.size() != layout_->numel(p))
     fail("take_inbox: fragment {} has {} elements, got {}", p, layout_->numel(p), out.size());
   const size_t h = layout_->header_offset(p);
-  MPI_Win_sync(win_);
+  sync();
   auto load = [&](Header w) {
     return std::atomic_ref<int64_t>(word(h + w * 8)).load(std::memory_order_acquire);
   };
@@ -224,7 +197,7 @@ bool LearnerWindow::take_inbox(int p, std::span<float> out) {
     std::copy(ref_[p].begin(), ref_[p].end(), out.begin());
   }
   std::atomic_ref<int64_t>(word(h + kInAck * 8)).store(version, std::memory_order_release);
-  MPI_Win_sync(win_);
+  sync();
   return true;
 }
 
@@ -242,57 +215,46 @@ void LearnerWindow::lose_outboxes() {
 void LearnerWindow::set_inbox_taken(int p, int64_t version) {
   std::atomic_ref<int64_t>(word(layout_->header_offset(p) + kInAck * 8))
       .store(version, std::memory_order_release);
-  MPI_Win_sync(win_);
+  sync();
 }
 
 void LearnerWindow::hold_inboxes() {
   for (int p = 0; p < layout_->fragments(); ++p)
     std::atomic_ref<int64_t>(word(layout_->header_offset(p) + kInAck * 8))
         .store(-1, std::memory_order_release);
-  MPI_Win_sync(win_);
+  sync();
 }
 
 // ---------------------------------------------------------------------------- syncer side
 
-SyncerWindow::SyncerWindow(MPI_Comm sync_comm, const WindowLayout& layout, int units)
-    : layout_(&layout), units_(units),
-      refs_(units, std::vector<std::map<int64_t, std::vector<float>>>(layout.fragments())) {
-  char* base = nullptr;
-  mpi::check(MPI_Win_allocate(0, 1, MPI_INFO_NULL, sync_comm, &base, &win_),
-             "Win_allocate(syncer)");
-  mpi::check(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_), "Win_lock_all(syncer)");
-  mpi::check(MPI_Barrier(sync_comm), "Barrier(window ready)");
-}
+SyncerWindow::SyncerWindow(comm::RemoteMemory& remote, const WindowLayout& layout)
+    : remote_(&remote), layout_(&layout), units_(remote.units()),
+      refs_(units_, std::vector<std::map<int64_t, std::vector<float>>>(layout.fragments())) {}
 
-SyncerWindow::~SyncerWindow() {
-  // Freeing a window is collective: while an error unwinds the stack on this rank alone, the
-  // others would never join, and the job would hang instead of reporting it (main aborts).
-  if (win_ != MPI_WIN_NULL && std::uncaught_exceptions() == 0) {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) close();
-  }
-}
-
-void SyncerWindow::close() {
-  if (win_ == MPI_WIN_NULL) return;
-  MPI_Win_unlock_all(win_);
-  MPI_Win_free(&win_);
-  win_ = MPI_WIN_NULL;
+void SyncerWindow::reset_unit(int u) {
+  for (auto& refs : refs_[u]) refs.clear();
 }
 
 void SyncerWindow::poll(std::vector<UnitHeaders>& out) {
   const size_t words = layout_->header_block_bytes() / sizeof(int64_t);
   out.resize(units_);
-  std::vector<MPI_Request> requests(units_);
+  std::vector<comm::RemoteMemory::Read> reads;
+  std::vector<std::vector<int64_t>> fresh(units_);
   for (int u = 0; u < units_; ++u) {
-    out[u].words.resize(words);
-    mpi::check(MPI_Rget(out[u].words.data(), static_cast<int>(words), MPI_INT64_T, u + 1, 0,
-                        static_cast<int>(words), MPI_INT64_T, win_, &requests[u]),
-               "Rget(headers)");
+    if (out[u].words.size() != words) out[u].words.assign(words, 0);
+    out[u].reachable = false;
+    if (!remote_->connected(u)) continue;
+    // Read beside the last values: a read that fails (the unit died meanwhile) keeps them.
+    fresh[u].resize(words);
+    reads.push_back({u, 0, std::as_writable_bytes(std::span<int64_t>(fresh[u]))});
   }
-  mpi::check(MPI_Waitall(units_, requests.data(), MPI_STATUSES_IGNORE), "Waitall(headers)");
-  bytes_read_ += static_cast<uint64_t>(units_) * words * sizeof(int64_t);
+  remote_->get_all(reads);
+  for (const auto& r : reads) {
+    if (!r.ok) continue;
+    out[r.unit].words.swap(fresh[r.unit]);
+    out[r.unit].reachable = true;
+    bytes_read_ += words * sizeof(int64_t);
+  }
   prune_references(out);
 }
 
@@ -329,19 +291,13 @@ SyncerWindow::Fetched SyncerWindow::fetch(int u, int p, const UnitHeaders& heade
   // Read what was announced, bounded by the outbox (a corrupt size is refused after the read).
   const size_t read = std::min(bytes, layout_->capacity(p));
   scratch_.resize(read);
-  MPI_Request request;
-  // Fragments can exceed INT_MAX bytes; a raw one is read in floats (INT_MAX floats = 8 GiB).
-  const auto [count, type] = rma_count(read);
-  mpi::check(MPI_Rget(scratch_.data(), count, type, u + 1, static_cast<MPI_Aint>(layout_->outbox_offset(p)),
-                      count, type, win_, &request),
-             "Rget(snapshot)");
-  mpi::check(MPI_Wait(&request, MPI_STATUS_IGNORE), "Wait(snapshot)");
-  int64_t dummy = 0;
-  mpi::check(MPI_Fetch_and_op(&dummy, &got.seq_after, MPI_INT64_T, u + 1,
-                              static_cast<MPI_Aint>(layout_->header_offset(p) + kOutSeq * 8),
-                              MPI_NO_OP, win_),
-             "Fetch_and_op(seq)");
-  mpi::check(MPI_Win_flush(u + 1, win_), "Win_flush");
+  bool ok = remote_->get(u, layout_->outbox_offset(p), scratch_);
+  ok = ok && remote_->fetch_word(u, layout_->header_offset(p) + kOutSeq * 8, got.seq_after);
+  if (!ok) {
+    got.seq_after = -1;  // the caller sees a torn read and tries nothing more of this unit
+    got.problem = "the unit was lost during the read";
+    return got;
+  }
   got.wire_bytes = read;
   bytes_read_ += read + sizeof(int64_t);
   const auto sum = static_cast<uint64_t>(headers.header(p, kOutChecksum));
@@ -373,11 +329,7 @@ SyncerWindow::Fetched SyncerWindow::fetch(int u, int p, const UnitHeaders& heade
 }
 
 void SyncerWindow::put_word(int u, size_t byte_offset, int64_t value) {
-  mpi::check(MPI_Accumulate(&value, 1, MPI_INT64_T, u + 1, static_cast<MPI_Aint>(byte_offset), 1,
-                            MPI_INT64_T, MPI_REPLACE, win_),
-             "Accumulate");
-  mpi::check(MPI_Win_flush(u + 1, win_), "Win_flush");
-  bytes_written_ += sizeof(int64_t);
+  if (remote_->put_word(u, byte_offset, value)) bytes_written_ += sizeof(int64_t);
 }
 
 void SyncerWindow::ack(int u, int p, int64_t seq) {
@@ -413,14 +365,9 @@ size_t SyncerWindow::deliver(int u, int p, int64_t version, std::span<const floa
     refs[version] = std::move(next);
     bytes = scratch_;
   }
-  MPI_Request request;
-  const auto [count, type] = rma_count(bytes.size());
-  mpi::check(MPI_Rput(bytes.data(), count, type, u + 1, static_cast<MPI_Aint>(layout_->inbox_offset(p)),
-                      count, type, win_, &request),
-             "Rput(fragment)");
-  mpi::check(MPI_Wait(&request, MPI_STATUS_IGNORE), "Wait(fragment)");
-  // The data is complete at the target before the words that announce it.
-  mpi::check(MPI_Win_flush(u + 1, win_), "Win_flush");
+  // The data is complete at the target before the words that announce it (put() returns
+  // after remote completion).
+  if (!remote_->put(u, layout_->inbox_offset(p), bytes)) return bytes.size();
   bytes_written_ += bytes.size();
   const size_t h = layout_->header_offset(p);
   put_word(u, h + kInRaw * 8, raw ? 1 : 0);

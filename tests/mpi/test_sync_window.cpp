@@ -8,6 +8,7 @@
 #include "ddiloco/fragments.hpp"
 #include "ddiloco/mpi.hpp"
 #include "ddiloco/rng.hpp"
+#include "ddiloco/mpi_memory.hpp"
 #include "ddiloco/sync_window.hpp"
 #include "mpi_test_main.hpp"
 
@@ -33,7 +34,8 @@ TEST(SyncWindow, PublishFetchAckDeliverTake) {
   Fixture f;
   const size_t n1 = f.windows.numel(1);
   if (f.syncer) {
-    sync::SyncerWindow win(MPI_COMM_WORLD, f.windows, 2);
+    comm::MpiRemoteMemory memory(MPI_COMM_WORLD, 2);
+    sync::SyncerWindow win(memory, f.windows);
     MPI_Barrier(MPI_COMM_WORLD);  // (a) leaders have published fragment 1
     std::vector<sync::UnitHeaders> h;
     win.poll(h);
@@ -63,7 +65,8 @@ TEST(SyncWindow, PublishFetchAckDeliverTake) {
     MPI_Barrier(MPI_COMM_WORLD);
     win.close();
   } else {
-    sync::LearnerWindow win(MPI_COMM_WORLD, f.windows);
+    comm::MpiExposedMemory memory(MPI_COMM_WORLD, f.windows.bytes());
+    sync::LearnerWindow win(memory, f.windows);
     EXPECT_TRUE(win.outbox_free(1));
     EXPECT_EQ(win.publish(1, pattern(n1, 10.0f * (f.unit + 1)), {7 + f.unit, 700 + f.unit, 9, 0}), 1);
     MPI_Barrier(MPI_COMM_WORLD);  // (a)
@@ -92,11 +95,13 @@ TEST(SyncWindow, OutboxRefusesAnUnreadSnapshot) {
   Fixture f;
   const size_t n0 = f.windows.numel(0);
   if (f.syncer) {
-    sync::SyncerWindow win(MPI_COMM_WORLD, f.windows, 2);
+    comm::MpiRemoteMemory memory(MPI_COMM_WORLD, 2);
+    sync::SyncerWindow win(memory, f.windows);
     MPI_Barrier(MPI_COMM_WORLD);
     win.close();
   } else {
-    sync::LearnerWindow win(MPI_COMM_WORLD, f.windows);
+    comm::MpiExposedMemory memory(MPI_COMM_WORLD, f.windows.bytes());
+    sync::LearnerWindow win(memory, f.windows);
     win.publish(0, pattern(n0, 1.0f), {1, 1, 1, 0});
     EXPECT_FALSE(win.outbox_free(0));
     EXPECT_THROW(win.publish(0, pattern(n0, 2.0f), {1, 1, 1, 0}), Error);
@@ -113,7 +118,8 @@ TEST(SyncWindow, FastLearnerNeverTearsASnapshot) {
   const size_t n0 = f.windows.numel(0);
   constexpr int kRounds = 40;
   if (f.syncer) {
-    sync::SyncerWindow win(MPI_COMM_WORLD, f.windows, 2);
+    comm::MpiRemoteMemory memory(MPI_COMM_WORLD, 2);
+    sync::SyncerWindow win(memory, f.windows);
     std::vector<sync::UnitHeaders> h;
     std::vector<int64_t> consumed(2, 0);
     std::vector<float> got(n0);
@@ -140,7 +146,8 @@ TEST(SyncWindow, FastLearnerNeverTearsASnapshot) {
     MPI_Barrier(MPI_COMM_WORLD);
     win.close();
   } else {
-    sync::LearnerWindow win(MPI_COMM_WORLD, f.windows);
+    comm::MpiExposedMemory memory(MPI_COMM_WORLD, f.windows.bytes());
+    sync::LearnerWindow win(memory, f.windows);
     int64_t published = 0, refused = 0;
     mpi::Backoff backoff(100);
     while (published < kRounds) {

@@ -11,6 +11,7 @@
 #include "ddiloco/fragments.hpp"
 #include "ddiloco/mpi.hpp"
 #include "ddiloco/rng.hpp"
+#include "ddiloco/mpi_memory.hpp"
 #include "ddiloco/sync_window.hpp"
 #include "mpi_test_main.hpp"
 
@@ -55,7 +56,8 @@ TEST(WireWindow, DeliveredRoundingNeverAccumulates) {
   Fixture f;
   constexpr int kVersions = 12;
   if (f.syncer) {
-    sync::SyncerWindow win(MPI_COMM_WORLD, f.windows, 1);
+    comm::MpiRemoteMemory memory(MPI_COMM_WORLD, 1);
+    sync::SyncerWindow win(memory, f.windows);
     win.set_reference(0, 0, 0, theta_at(0, f.n));
     std::vector<sync::UnitHeaders> h;
     for (int v = 1; v <= kVersions; ++v) {
@@ -69,7 +71,8 @@ TEST(WireWindow, DeliveredRoundingNeverAccumulates) {
     MPI_Barrier(MPI_COMM_WORLD);
     win.close();
   } else {
-    sync::LearnerWindow win(MPI_COMM_WORLD, f.windows);
+    comm::MpiExposedMemory memory(MPI_COMM_WORLD, f.windows.bytes());
+    sync::LearnerWindow win(memory, f.windows);
     win.set_reference(0, 0, theta_at(0, f.n));
     std::vector<float> got(f.n);
     double worst = 0;
@@ -95,7 +98,8 @@ TEST(WireWindow, SnapshotsCarryErrorFeedbackAndNameTheirReference) {
   constexpr int kSnapshots = 10;
   const std::vector<float> ref = theta_at(0, f.n);
   if (f.syncer) {
-    sync::SyncerWindow win(MPI_COMM_WORLD, f.windows, 1);
+    comm::MpiRemoteMemory memory(MPI_COMM_WORLD, 1);
+    sync::SyncerWindow win(memory, f.windows);
     win.set_reference(0, 0, 0, ref);
     std::vector<sync::UnitHeaders> h;
     std::vector<float> got(f.n), sum_sent(f.n, 0.0f), sum_got(f.n, 0.0f);
@@ -137,7 +141,8 @@ TEST(WireWindow, SnapshotsCarryErrorFeedbackAndNameTheirReference) {
     MPI_Barrier(MPI_COMM_WORLD);
     win.close();
   } else {
-    sync::LearnerWindow win(MPI_COMM_WORLD, f.windows);
+    comm::MpiExposedMemory memory(MPI_COMM_WORLD, f.windows.bytes());
+    sync::LearnerWindow win(memory, f.windows);
     win.set_reference(0, 0, ref);
     std::vector<float> theta(f.n);
     for (int k = 1; k <= kSnapshots; ++k) {

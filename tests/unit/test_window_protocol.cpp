@@ -1,0 +1,147 @@
+// The learner ↔ syncer window protocol over the in-memory transport: what crosses, flow
+// control, and a unit that is lost and replaced by a new process (isolated deployment).
+#include <gtest/gtest.h>
+
+#include "ddiloco/error.hpp"
+#include "ddiloco/fragments.hpp"
+#include "ddiloco/model.hpp"
+#include "ddiloco/sync_window.hpp"
+#include "local_link.hpp"
+
+namespace ddiloco {
+namespace {
+
+std::vector<float> pattern(size_t n, float base) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = base + 0.001f * static_cast<float>(i);
+  return v;
+}
+
+struct Fixture {
+  ParameterLayout layout = ParameterLayout::gpt2(GptConfig{16, 4, 1, 2, 8});
+  FragmentPlan plan{layout, 2, 4};
+  sync::WindowLayout windows{plan, wire::Format::bf16, 64};
+  test::LocalRemote remote{2};
+  std::vector<std::unique_ptr<test::LocalExposed>> memory;
+  Fixture() {
+    for (int u = 0; u < 2; ++u) {
+      memory.push_back(std::make_unique<test::LocalExposed>(windows.bytes()));
+      remote.attach(u, memory.back().get());
+    }
+  }
+};
+
+TEST(WindowProtocol, SnapshotAndMergeCrossInBothDirections) {
+  Fixture f;
+  sync::SyncerWindow syncer(f.remote, f.windows);
+  sync::LearnerWindow learner(*f.memory[1], f.windows);
+  const size_t n = f.windows.numel(1);
+  const auto theta0 = pattern(n, 0.5f);
+  learner.set_reference(1, 0, theta0);
+  syncer.set_reference(1, 1, 0, theta0);
+  const auto mine = pattern(n, 0.52f);
+  ASSERT_TRUE(learner.outbox_free(1));
+  EXPECT_EQ(learner.publish(1, mine, {3, 300, 3, 0}), 1);
+  EXPECT_FALSE(learner.outbox_free(1));  // unread: the next publish must wait
+
+  std::vector<sync::UnitHeaders> h;
+  syncer.poll(h);
+  ASSERT_TRUE(h[1].reachable);
+  EXPECT_EQ(h[1].header(1, sync::kOutSeq), 1);
+  EXPECT_EQ(h[1].header(1, sync::kOutTokens), 300);
+  std::vector<float> got(n);
+  const auto fetched = syncer.fetch(1, 1, h[1], got);
+  EXPECT_EQ(fetched.problem, "");
+  EXPECT_EQ(fetched.seq_after, 1);
+  for (size_t i = 0; i < n; ++i) EXPECT_NEAR(got[i], mine[i], 1e-3f) << i;  // bf16 difference
+  syncer.ack(1, 1, 1);
+  EXPECT_TRUE(learner.outbox_free(1));
+
+  const auto merged = pattern(n, 0.51f);
+  syncer.deliver(1, 1, 1, merged);
+  EXPECT_EQ(learner.inbox_version(1), 1);
+  std::vector<float> taken(n);
+  ASSERT_TRUE(learner.take_inbox(1, taken));
+  for (size_t i = 0; i < n; ++i) EXPECT_NEAR(taken[i], merged[i], 1e-3f) << i;
+  // Both sides now hold the same reference R (sync_window.hpp): the next delivery is exact up
+  // to one rounding, never an accumulated one.
+  EXPECT_EQ(learner.reference_version(1), 1);
+}
+
+TEST(WindowProtocol, ALostUnitIsSkippedAndANewProcessStartsFromRawTheta) {
+  Fixture f;
+  sync::SyncerWindow syncer(f.remote, f.windows);
+  const size_t n = f.windows.numel(0);
+  const auto theta0 = pattern(n, 0.1f);
+  {
+    sync::LearnerWindow learner(*f.memory[0], f.windows);
+    learner.set_reference(0, 0, theta0);
+    syncer.set_reference(0, 0, 0, theta0);
+    learner.set_control(sync::kTokensDone, 1234);
+    learner.publish(0, pattern(n, 0.2f), {1, 10, 1, 0});
+  }
+  std::vector<sync::UnitHeaders> h;
+  syncer.poll(h);
+  EXPECT_EQ(h[0].control(sync::kTokensDone), 1234);
+
+  // The process dies: the transport reports it absent. Its headers keep their last values but
+  // are marked unreachable; a read is refused; what is written to it is dropped.
+  f.remote.detach(0);
+  syncer.poll(h);
+  EXPECT_FALSE(h[0].reachable);
+  EXPECT_TRUE(h[1].reachable);
+  EXPECT_EQ(h[0].control(sync::kTokensDone), 1234);
+  std::vector<float> got(n, -7.0f);
+  const auto fetched = syncer.fetch(0, 0, h[0], got);
+  EXPECT_NE(fetched.problem, "");
+  EXPECT_EQ(fetched.seq_after, -1);
+  EXPECT_EQ(got[0], -7.0f);
+  const int64_t puts = f.remote.puts;
+  syncer.deliver(0, 0, 1, pattern(n, 0.3f));
+  EXPECT_EQ(f.remote.puts, puts);
+
+  // A new process: a new, zeroed window and no reference. The syncer forgets the old one's
+  // references; the next delivery is raw fp32 and sets both sides' references.
+  test::LocalExposed fresh(f.windows.bytes());
+  f.remote.attach(0, &fresh);
+  syncer.reset_unit(0);
+  sync::LearnerWindow learner(fresh, f.windows);
+  syncer.poll(h);
+  EXPECT_TRUE(h[0].reachable);
+  EXPECT_EQ(h[0].control(sync::kTokensDone), 0);
+  EXPECT_EQ(syncer.delivery_bytes(0, 0), n * sizeof(float));
+  const auto theta = pattern(n, 0.4f);
+  syncer.deliver(0, 0, 5, theta, /*raw=*/true);
+  std::vector<float> taken(n);
+  ASSERT_TRUE(learner.take_inbox(0, taken));
+  EXPECT_EQ(taken, theta);
+  EXPECT_EQ(learner.reference_version(0), 5);
+  // From here on the unit's snapshots are differences against that Θ.
+  learner.publish(0, pattern(n, 0.41f), {1, 10, 6, 5});
+  syncer.poll(h);
+  EXPECT_EQ(h[0].header(0, sync::kOutRef), 5);
+  const auto again = syncer.fetch(0, 0, h[0], got);
+  EXPECT_EQ(again.problem, "");
+}
+
+TEST(WindowProtocol, TimeBookTravelsAsDoubles) {
+  Fixture f;
+  sync::SyncerWindow syncer(f.remote, f.windows);
+  sync::LearnerWindow learner(*f.memory[0], f.windows);
+  learner.set_control_f64(sync::kTimeBook, 12.5);
+  learner.set_control_f64(sync::kTimeBook + 5, -0.25);
+  EXPECT_THROW(learner.set_control_f64(sync::kControlWords, 1.0), Error);
+  std::vector<sync::UnitHeaders> h;
+  syncer.poll(h);
+  EXPECT_EQ(h[0].control_f64(sync::kTimeBook), 12.5);
+  EXPECT_EQ(h[0].control_f64(sync::kTimeBook + 5), -0.25);
+}
+
+TEST(WindowProtocol, MemorySmallerThanTheLayoutIsRefused) {
+  Fixture f;
+  test::LocalExposed small(f.windows.bytes() - 8);
+  EXPECT_THROW(sync::LearnerWindow(small, f.windows), Error);
+}
+
+}  // namespace
+}  // namespace ddiloco
