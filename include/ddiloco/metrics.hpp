@@ -13,6 +13,13 @@ namespace ddiloco {
 /// CPU time (user + system) this process has used so far, seconds, all threads.
 double process_cpu_seconds();
 
+/// Wall time since this process was started (exec), seconds: /proc/self/stat's start time
+/// against /proc/uptime (clock-tick resolution). 0 where /proc cannot be read.
+double process_age_s();
+
+/// This machine's host name ("" if unknown).
+std::string host_name();
+
 /// Seconds on a monotonic clock since construction.
 class Stopwatch {
  public:

@@ -5,17 +5,25 @@
 #include <mpi.h>
 
 #include <filesystem>
+#include <optional>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "ddiloco/checkpoint.hpp"
 #include "ddiloco/config.hpp"
 #include "ddiloco/data_loader.hpp"
 #include "ddiloco/goodput.hpp"
+#include "ddiloco/remote_memory.hpp"
 #include "ddiloco/topology.hpp"
 #include "ddiloco/trainer.hpp"
 #include "ddiloco/wan.hpp"
 
 namespace ddiloco {
+
+namespace sync {
+class LearnerWindow;
+}
 
 /// The effective outer-loop settings of a mode, everything else being equal:
 ///   ddp        gradients all-reduced across all units every step; no outer loop (P = 1 is
@@ -48,6 +56,25 @@ struct OuterPlan {
 /// Returns the stop signal that ended the job early, or 0.
 int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::string& resume = "");
 
+/// The checkpoint a job resumes from for --resume `resume` ("auto" or a directory): "" for a
+/// fresh start. Throws Error for a checkpoint that is corrupt or of another job.
+std::string choose_checkpoint(const Config& config, const std::string& resume);
+
+/// The syncer's validated inputs: run.dir and the checkpoint directory usable, the resumed
+/// state (checked against the configuration), and the validation set. Throws Error naming
+/// what is wrong; touches nothing.
+struct SyncerSetup {
+  std::optional<checkpoint::SyncerState> state;
+  std::unique_ptr<ValidationSet> val;
+};
+SyncerSetup prepare_syncer(const Config& config, const OuterPlan& plan, const std::string& resume,
+                           bool replace);
+
+/// A learner rank's trainer on its data stream (topology.stream_index of stream_count).
+/// `learners`: the communicator GPU ranks pick their device in (MPI_COMM_NULL on the CPU).
+std::unique_ptr<UnitTrainer> make_unit_trainer(const Config& config, const OuterPlan& plan,
+                                               const Topology& topology, MPI_Comm learners);
+
 /// What a learner rank resumes from: the checkpoint directory, its unit's file and the
 /// syncer's (read and validated during set-up).
 struct LearnerResume {
@@ -56,16 +83,37 @@ struct LearnerResume {
   checkpoint::SyncerState syncer;
 };
 
+/// How a unit leader reaches the syncer in the isolated deployment (nullptr: the one-job
+/// deployment's MPI window over topology.sync_comm).
+struct LearnerLink {
+  /// Exposes `bytes` of window memory to the syncer, connected and admitted (blocks until then;
+  /// throws Error when refused or when the syncer cannot be reached in time).
+  std::function<std::unique_ptr<comm::ExposedMemory>(size_t bytes)> expose;
+  /// Returns once the syncer has released the unit (kReleased) after its kDone, or the link
+  /// is gone, or a bounded wait has passed.
+  std::function<void(sync::LearnerWindow&)> wait_released;
+  int64_t restart = 0;  ///< restarts of this unit before this process (DDILOCO_RESTART)
+};
+
 /// The two roles; called by run_job once set-up succeeded everywhere.
 /// run_learner returns where this rank's wall time went (goodput accounting); a ddp leader
 /// also what crossed its WAN link (`link`, unit −1 elsewhere).
 TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology& topology,
                      UnitTrainer& trainer, const LearnerResume* resume = nullptr,
-                     wan::LinkCounters* link = nullptr);
+                     wan::LinkCounters* link = nullptr, const LearnerLink* sync_link = nullptr);
+/// How the syncer reaches the units. The one-job deployment: MPI windows over
+/// topology.sync_comm (pass no link). The isolated deployment: a transport where units come
+/// and go (`listener`), with the run id and secret a unit must present (membership.hpp).
+struct SyncerLink {
+  comm::RemoteMemory* remote = nullptr;
+  comm::UnitListener* listener = nullptr;
+  std::string run_id, secret;
+};
+
 /// Returns the stop signal that ended the job early, or 0. `resumed`: the state read from
-/// the checkpoint directory `resume` (nullptr: a fresh start).
+/// the checkpoint directory `resume` (nullptr: a fresh start). `link`: see SyncerLink.
 int run_syncer(const Config& config, const OuterPlan& plan, const Topology& topology,
                const ValidationSet& val, const std::filesystem::path& resume = {},
-               const checkpoint::SyncerState* resumed = nullptr);
+               const checkpoint::SyncerState* resumed = nullptr, const SyncerLink* link = nullptr);
 
 }  // namespace ddiloco

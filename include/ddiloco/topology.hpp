@@ -14,9 +14,15 @@ class Topology {
  public:
   enum class Role { syncer, learner };
 
-  /// Collective over `world`. Throws Error when the world size is not what the configuration
-  /// needs (1 syncer + Σ units.ranks).
+  /// The one-job deployment. Collective over `world`. Throws Error when the world size is not
+  /// what the configuration needs (1 syncer + Σ units.ranks).
   Topology(const Config& config, MPI_Comm world);
+  /// The isolated deployment (README "Fault isolation"): `world` is one process's or one
+  /// unit job's own MPI world. unit < 0: the syncer, alone in `world`; otherwise the ranks of
+  /// unit `unit` (as many as units.ranks[unit]), on the data streams they would have in the
+  /// one-job layout. No sync or leaders communicator: the link to the syncer is the UCX
+  /// transport. Collective over `world`; throws Error naming the mismatch.
+  Topology(const Config& config, MPI_Comm world, int unit);
   ~Topology();
   Topology(const Topology&) = delete;
   Topology& operator=(const Topology&) = delete;
@@ -32,6 +38,7 @@ class Topology {
   MPI_Comm sync_comm = MPI_COMM_NULL;   ///< syncer and leaders: rank 0 syncer, rank u+1 leader u
   MPI_Comm leaders_comm = MPI_COMM_NULL;  ///< leaders only, rank u = leader of unit u (ddp)
   MPI_Comm world = MPI_COMM_NULL;       ///< every rank (not owned)
+  bool isolated = false;                ///< the isolated deployment (no sync_comm)
   int stream_index = 0;                 ///< learner: its data stream (world rank − 1)
   int stream_count = 0;                 ///< all learner ranks
 };

@@ -45,6 +45,37 @@ Topology::Topology(const Config& config, MPI_Comm world_comm) : world(world_comm
              "Comm_split(leaders)");
 }
 
+Topology::Topology(const Config& config, MPI_Comm world_comm, int u) : world(world_comm), isolated(true) {
+  world_rank = mpi::rank(world);
+  const int world_size = mpi::size(world);
+  units = config.units.count;
+  if (u < 0) {
+    if (world_size != 1)
+      fail("ddiloco syncer runs as one process, got {} MPI ranks (start it without mpirun, or "
+           "with -np 1)",
+           world_size);
+    role = Role::syncer;
+    return;
+  }
+  if (u >= units)
+    fail("--unit: must be in 0..{} (units.count = {}), got {}", units - 1, units, u);
+  if (world_size != config.unit_ranks(u))
+    fail("unit {} has {} ranks in the configuration (units.ranks), but this job has {}: run "
+         "mpirun -np {}",
+         u, config.unit_ranks(u), world_size, config.unit_ranks(u));
+  role = Role::learner;
+  unit = u;
+  unit_rank = world_rank;
+  unit_size = world_size;
+  leader = unit_rank == 0;
+  for (int v = 0; v < units; ++v) {
+    if (v < u) stream_index += config.unit_ranks(v);
+    stream_count += config.unit_ranks(v);
+  }
+  stream_index += unit_rank;
+  mpi::check(MPI_Comm_dup(world, &unit_comm), "Comm_dup(unit)");
+}
+
 Topology::~Topology() {
   int finalized = 0;
   MPI_Finalized(&finalized);

@@ -31,7 +31,7 @@ void clear_run_outputs(const fs::path& dir) {
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     const bool ours = name == "metrics.jsonl" || name == "config.yaml" || name == "model.h5" ||
-                      name == "loss.png" || (name.starts_with("unit_") && name.ends_with(".jsonl"));
+                      name == "loss.png" || name == "syncer.addr" || (name.starts_with("unit_") && name.ends_with(".jsonl"));
     if (ours) fs::remove(entry.path(), ec);
   }
 }

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include <omp.h>
+#include <unistd.h>
 
 #include "ddiloco/chaos.hpp"
 #include "ddiloco/checkpoint.hpp"
@@ -17,6 +18,7 @@
 #include "ddiloco/goodput.hpp"
 #include "ddiloco/metrics.hpp"
 #include "ddiloco/mpi.hpp"
+#include "ddiloco/mpi_memory.hpp"
 #include "ddiloco/runtime.hpp"
 #include "ddiloco/signals.hpp"
 #include "ddiloco/sync_window.hpp"
@@ -117,7 +119,8 @@ struct Actions {
 }  // namespace
 
 TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology& topo,
-                     UnitTrainer& trainer, const LearnerResume* resume, wan::LinkCounters* link) {
+                     UnitTrainer& trainer, const LearnerResume* resume, wan::LinkCounters* link,
+                     const LearnerLink* sync_link) {
   const int threads = omp_get_max_threads();  // set by run_job
   std::shared_ptr<wan::WanRing> ring;
   auto ddp_stop = std::make_shared<StopVote>();
@@ -131,8 +134,13 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   const sync::WindowLayout layout(fragments, plan.outer_steps ? wire::parse_format(config.wan.format)
                                                               : wire::Format::fp32,
                                   static_cast<size_t>(config.wan.block));
+  std::unique_ptr<comm::ExposedMemory> memory;
   std::optional<sync::LearnerWindow> window;
-  if (topo.leader) window.emplace(topo.sync_comm, layout);
+  if (topo.leader) {
+    memory = sync_link ? sync_link->expose(layout.bytes())
+                       : std::make_unique<comm::MpiExposedMemory>(topo.sync_comm, layout.bytes());
+    window.emplace(*memory, layout);
+  }
 
   const int P = fragments.size();
   const int u = topo.unit;
@@ -180,10 +188,14 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   const bool tracks_fragments = plan.outer_steps;  // ddp: every step reaches the global model
 
   JsonlWriter log;
+  const int64_t restart = sync_link ? sync_link->restart : 0;
   if (topo.leader) {
-    log = JsonlWriter(std::filesystem::path(config.run.dir) / fmt::format("unit_{}.jsonl", u), resume == nullptr);
+    // A restarted unit process appends to its predecessors' log.
+    log = JsonlWriter(std::filesystem::path(config.run.dir) / fmt::format("unit_{}.jsonl", u),
+                      resume == nullptr && restart == 0);
     log.write({{"event", "start"}, {"step", 0}, {"tokens", 0}, {"elapsed_s", 0.0},
                {"unit", u}, {"ranks", topo.unit_size}, {"threads_per_rank", threads},
+               {"host", host_name()}, {"pid", static_cast<int64_t>(::getpid())}, {"restart", restart},
                {"slowdown", base_slowdown}, {"mode", mode_name(plan.mode)}});
     if (gpu) log.write({{"event", "device"}, {"unit", u}, {"step", 0}, {"tokens", 0},
                         {"elapsed_s", 0.0}, {"device", gpu->describe()}});
@@ -262,7 +274,8 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   // The wire format's references (sync_window.hpp): Θ₀, the common initialisation; or, on
   // resume, the one in our file when it is at the checkpoint's version, else the checkpoint's
   // Θ (checkpoint::has_reference; the syncer applies the same rule to the same file).
-  if (topo.leader && plan.outer_steps)
+  // The isolated deployment shares none: a unit process joins by taking Θ raw (below).
+  if (topo.leader && plan.outer_steps && !sync_link)
     for (int p = 0; p < P; ++p) {
       std::span<float> theta(incoming.data(), layout.numel(p));
       if (resume && checkpoint::has_reference(resume->unit, p, resume->syncer.versions[p])) {
@@ -410,7 +423,9 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   auto poison = [](std::span<float> xs) {
     std::fill(xs.begin(), xs.end(), std::numeric_limits<float>::quiet_NaN());
   };
-  auto crash_and_rejoin = [&](const Actions& a, int64_t& t) {
+  // joining: the isolated deployment's start, where a new unit process takes Θ from the
+  // syncer like a unit back from a crash (with nothing lost, nothing to wait out).
+  auto crash_and_rejoin = [&](const Actions& a, int64_t& t, bool joining = false) {
     for (int p = 0; p < P && tracks_fragments; ++p) {
       book.discarded += unsent[p] + (a.lost[p] ? in_flight[p] : 0.0);
       unsent[p] = in_flight[p] = 0;
@@ -421,9 +436,10 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     }
     std::vector<int64_t> words(1 + P, 0);  // [stop, versions fetched...]
     if (topo.leader) {
-      if (plan.outer_steps && crash_cause == "chaos") window->lose_outboxes();
+      if (plan.outer_steps && crash_cause == "chaos" && !joining) window->lose_outboxes();
       else if (plan.outer_steps) window->hold_inboxes();
-      log.write({{"event", "crash"}, {"unit", u}, {"step", t}, {"tokens", tokens},
+      if (!joining)
+        log.write({{"event", "crash"}, {"unit", u}, {"step", t}, {"tokens", tokens},
                  {"elapsed_s", wall.seconds()}, {"down_s", a.down_ms / 1e3}, {"late_s", crash_late_s},
                  {"cause", crash_cause},
                  {"lost_snapshots", std::count(a.lost.begin(), a.lost.end(), 1)}});
@@ -470,7 +486,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     if (topo.leader) {
       step_ema = 0;
       nlohmann::json versions(std::vector<int64_t>(words.begin() + 1, words.end()));
-      log.write({{"event", "rejoin"}, {"unit", u}, {"step", t}, {"tokens", tokens},
+      log.write({{"event", joining ? "join" : "rejoin"}, {"unit", u}, {"step", t}, {"tokens", tokens},
                  {"elapsed_s", wall.seconds()}, {"versions", versions},
                  {"steps_redone", crashed_at - t}});
     }
@@ -497,9 +513,22 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   };
 
   bool stopped_down = false;  // told to stop while down after a crash
+  // The isolated deployment: this process starts from the syncer's Θ. A restarted one books
+  // everything since its process began (start-up, MPI, data, this pull) as down time.
+  const double startup_s = sync_link && restart > 0 ? process_age_s() - wall.seconds() : 0.0;
+  book.down += startup_s;
+  if (sync_link && plan.outer_steps && !resume) {
+    Stopwatch join_clock;
+    int64_t t0 = first_step - 1;
+    Actions none;
+    none.lost.assign(P, 0);
+    stopped_down = !crash_and_rejoin(none, t0, /*joining=*/true);
+    first_step = t0 + 1;
+    (restart > 0 ? book.down : book.other) += join_clock.seconds();
+  }
   // A resumed job that had already finished has nothing left to do.
-  const bool finished = resume && (plan.mode == Mode::decoupled ? resume->syncer.tokens >= config.token_budget()
-                                                                : resume->unit.step >= max_steps);
+  const bool finished = stopped_down || (resume && (plan.mode == Mode::decoupled ? resume->syncer.tokens >= config.token_budget()
+                                                                : resume->unit.step >= max_steps));
   for (int64_t t = first_step; !finished; ++t) {
     Stopwatch step_clock;
     if (plan.mode == Mode::ddp && topo.leader) ddp_stop->vote = stop_requested();
@@ -776,7 +805,22 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   }
   // Work never sent: it does not reach the global model.
   for (int p = 0; p < P && tracks_fragments; ++p) book.discarded += unsent[p];
-  if (topo.leader) {
+  if (sync_link) {
+    // Isolated: the unit's book travels in its window (there is no MPI world with the syncer
+    // to gather it in); then the leader waits until the syncer has read everything.
+    book.allocated = startup_s + wall.seconds();
+    const std::vector<double> mine = book.to_vector();
+    std::vector<double> sum(mine.size());
+    mpi::check(MPI_Reduce(mine.data(), sum.data(), static_cast<int>(mine.size()), MPI_DOUBLE, MPI_SUM, 0,
+                          topo.unit_comm),
+               "Reduce(time books)");
+    if (topo.leader) {
+      for (int i = 0; i < TimeBook::kFields; ++i) window->set_control_f64(sync::kTimeBook + i, sum[i]);
+      window->set_control(sync::kState, sync::kDone);
+      sync_link->wait_released(*window);
+      window->close();
+    }
+  } else if (topo.leader) {
     window->set_control(sync::kState, sync::kDone);
     // The syncer may still read our last snapshot: free the window only once it is done.
     Stopwatch wait_clock;
@@ -784,7 +828,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     window->close();
     book.wait += wait_clock.seconds();
   }
-  book.allocated = wall.seconds();
+  if (!sync_link) book.allocated = wall.seconds();
   if (ring && link) *link = wan::LinkCounters::of(u, ring->link());
   if (topo.leader) {
     nlohmann::json done = {{"event", "done"}, {"unit", u}, {"step", trainer.steps_done()}, {"tokens", tokens},

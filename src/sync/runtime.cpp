@@ -52,8 +52,6 @@ OuterPlan OuterPlan::from(const Config& c) {
   return plan;
 }
 
-namespace {
-
 // The checkpoint a job resumes from ("" = a fresh start), chosen on one rank.
 std::string choose_checkpoint(const Config& config, const std::string& resume) {
   if (config.mode == Mode::ddp)
@@ -75,7 +73,39 @@ std::string choose_checkpoint(const Config& config, const std::string& resume) {
   return resume;
 }
 
-}  // namespace
+SyncerSetup prepare_syncer(const Config& config, const OuterPlan& plan, const std::string& resume,
+                           bool replace) {
+  SyncerSetup setup;
+  const std::filesystem::path dir = config.run.dir;
+  check_run_dir(dir, replace || !resume.empty());
+  if (plan.outer_steps && config.checkpoint.enabled())
+    checkpoint::check_directory(config.checkpoint.directory(config.run.dir));
+  if (!resume.empty()) {
+    setup.state = checkpoint::read_syncer(checkpoint::syncer_file(resume));
+    const checkpoint::SyncerState& st = *setup.state;
+    if (st.units != config.units.count || st.fragments != plan.fragments || !(st.model == config.model))
+      fail("{}: holds {} units, {} fragments and another model shape than this "
+           "configuration's {} units, {} fragments", checkpoint::syncer_file(resume).string(),
+           st.units, st.fragments, config.units.count, plan.fragments);
+  }
+  const auto val_files = expand_shard_pattern(config.data.val, "data.val");
+  check_disjoint_splits(expand_shard_pattern(config.data.train, "data.train"), val_files);
+  setup.val = std::make_unique<ValidationSet>(val_files, config.model.vocab_size,
+                                              config.model.seq_len, config.eval.val_tokens);
+  return setup;
+}
+
+std::unique_ptr<UnitTrainer> make_unit_trainer(const Config& config, const OuterPlan& plan,
+                                               const Topology& topology, MPI_Comm learners) {
+  auto t = std::make_unique<UnitTrainer>(config, topology.unit_comm, learners);
+  t->attach_data(std::make_unique<TrainStream>(
+      expand_shard_pattern(config.data.train, "data.train"), config.model.vocab_size,
+      config.train.batch_size, config.model.seq_len, topology.stream_index,
+      topology.stream_count, static_cast<uint64_t>(config.run.seed), config.data.shuffle));
+  if (topology.leader && plan.outer_steps && config.checkpoint.enabled())
+    checkpoint::check_directory(config.checkpoint.directory(config.run.dir));
+  return t;
+}
 
 int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::string& resume_arg) {
   const OuterPlan plan = mpi::agree(world, [&] {
@@ -104,37 +134,14 @@ int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::str
                "Comm_split(learners)");
   const std::filesystem::path dir = config.run.dir;
   if (topology.role == Topology::Role::syncer) {
-    std::optional<checkpoint::SyncerState> state;
-    auto val = mpi::agree(world, [&] {
-      check_run_dir(dir, replace || !resume.empty());
-      if (plan.outer_steps && config.checkpoint.enabled())
-        checkpoint::check_directory(config.checkpoint.directory(config.run.dir));
-      if (!resume.empty()) {
-        state = checkpoint::read_syncer(checkpoint::syncer_file(resume));
-        if (state->units != config.units.count || state->fragments != plan.fragments ||
-            !(state->model == config.model))
-          fail("{}: holds {} units, {} fragments and another model shape than this "
-               "configuration's {} units, {} fragments", checkpoint::syncer_file(resume).string(),
-               state->units, state->fragments, config.units.count, plan.fragments);
-      }
-      const auto val_files = expand_shard_pattern(config.data.val, "data.val");
-      check_disjoint_splits(expand_shard_pattern(config.data.train, "data.train"), val_files);
-      return std::make_unique<ValidationSet>(val_files, config.model.vocab_size,
-                                             config.model.seq_len, config.eval.val_tokens);
-    });
+    SyncerSetup setup = mpi::agree(world, [&] { return prepare_syncer(config, plan, resume, replace); });
     if (replace && resume.empty()) clear_run_outputs(dir);
     install_stop_signals();
-    return run_syncer(config, plan, topology, *val, resume, state ? &*state : nullptr);
+    return run_syncer(config, plan, topology, *setup.val, resume, setup.state ? &*setup.state : nullptr);
   }
   std::optional<LearnerResume> resumed;
   auto trainer = mpi::agree(world, [&] {
-    auto t = std::make_unique<UnitTrainer>(config, topology.unit_comm, learners);
-    t->attach_data(std::make_unique<TrainStream>(
-        expand_shard_pattern(config.data.train, "data.train"), config.model.vocab_size,
-        config.train.batch_size, config.model.seq_len, topology.stream_index,
-        topology.stream_count, static_cast<uint64_t>(config.run.seed), config.data.shuffle));
-    if (topology.leader && plan.outer_steps && config.checkpoint.enabled())
-      checkpoint::check_directory(config.checkpoint.directory(config.run.dir));
+    auto t = make_unit_trainer(config, plan, topology, learners);
     if (!resume.empty()) {
       const std::filesystem::path file = checkpoint::unit_file(resume, topology.unit);
       LearnerResume r{resume, checkpoint::read_unit(file, OuterPlan::from(config).fragments),

@@ -17,10 +17,12 @@
 #include "ddiloco/fragments.hpp"
 #include "ddiloco/goodput.hpp"
 #include "ddiloco/grace.hpp"
+#include "ddiloco/membership.hpp"
 #include "ddiloco/merge.hpp"
 #include "ddiloco/metrics.hpp"
 #include "ddiloco/model_io.hpp"
 #include "ddiloco/mpi.hpp"
+#include "ddiloco/mpi_memory.hpp"
 #include "ddiloco/run_dir.hpp"
 #include "ddiloco/signals.hpp"
 #include "ddiloco/runtime.hpp"
@@ -68,7 +70,7 @@ class Syncer {
  public:
   Syncer(const Config& config, const OuterPlan& plan, const Topology& topo,
          const ValidationSet& val, const checkpoint::SyncerState* resumed,
-         const std::filesystem::path& resumed_dir)
+         const std::filesystem::path& resumed_dir, const SyncerLink& link)
       : config_(config),
         plan_(plan),
         M_(topo.units),
@@ -80,7 +82,9 @@ class Syncer {
                parse_merge_rule(config.outer.merge)),
         grace_(config.syncer.grace_gamma, config.syncer.grace_cap_steps, plan.overlap),
         val_(val),
-        window_(topo.sync_comm, layout_, topo.units),
+        remote_(*link.remote),
+        door_(link.listener),
+        window_(remote_, layout_),
         topo_(topo) {
     // Θ₀ is the units' common initialisation (same seed).
     model_.init_weights(static_cast<uint64_t>(config.run.seed));
@@ -101,7 +105,12 @@ class Syncer {
       history_.resize(P);
       for (int p = 0; p < P; ++p) history_[p].emplace(0, theta_[p]);
     }
+    headers_.resize(M_);
+    for (auto& h : headers_) h.words.assign(layout_.header_block_bytes() / sizeof(int64_t), 0);
     heartbeat_.assign(M_, -1);
+    tokens_before_.assign(M_, 0);
+    steps_before_.assign(M_, 0);
+    if (door_) members_ = std::make_unique<sync::Membership>(config, link.run_id, link.secret, layout_.bytes());
     heard_at_.assign(M_, 0.0);
     silent_.assign(M_, false);
     rejoin_served_.assign(M_, 0);
@@ -134,7 +143,7 @@ class Syncer {
   int64_t tokens_per_step(int u) const { return config_.unit_tokens_per_step(u); }
   double now() const { return wall_.seconds(); }
   int64_t tokens_total() const {
-    int64_t t = 0;
+    int64_t t = std::accumulate(tokens_before_.begin(), tokens_before_.end(), int64_t{0});
     for (const auto& h : headers_) t += h.control(sync::kTokensDone);
     return t;
   }
@@ -158,7 +167,13 @@ class Syncer {
     return b;
   }
   // Alive and heard from within the heartbeat timeout: may be part of a quorum.
-  bool unit_live(int u) const { return !unit_done(u) && !silent_[u]; }
+  bool unit_live(int u) const { return remote_.connected(u) && !unit_done(u) && !silent_[u]; }
+  // The isolated deployment: units that connect, or whose process died.
+  void admit_units();
+  void unit_joined(int u, const sync::Hello& hello);
+  void unit_lost(int u, const std::string& reason);
+  // Finished, or (isolated, once the job is ending) absent: nothing more to wait for.
+  bool unit_finished(int u) const { return unit_done(u) || (door_ && stopping_ && !remote_.connected(u)); }
   // Link degradation (chaos): a transfer of `bytes` to or from unit u takes this much longer
   // than on its nominal link of chaos.link_mbps. The syncer does not wait it out: the
   // snapshot counts, or the merged fragment lands, only once it is over.
@@ -207,6 +222,12 @@ class Syncer {
   OuterOptimizer outer_;
   GraceWindow grace_;
   const ValidationSet& val_;
+  comm::RemoteMemory& remote_;
+  // The isolated deployment: where units join and leave (null in the one-job deployment, where
+  // every unit is present from the start to the end).
+  comm::UnitListener* door_;
+  std::unique_ptr<sync::Membership> members_;
+  std::vector<int64_t> tokens_before_, steps_before_;  // per unit: its earlier processes' work
   sync::SyncerWindow window_;
   const Topology& topo_;
 
@@ -261,6 +282,7 @@ class Syncer {
 bool Syncer::collect() {
   bool any = false;
   for (int u = 0; u < M_; ++u) {
+    if (!remote_.connected(u)) continue;
     for (int p = 0; p < fragments_.size(); ++p) {
       Slot& s = slots_[u][p];
       if (s.unacked > 0) {  // the last one is still leaving the unit over its link
@@ -283,6 +305,7 @@ bool Syncer::collect() {
       // Read beside the slot: a refused snapshot leaves an earlier one that waits intact.
       std::vector<float>& incoming = incoming_[p];
       const sync::SyncerWindow::Fetched got = window_.fetch(u, p, headers_[u], incoming);
+      if (!remote_.connected(u)) break;  // lost mid-read: abandoned, unit_lost follows
       const int64_t after = got.seq_after;
       any = true;
       std::string problem;
@@ -339,6 +362,85 @@ bool Syncer::collect() {
   return any;
 }
 
+// The isolated deployment's door: connections judged by the membership (the secret, the run,
+// the unit's index, ranks, model shape, configuration and that no live process holds the
+// index), and units whose process or link died.
+void Syncer::admit_units() {
+  for (const comm::UnitListener::Lost& l : door_->take_lost()) unit_lost(l.unit, l.reason);
+  for (const comm::UnitListener::Pending& c : door_->accept_pending()) {
+    std::string reason;
+    sync::Hello hello;
+    try {
+      hello = sync::Hello::from_json(nlohmann::json::parse(c.payload), "handshake from " + c.peer);
+      reason = members_->judge(hello);
+      if (reason.empty() && c.bytes < layout_.bytes())
+        reason = fmt::format("it exposes {} bytes, the window layout needs {}", c.bytes, layout_.bytes());
+    } catch (const std::exception& e) {
+      reason = e.what();
+    }
+    if (!reason.empty()) {
+      door_->refuse(c.id, reason);
+      log_.write({{"event", "unit_refused"}, {"peer", c.peer}, {"unit", hello.unit}, {"reason", reason},
+                  {"tokens", tokens_total()}, {"elapsed_s", now()}});
+      std::printf("syncer: refused a unit from %s: %s\n", c.peer.c_str(), reason.c_str());
+      std::fflush(stdout);
+      continue;
+    }
+    door_->admit(c.id, hello.unit);
+    unit_joined(hello.unit, hello);
+  }
+}
+
+// A new process of unit u: a fresh, zeroed window. What the syncer knew of the old one goes
+// (its sequence numbers, references, rejoin count); its work stays counted. The unit asks for
+// Θ at once (its first rejoin request), and is live from now on.
+void Syncer::unit_joined(int u, const sync::Hello& hello) {
+  members_->joined(hello, now());
+  window_.reset_unit(u);
+  for (int p = 0; p < fragments_.size(); ++p) {
+    Slot& s = slots_[u][p];
+    seq_base_[u][p] = std::max(seq_base_[u][p] + std::max(s.acked, s.seq), merged_seq_[u][p]);
+    std::vector<float> keep = std::move(s.data);
+    s = Slot{};
+    s.data = std::move(keep);
+  }
+  std::fill(headers_[u].words.begin(), headers_[u].words.end(), 0);
+  heartbeat_[u] = -1;
+  heard_at_[u] = now();
+  silent_[u] = false;
+  rejoin_served_[u] = 0;
+  reads_started_[u] = 0;
+  window_.set_control(u, sync::kCheckpointNext, ckpt_next_);
+  if (ckpt_wanted_) window_.set_control(u, sync::kCheckpointWant, ckpt_next_);
+  if (plan_.mode == Mode::decoupled) window_.set_job_tokens(u, progress_sent_);
+  if (stopping_) window_.request_stop(u);
+  log_.write({{"event", "unit_connected"}, {"unit", u}, {"restart", hello.restart}, {"host", hello.host},
+              {"pid", hello.pid}, {"ranks", hello.ranks}, {"tokens", tokens_total()}, {"elapsed_s", now()}});
+  std::printf("syncer: unit %d connected (pid %lld on %s, restart %lld)\n", u,
+              static_cast<long long>(hello.pid), hello.host.c_str(), static_cast<long long>(hello.restart));
+  std::fflush(stdout);
+}
+
+// Unit u's process (or its link) died: weight 0 from now on. Snapshots of it that were read
+// but not merged are dropped with it; reads from it in flight fail and are abandoned.
+void Syncer::unit_lost(int u, const std::string& reason) {
+  const double last_seen = heard_at_[u];
+  members_->lost(u, now(), reason);
+  tokens_before_[u] += headers_[u].control(sync::kTokensDone);
+  steps_before_[u] += headers_[u].control(sync::kStepsDone);
+  std::fill(headers_[u].words.begin(), headers_[u].words.end(), 0);
+  for (Slot& s : slots_[u]) {
+    s.fresh = false;
+    s.owed = false;
+    s.outgoing_version = 0;
+    s.unacked = 0;
+  }
+  log_.write({{"event", "unit_lost"}, {"unit", u}, {"reason", reason}, {"last_seen_s", last_seen},
+              {"tokens", tokens_total()}, {"elapsed_s", now()}});
+  std::printf("syncer: unit %d lost (%s); merging on without it\n", u, reason.c_str());
+  std::fflush(stdout);
+}
+
 void Syncer::observe_step_times() {
   std::vector<double> steps;
   for (int u = 0; u < M_; ++u)
@@ -370,7 +472,7 @@ void Syncer::watch_liveness() {
   // without a heartbeat while a crashed one is down: nothing to watch.
   if (!plan_.outer_steps) return;
   for (int u = 0; u < M_; ++u) {
-    if (unit_done(u)) continue;
+    if (unit_done(u) || !remote_.connected(u)) continue;
     const int64_t beat = headers_[u].control(sync::kHeartbeat);
     if (beat != heartbeat_[u]) {
       hear(u, beat);
@@ -391,7 +493,7 @@ void Syncer::serve_rejoins() {
   if (!plan_.outer_steps) return;
   for (int u = 0; u < M_; ++u) {
     const int64_t request = headers_[u].control(sync::kRejoinRequest);
-    if (request <= rejoin_served_[u] || unit_done(u)) continue;
+    if (request <= rejoin_served_[u] || unit_done(u) || !remote_.connected(u)) continue;
     hear(u, headers_[u].control(sync::kHeartbeat));  // a unit that asks is alive
     // Synchronous modes count rounds: a snapshot the unit sent before it crashed and that
     // waits to be merged completes its round first (the request makes the unit heard, so the
@@ -513,6 +615,11 @@ void Syncer::merge(int p, const std::vector<int>& units) {
   for (int u : units) {
     merged_seq_[u][p] = seq_base_[u][p] + slots_[u][p].seq;
     slots_[u][p].owed = true;
+    if (!members_) continue;
+    if (const auto heal = members_->merged(u, now()))
+      log_.write({{"event", "unit_joined"}, {"unit", u}, {"restart", members_->restarts(u)},
+                  {"heal_s", *heal}, {"fragment", p}, {"version", version_[p]},
+                  {"tokens", tokens_total()}, {"elapsed_s", now()}});
   }
   // Asked for before this merge is delivered: a diloco unit then writes its file on the round
   // boundary where it applies this merge.
@@ -677,7 +784,7 @@ bool Syncer::try_complete_checkpoint(bool final) {
       return false;
     }
     if (headers_[u].control(sync::kCheckpointDone) == ckpt_next_) continue;
-    if (!unit_done(u) && !silent_[u]) return false;  // not written yet
+    if (!unit_done(u) && !silent_[u] && remote_.connected(u)) return false;  // not written yet
     if (last_unit_file_[u].empty()) {
       if (unit_done(u) || final)
         log_.write({{"event", "checkpoint_skipped"}, {"id", ckpt_next_}, {"unit", u},
@@ -774,7 +881,7 @@ std::vector<float> Syncer::flat_theta() {
 void Syncer::maybe_evaluate() {
   const int64_t merges = total_merges();
   if (merges < next_eval_ || merges == 0) return;
-  int64_t steps = 0;
+  int64_t steps = std::accumulate(steps_before_.begin(), steps_before_.end(), int64_t{0});
   for (const auto& h : headers_) steps += h.control(sync::kStepsDone);
   nlohmann::json tags = {{"event", "global_eval"},
                          {"version", merges},
@@ -847,6 +954,7 @@ int Syncer::run() {
 
   mpi::Backoff backoff(config_.syncer.poll_max_us);
   for (;;) {
+    if (door_) admit_units();
     window_.poll(headers_);
     watch_liveness();
     observe_step_times();
@@ -891,7 +999,7 @@ int Syncer::run() {
     bar_.update(std::min(tokens, budget_), budget_, fmt::format("tokens | {} merges | {:.0f}s",
                                                                 total_merges(), now()));
     bool all_done = true;
-    for (int u = 0; u < M_; ++u) all_done &= unit_done(u);
+    for (int u = 0; u < M_; ++u) all_done &= unit_finished(u);
     if (all_done && !work) {
       // Units are done, but their last snapshots may have been published after this poll.
       window_.poll(headers_);
@@ -911,16 +1019,34 @@ int Syncer::run() {
   int64_t in_flight_at_end = 0;
   for (const auto& unit : slots_)
     for (const Slot& s : unit) in_flight_at_end += s.fresh;
-  mpi::barrier_patient(topo_.sync_comm);  // the learners free their windows after this
+  std::vector<TimeBook> books;
+  if (door_) {
+    // Isolated: each unit's leader left its unit's time book in its window with kDone; what
+    // was absent (its process dead until a new one joined) is down time of all its ranks.
+    books.emplace_back();  // the syncer's own, as the one-job deployment's rank 0
+    for (int u = 0; u < M_; ++u) {
+      double v[TimeBook::kFields];
+      for (int i = 0; i < TimeBook::kFields; ++i) v[i] = headers_[u].control_f64(sync::kTimeBook + i);
+      TimeBook b = TimeBook::from_vector(v);
+      const double absent = members_->absent_s(u) * config_.unit_ranks(u);
+      b.down += absent;
+      b.allocated += absent;
+      books.push_back(b);
+      window_.set_control(u, sync::kReleased, 1);  // the unit may close its window now
+    }
+  } else {
+    mpi::barrier_patient(topo_.sync_comm);  // the learners free their windows after this
+  }
   const uint64_t bytes_read = window_.bytes_read(), bytes_written = window_.bytes_written();
   window_.close();
-  const std::vector<TimeBook> books = gather_time_books(TimeBook{}, topo_.world);
+  if (!door_) books = gather_time_books(TimeBook{}, topo_.world);
   // What crossed each unit's link: snapshots and merged fragments here; ddp's ring at the
   // leaders.
   std::vector<wan::LinkCounters> link_counters(M_);
   for (int u = 0; u < M_; ++u) link_counters[u] = wan::LinkCounters::of(u, wan_[u]);
-  for (const wan::LinkCounters& c : wan::gather_link_counters(wan::LinkCounters{}, topo_.world))
-    link_counters[static_cast<size_t>(c.unit)] += c;
+  if (!door_)
+    for (const wan::LinkCounters& c : wan::gather_link_counters(wan::LinkCounters{}, topo_.world))
+      link_counters[static_cast<size_t>(c.unit)] += c;
   const double global_downtime = downtime_.finish(train_end, nominal_period());
   TimeBook learners;
   double worst_booking = 0;
@@ -928,7 +1054,8 @@ int Syncer::run() {
     learners += books[r];
     worst_booking = std::max(worst_booking, std::abs(books[r].booked() - books[r].allocated) /
                                                 std::max(books[r].allocated, 1e-9));
-    nlohmann::json e = {{"event", "goodput"}, {"rank", r}, {"elapsed_s", now()}};
+    nlohmann::json e = {{"event", "goodput"}, {door_ ? "unit" : "rank", door_ ? r - 1 : r},
+                        {"elapsed_s", now()}};
     e.update(books[r].to_json());
     log_.write(e);
   }
@@ -937,7 +1064,7 @@ int Syncer::run() {
   const std::vector<float> flat = flat_theta();
   const double val_loss = evaluator_->evaluate_now(flat);
   log_eval_results();
-  int64_t steps = 0;
+  int64_t steps = std::accumulate(steps_before_.begin(), steps_before_.end(), int64_t{0});
   for (const auto& h : headers_) steps += h.control(sync::kStepsDone);
   const int64_t tokens = tokens_total();
   // Bytes across units, each message once: snapshots (up) and merged fragments (down); in
@@ -952,6 +1079,12 @@ int Syncer::run() {
   log_.write({{"event", "global_eval"}, {"final", true}, {"version", total_merges()},
               {"round", total_merges() / fragments_.size()}, {"step", steps / M_},
               {"tokens", tokens}, {"elapsed_s", now()}, {"val_loss", val_loss}});
+  double heal_mean = 0, heal_max = 0;
+  if (members_ && !members_->heal_times().empty()) {
+    const auto& h = members_->heal_times();
+    heal_mean = std::accumulate(h.begin(), h.end(), 0.0) / static_cast<double>(h.size());
+    heal_max = *std::max_element(h.begin(), h.end());
+  }
   const std::filesystem::path model_path = dir / "model.h5";
   save_model(model_path, config_.model, flat,
              {{"mode", mode_name(plan_.mode)}, {"version", total_merges()}, {"tokens", tokens},
@@ -984,6 +1117,9 @@ int Syncer::run() {
               {"downtime_episodes", downtime_.episodes()},
               {"longest_update_gap_s", downtime_.longest_gap_s()},
               {"rejoins", std::accumulate(rejoin_served_.begin(), rejoin_served_.end(), int64_t{0})},
+              {"unit_restarts", members_ ? members_->total_restarts() : 0},
+              {"heal_s_mean", heal_mean},
+              {"heal_s_max", heal_max},
               {"model", model_path.string()}});
   const std::string resumed_part =
       resumed_from_.empty() ? "" : fmt::format(", {:.2f}M of them in this run", (tokens - resumed_tokens_) / 1e6);
@@ -1004,8 +1140,13 @@ int Syncer::run() {
 
 int run_syncer(const Config& config, const OuterPlan& plan, const Topology& topology,
                const ValidationSet& val, const std::filesystem::path& resume,
-               const checkpoint::SyncerState* resumed) {
-  Syncer syncer(config, plan, topology, val, resumed, resume);
+               const checkpoint::SyncerState* resumed, const SyncerLink* link) {
+  if (link) {
+    Syncer syncer(config, plan, topology, val, resumed, resume, *link);
+    return syncer.run();
+  }
+  comm::MpiRemoteMemory remote(topology.sync_comm, topology.units);
+  Syncer syncer(config, plan, topology, val, resumed, resume, SyncerLink{&remote, nullptr, "", ""});
   return syncer.run();
 }
 

@@ -195,6 +195,16 @@ const std::vector<Entry<Config>>& entries() {
                     "a unit whose heartbeat has not moved for this long, seconds (or for three "
                     "of its inner steps, if longer), is out of every quorum until it reports again",
                     positive<double>()),
+      DDILOCO_FIELD(std::string, "syncer.listen", syncer.listen,
+                    "isolated deployment: where `ddiloco syncer` listens, IPv4 address:port (port "
+                    "0: any free port); the address taken is written to run.dir/syncer.addr"),
+      DDILOCO_FIELD(std::string, "syncer.address", syncer.address,
+                    "isolated deployment: the syncer's address:port for `ddiloco unit`; empty = "
+                    "read run.dir/syncer.addr (a shared filesystem)"),
+      DDILOCO_FIELD(double, "syncer.connect_wait_s", syncer.connect_wait_s,
+                    "isolated deployment: how long a unit waits for the syncer (retrying with "
+                    "backoff) before it gives up, seconds",
+                    positive<double>()),
       // chaos (fault injection)
       DDILOCO_FIELD(int64_t, "chaos.seed", chaos.seed, "seed of the fault schedule"),
       DDILOCO_FIELD(double, "chaos.horizon_s", chaos.horizon_s,

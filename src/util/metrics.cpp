@@ -3,6 +3,9 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <sstream>
+
 #include "ddiloco/error.hpp"
 
 namespace ddiloco {
@@ -12,6 +15,27 @@ double process_cpu_seconds() {
   ::getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
          1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+double process_age_s() {
+  std::ifstream stat("/proc/self/stat"), uptime("/proc/uptime");
+  std::string line;
+  double up = 0;
+  if (!std::getline(stat, line) || !(uptime >> up)) return 0.0;
+  // Field 22 (starttime, clock ticks after boot), counted after the command name's ')'.
+  const auto close = line.rfind(')');
+  if (close == std::string::npos) return 0.0;
+  std::istringstream rest(line.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i)
+    if (i == 22) return std::max(0.0, up - std::stod(field) / static_cast<double>(::sysconf(_SC_CLK_TCK)));
+  return 0.0;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "";
+  return name;
 }
 
 JsonlWriter::JsonlWriter(const std::filesystem::path& path, bool truncate) : path_(path) {

@@ -1,0 +1,165 @@
+// Who may join the isolated deployment's syncer, and heal times (membership.hpp).
+#include <sys/stat.h>
+
+#include <gtest/gtest.h>
+
+#include "ddiloco/error.hpp"
+#include "ddiloco/membership.hpp"
+#include "temp_dir.hpp"
+
+namespace ddiloco {
+namespace {
+
+Config job() {
+  Config c;
+  c.mode = Mode::decoupled;
+  c.units.count = 3;
+  c.units.ranks = {1, 2, 1};
+  return c;
+}
+
+sync::Hello hello_for(const Config& c, int unit) {
+  sync::Hello h;
+  h.unit = unit;
+  h.ranks = c.unit_ranks(unit);
+  h.model = c.model;
+  h.config_digest = sync::config_digest(c);
+  h.run_id = "run-a";
+  h.secret = "s3cret";
+  h.host = "node7";
+  h.pid = 4242;
+  h.window_bytes = 1000;
+  return h;
+}
+
+TEST(Membership, AdmitsAMatchingUnit) {
+  const Config c = job();
+  sync::Membership m(c, "run-a", "s3cret", 1000);
+  EXPECT_EQ(m.judge(hello_for(c, 1)), "");
+}
+
+TEST(Membership, RefusesWithBothSidesValues) {
+  const Config c = job();
+  sync::Membership m(c, "run-a", "s3cret", 1000);
+  auto h = hello_for(c, 1);
+  h.secret = "";
+  EXPECT_NE(m.judge(h).find("secret"), std::string::npos);
+  h = hello_for(c, 1);
+  h.run_id = "run-b";
+  EXPECT_EQ(m.judge(h), "run id run-b is not this run's (run-a)");
+  h = hello_for(c, 2);
+  h.unit = 3;
+  EXPECT_EQ(m.judge(h), "unit 3 is outside 0..2 (units.count = 3)");
+  h = hello_for(c, 1);
+  h.ranks = 1;
+  EXPECT_EQ(m.judge(h), "unit 1 has 1 ranks, the syncer's configuration gives it 2");
+  h = hello_for(c, 0);
+  h.model.n_embd = 64;
+  const std::string shape = m.judge(h);
+  EXPECT_NE(shape.find("n_embd=64"), std::string::npos) << shape;
+  EXPECT_NE(shape.find("n_embd=128"), std::string::npos) << shape;
+  h = hello_for(c, 0);
+  h.window_bytes = 999;
+  EXPECT_EQ(m.judge(h), "unit 0 exposes 999 bytes, the syncer's window layout needs 1000");
+  Config other = c;
+  other.train.lr = 1e-4;
+  h = hello_for(other, 0);
+  EXPECT_NE(m.judge(h).find("configuration digest"), std::string::npos);
+}
+
+TEST(Membership, ASecondLiveProcessOfAUnitIsRefused) {
+  const Config c = job();
+  sync::Membership m(c, "run-a", "s3cret", 1000);
+  m.joined(hello_for(c, 2), 1.0);
+  auto second = hello_for(c, 2);
+  second.pid = 99;
+  EXPECT_EQ(m.judge(second), "unit 2 is already held by a live process (pid 4242 on node7)");
+  EXPECT_THROW(m.joined(second, 2.0), Error);
+  // Once it is lost, a new process may take its place.
+  m.lost(2, 3.0, "endpoint timeout");
+  EXPECT_EQ(m.judge(second), "");
+}
+
+TEST(Membership, HealTimeRunsFromTheLossToTheFirstMergeAfterTheRejoin) {
+  const Config c = job();
+  sync::Membership m(c, "run-a", "s3cret", 1000);
+  m.joined(hello_for(c, 0), 0.0);
+  EXPECT_FALSE(m.merged(0, 5.0));  // a first start heals nothing
+  m.lost(0, 10.0, "killed");
+  EXPECT_FALSE(m.present(0));
+  m.joined(hello_for(c, 0), 14.0);
+  EXPECT_EQ(m.restarts(0), 1);
+  EXPECT_DOUBLE_EQ(m.absent_s(0), 4.0);
+  const auto heal = m.merged(0, 16.5);
+  ASSERT_TRUE(heal);
+  EXPECT_DOUBLE_EQ(*heal, 6.5);
+  EXPECT_FALSE(m.merged(0, 20.0));  // only the first merge after the rejoin
+  EXPECT_EQ(m.heal_times(), std::vector<double>{6.5});
+  EXPECT_EQ(m.total_restarts(), 1);
+}
+
+TEST(Membership, ConfigDigestIgnoresPerProcessKeysOnly) {
+  Config a = job(), b = job();
+  b.run.threads = 7;
+  b.run.progress = false;
+  b.syncer.address = "10.0.0.1:5000";
+  EXPECT_EQ(sync::config_digest(a), sync::config_digest(b));
+  b.outer.h = a.outer.h + 1;
+  EXPECT_NE(sync::config_digest(a), sync::config_digest(b));
+  EXPECT_EQ(sync::config_digest(a).size(), 16u);
+}
+
+TEST(Membership, HelloRoundTripsAndNamesAMissingField) {
+  const Config c = job();
+  const auto h = hello_for(c, 1);
+  const auto back = sync::Hello::from_json(h.to_json(), "test");
+  EXPECT_EQ(back.to_json(), h.to_json());
+  auto j = h.to_json();
+  j.erase("secret");
+  try {
+    sync::Hello::from_json(j, "handshake from 127.0.0.1:9");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "handshake from 127.0.0.1:9: handshake field 'secret' is missing");
+  }
+  j = h.to_json();
+  j["unit"] = "one";
+  EXPECT_THROW(sync::Hello::from_json(j, "x"), Error);
+}
+
+TEST(Membership, EndpointParsing) {
+  const auto e = sync::Endpoint::parse("127.0.0.1:0", "syncer.listen");
+  EXPECT_EQ(e.ip, "127.0.0.1");
+  EXPECT_EQ(e.port, 0);
+  EXPECT_EQ(sync::Endpoint::parse("169.254.100.1:65535", "x").port, 65535);
+  for (const char* bad : {"", "127.0.0.1", ":80", "127.0.0.1:", "127.0.0.1:70000", "1.2.3:4",
+                          "1.2.3.4.5:6", "256.0.0.1:1", "localhost:80", "1.2.3.4:8x"})
+    EXPECT_THROW(sync::Endpoint::parse(bad, "syncer.listen"), Error) << bad;
+}
+
+TEST(Membership, RendezvousIsWrittenAtomicallyWithAPrivateSecret) {
+  test::TempDir dir;
+  EXPECT_FALSE(sync::Rendezvous::read(dir.path()));
+  sync::Rendezvous r;
+  r.address = "127.0.0.1:4567";
+  r.run_id = sync::Rendezvous::random_token();
+  r.secret = sync::Rendezvous::random_token();
+  r.pid = 12;
+  r.host = "h";
+  EXPECT_EQ(r.run_id.size(), 32u);
+  EXPECT_NE(r.run_id, r.secret);
+  r.write(dir.path());
+  struct stat st {};
+  ASSERT_EQ(::stat(sync::Rendezvous::secret_file(dir.path()).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  const auto back = sync::Rendezvous::read(dir.path());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->address, r.address);
+  EXPECT_EQ(back->run_id, r.run_id);
+  EXPECT_EQ(back->secret, r.secret);
+  test::write_bytes(sync::Rendezvous::addr_file(dir.path()), "{\"address\": 5}");
+  EXPECT_THROW(sync::Rendezvous::read(dir.path()), Error);
+}
+
+}  // namespace
+}  // namespace ddiloco
