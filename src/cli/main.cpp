@@ -181,10 +181,13 @@ int cmd_chaos(const ConfigArgs& args, const std::string& out) {
   for (int u = 0; u < c.units.count; ++u) {
     const chaos::Schedule::Counts n = schedule.counts(u);
     std::printf("  unit %d: %lld crashes (%.1f s down), %lld straggler episodes (%.1f s), %lld "
-                "link degradations (%.1f s)\n",
+                "link degradations (%.1f s), %lld kills (ddiloco launch)\n",
                 u, static_cast<long long>(n.crashes), n.down_s, static_cast<long long>(n.slow),
-                n.slow_s, static_cast<long long>(n.link), n.link_s);
+                n.slow_s, static_cast<long long>(n.link), n.link_s,
+                static_cast<long long>(n.kills));
   }
+  if (const int64_t k = schedule.counts().syncer_kills; k > 0)
+    std::printf("  syncer: %lld kills (ddiloco launch)\n", static_cast<long long>(k));
   return 0;
 }
 

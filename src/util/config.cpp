@@ -418,8 +418,11 @@ void validate(const Config& c, const std::string& source) {
       fail("chaos: faults are injected into learner units; mode single has none (choose mode "
            "ddp, diloco, streaming or decoupled)");
     if (c.chaos.enabled()) {
-      // Drawn or read now, so that a bad schedule file is refused before any rank starts.
-      const chaos::Schedule schedule = chaos::Schedule::from_config(c.chaos, M);
+      // Drawn or read now, so that a bad schedule file is refused before any rank starts
+      // (a kill's rank checked against its unit's ranks).
+      std::vector<int> unit_ranks;
+      for (int u = 0; u < M; ++u) unit_ranks.push_back(c.unit_ranks(u));
+      const chaos::Schedule schedule = chaos::Schedule::from_config(c.chaos, M, unit_ranks);
       const bool crashes = std::any_of(schedule.faults.begin(), schedule.faults.end(),
                                        [](const chaos::Fault& f) { return f.kind == chaos::FaultKind::crash; });
       if (crashes && c.mode == Mode::streaming)
