@@ -18,6 +18,13 @@
 //
 // A schedule can also be written by hand (or saved from a run: `chaos_schedule.yaml` in the
 // run directory) and loaded with `chaos.schedule_file`; it is validated like a config.
+//
+// Real faults, for the isolated deployment (`ddiloco launch`, include/ddiloco/launch.hpp):
+//   kill         the launcher sends SIGKILL to one rank's process of unit `unit` (`rank`,
+//                default 0: the leader) at start_s, seconds since the launch began;
+//   kill_syncer  ... to the syncer's process (no unit: omit it or write -1).
+// Only schedule files hold them (no rate draws them). The units and the syncer ignore them:
+// UnitTimeline never returns them, and they count apart in Counts.
 #pragma once
 
 #include <string>
@@ -29,17 +36,27 @@ struct ChaosConfig;
 
 namespace ddiloco::chaos {
 
-enum class FaultKind { crash, slow, link };
+// New kinds go at the end: a kind's number seeds its random stream (Schedule::generate).
+enum class FaultKind { crash, slow, link, kill, kill_syncer };
 const char* kind_name(FaultKind kind);
+/// kill and kill_syncer: faults the launcher carries out on real processes, not the job.
+inline bool is_launcher_fault(FaultKind kind) {
+  return kind == FaultKind::kill || kind == FaultKind::kill_syncer;
+}
+
+/// `unit` of a kill_syncer fault: it names no unit.
+inline constexpr int kSyncerUnit = -1;
 
 /// One injected fault. `factor`: slow-down ≥ 1 (slow), bandwidth fraction in (0, 1] (link),
-/// 1 for a crash.
+/// 1 for a crash and the kills. `duration_s` is 0 for the kills (the launcher restarts a
+/// killed process after launch.backoff_s).
 struct Fault {
-  int unit = 0;
+  int unit = 0;           ///< kSyncerUnit for kill_syncer
   FaultKind kind = FaultKind::crash;
-  double start_s = 0;     ///< seconds since the job's start
+  double start_s = 0;     ///< seconds since the job's start (the launch's start for the kills)
   double duration_s = 0;  ///< down-time (crash) or episode length, seconds
   double factor = 1;
+  int rank = 0;           ///< kill: the unit's rank whose process is killed (0 = its leader)
 
   double end_s() const { return start_s + duration_s; }
   bool operator==(const Fault&) const = default;
@@ -53,34 +70,44 @@ struct Schedule {
   /// faults when every rate is 0. Throws Error on a config that names a unit ≥ units.
   static Schedule generate(const ChaosConfig& config, int units);
 
-  /// Reads a YAML schedule (`faults:` list of {unit, kind, start_s, duration_s, factor}).
-  /// Throws Error naming the file, the entry and the field on anything malformed: unknown
-  /// kind or key, unit outside [0, units), negative times, factor out of range, two crashes
-  /// of one unit that overlap.
-  static Schedule load(const std::string& path, int units);
+  /// Reads a YAML schedule (`faults:` list of {unit, kind, start_s, duration_s, factor},
+  /// and `rank` for a kill). Throws Error naming the file, the entry and the field on anything
+  /// malformed: unknown kind or key, unit outside [0, units) (a kill_syncer with a unit other
+  /// than -1), negative times, factor out of range, a rank on another kind than kill, a rank
+  /// outside [0, unit_ranks[unit]) (checked when unit_ranks is given: the ranks of each unit),
+  /// two crashes of one unit that overlap.
+  static Schedule load(const std::string& path, int units,
+                       const std::vector<int>& unit_ranks = {});
 
   /// The config's schedule: load(schedule_file) when given, else generate().
-  static Schedule from_config(const ChaosConfig& config, int units);
+  static Schedule from_config(const ChaosConfig& config, int units,
+                              const std::vector<int>& unit_ranks = {});
 
   /// YAML that load() reads back to the same schedule (times printed exactly).
   std::string to_yaml() const;
 
-  /// The faults of one unit, in start order.
+  /// The faults of one unit, in start order (its kills included; kill_syncer is no unit's).
   std::vector<Fault> of_unit(int unit) const;
+
+  /// The kill and kill_syncer faults, in start order: what `ddiloco launch` carries out.
+  std::vector<Fault> launcher_faults() const;
 
   /// How many faults of each kind, and their total durations (seconds).
   struct Counts {
     int64_t crashes = 0, slow = 0, link = 0;
     double down_s = 0, slow_s = 0, link_s = 0;
+    int64_t kills = 0;         ///< kill faults (of the unit, or of every unit)
+    int64_t syncer_kills = 0;  ///< kill_syncer faults (counted only for unit < 0)
   };
-  /// ... of one unit, or of every unit (unit < 0).
+  /// ... of one unit, or of every unit and the syncer (unit < 0).
   Counts counts(int unit = -1) const;
 
   bool empty() const { return faults.empty(); }
   bool operator==(const Schedule&) const = default;
 };
 
-/// One unit's view of the schedule as its clock advances.
+/// One unit's view of the schedule as its clock advances (crash, slow and link faults; the
+/// launcher's kills are not the unit's to act on and are left out).
 class UnitTimeline {
  public:
   UnitTimeline() = default;

@@ -159,6 +159,17 @@ struct CheckpointConfig {
   }
 };
 
+/// The isolated deployment's supervisor, `ddiloco launch` (include/ddiloco/launch.hpp): the
+/// syncer and each unit's MPI job as separate processes, restarted when they fail.
+struct LaunchConfig {
+  int max_restarts = 10;       ///< restarts per process (syncer, each unit job); 0 = never
+  double backoff_s = 1;        ///< wait before a process's first restart, s; doubled each time
+  double backoff_max_s = 30;   ///< ... up to this
+  double drain_s = 30;         ///< after the syncer ended, units may exit by themselves this long
+  std::string mpirun = "mpirun";         ///< the MPI launcher of each unit job
+  std::vector<std::string> mpirun_args;  ///< extra arguments, before -np
+};
+
 /// Hooks that only tests use: they make a unit stall or the syncer slow, deterministically.
 struct DebugConfig {
   int stall_unit = -1;             ///< unit that stalls (−1: none)
@@ -186,6 +197,7 @@ struct Config {
   ChaosConfig chaos;
   CheckpointConfig checkpoint;
   WanConfig wan;
+  LaunchConfig launch;
   DebugConfig debug;
 
   /// Ranks of unit u (units.ranks[u], or units.ranks_per_unit).

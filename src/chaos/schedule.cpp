@@ -18,6 +18,8 @@ const char* kind_name(FaultKind kind) {
     case FaultKind::crash: return "crash";
     case FaultKind::slow: return "slow";
     case FaultKind::link: return "link";
+    case FaultKind::kill: return "kill";
+    case FaultKind::kill_syncer: return "kill_syncer";
   }
   return "?";
 }
@@ -28,7 +30,8 @@ void sort_faults(std::vector<Fault>& faults) {
   std::sort(faults.begin(), faults.end(), [](const Fault& a, const Fault& b) {
     if (a.start_s != b.start_s) return a.start_s < b.start_s;
     if (a.unit != b.unit) return a.unit < b.unit;
-    return a.kind < b.kind;
+    if (a.kind != b.kind) return a.kind < b.kind;
+    return a.rank < b.rank;
   });
 }
 
@@ -62,6 +65,9 @@ void draw_episodes(std::vector<Fault>& out, const ChaosConfig& c, int unit, Faul
         f.duration_s = c.link_duration_s;
         f.factor = c.link_factor;
         break;
+      case FaultKind::kill:
+      case FaultKind::kill_syncer:
+        return;  // never drawn: only schedule files hold the launcher's kills
     }
     out.push_back(f);
     t = f.end_s();
@@ -84,7 +90,7 @@ Schedule Schedule::generate(const ChaosConfig& config, int units) {
   return s;
 }
 
-Schedule Schedule::load(const std::string& path, int units) {
+Schedule Schedule::load(const std::string& path, int units, const std::vector<int>& unit_ranks) {
   if (!std::filesystem::exists(path)) fail("{}: chaos schedule file not found", path);
   YAML::Node root;
   try {
@@ -105,9 +111,9 @@ Schedule Schedule::load(const std::string& path, int units) {
     for (const auto& kv : e) {
       const std::string key = kv.first.as<std::string>();
       if (key != "unit" && key != "kind" && key != "start_s" && key != "duration_s" &&
-          key != "factor")
-        fail("{}: unknown key '{}' (expected unit, kind, start_s, duration_s, factor)", where,
-             key);
+          key != "factor" && key != "rank")
+        fail("{}: unknown key '{}' (expected unit, kind, start_s, duration_s, factor, rank)",
+             where, key);
     }
     const auto number = [&](const char* key, bool required, double fallback) {
       if (!e[key]) {
@@ -123,17 +129,56 @@ Schedule Schedule::load(const std::string& path, int units) {
       }
     };
     Fault f;
-    const double unit = number("unit", true, 0);
-    if (unit != std::floor(unit) || unit < 0 || unit >= units)
-      fail("{}.unit: must be an integer in [0, {}), got {}", where, units, e["unit"].Scalar());
-    f.unit = static_cast<int>(unit);
     const std::string kind = e["kind"] ? e["kind"].Scalar() : "";
     if (kind == "crash") f.kind = FaultKind::crash;
     else if (kind == "slow") f.kind = FaultKind::slow;
     else if (kind == "link") f.kind = FaultKind::link;
-    else fail("{}.kind: must be one of crash, slow, link, got '{}'", where, kind);
+    else if (kind == "kill") f.kind = FaultKind::kill;
+    else if (kind == "kill_syncer") f.kind = FaultKind::kill_syncer;
+    else fail("{}.kind: must be one of crash, slow, link, kill, kill_syncer, got '{}'", where, kind);
+    const bool launcher = is_launcher_fault(f.kind);
+    if (f.kind == FaultKind::kill_syncer) {
+      // The syncer is no unit: the key may be left out, or say so with -1.
+      const double unit = number("unit", false, kSyncerUnit);
+      if (unit != kSyncerUnit)
+        fail("{}.unit: kill_syncer kills the syncer, which is no unit: omit unit or give -1, got "
+             "{}", where, e["unit"].Scalar());
+      f.unit = kSyncerUnit;
+    } else {
+      const double unit = number("unit", true, 0);
+      if (unit != std::floor(unit) || unit < 0 || unit >= units)
+        fail("{}.unit: must be an integer in [0, {}), got {}", where, units, e["unit"].Scalar());
+      f.unit = static_cast<int>(unit);
+    }
+    if (e["rank"]) {
+      if (f.kind != FaultKind::kill)
+        fail("{}.rank: only a kill names a rank, got one for kind {}", where, kind);
+      const double rank = number("rank", true, 0);
+      if (rank != std::floor(rank) || rank < 0 || rank > 1e6)
+        fail("{}.rank: must be an integer ≥ 0 (a rank of unit {}), got {}", where, f.unit,
+             e["rank"].Scalar());
+      f.rank = static_cast<int>(rank);
+    }
+    if (f.kind == FaultKind::kill && static_cast<size_t>(f.unit) < unit_ranks.size() &&
+        f.rank >= unit_ranks[static_cast<size_t>(f.unit)])
+      fail("{}.rank: unit {} has {} rank(s), 0 to {}, got {}", where, f.unit,
+           unit_ranks[static_cast<size_t>(f.unit)], unit_ranks[static_cast<size_t>(f.unit)] - 1,
+           f.rank);
     f.start_s = number("start_s", true, 0);
     if (f.start_s < 0) fail("{}.start_s: must be ≥ 0, got {}", where, f.start_s);
+    if (launcher) {
+      // A killed process is restarted by the launcher after launch.backoff_s, not after a
+      // down-time of the schedule's.
+      f.duration_s = number("duration_s", false, 0);
+      if (f.duration_s != 0)
+        fail("{}.duration_s: a {} has no duration (the launcher restarts the process after "
+             "launch.backoff_s): omit it or give 0, got {}", where, kind, f.duration_s);
+      f.factor = number("factor", false, 1.0);
+      if (f.factor != 1)
+        fail("{}.factor: a {} has no factor (1), got {}", where, kind, f.factor);
+      s.faults.push_back(f);
+      continue;
+    }
     f.duration_s = number("duration_s", true, 0);
     // A crash may restart at once (down 0 s: what chaos.down_max_s = 0 draws); an episode
     // of slowness or a degraded link lasts.
@@ -163,17 +208,26 @@ Schedule Schedule::load(const std::string& path, int units) {
   return s;
 }
 
-Schedule Schedule::from_config(const ChaosConfig& config, int units) {
-  return config.schedule_file.empty() ? generate(config, units) : load(config.schedule_file, units);
+Schedule Schedule::from_config(const ChaosConfig& config, int units,
+                               const std::vector<int>& unit_ranks) {
+  return config.schedule_file.empty() ? generate(config, units)
+                                      : load(config.schedule_file, units, unit_ranks);
 }
 
 std::string Schedule::to_yaml() const {
   std::ostringstream os;
   os << "# ddiloco fault schedule: times in seconds since the job's start\nfaults:\n";
-  for (const Fault& f : faults)
-    // {} prints the shortest text that reads back to the same double.
-    os << fmt::format("  - {{unit: {}, kind: {}, start_s: {}, duration_s: {}, factor: {}}}\n",
-                      f.unit, kind_name(f.kind), f.start_s, f.duration_s, f.factor);
+  // {} prints the shortest text that reads back to the same double.
+  for (const Fault& f : faults) {
+    if (f.kind == FaultKind::kill_syncer)
+      os << fmt::format("  - {{kind: kill_syncer, start_s: {}}}\n", f.start_s);
+    else if (f.kind == FaultKind::kill)
+      os << fmt::format("  - {{unit: {}, kind: kill, rank: {}, start_s: {}}}\n", f.unit, f.rank,
+                        f.start_s);
+    else
+      os << fmt::format("  - {{unit: {}, kind: {}, start_s: {}, duration_s: {}, factor: {}}}\n",
+                        f.unit, kind_name(f.kind), f.start_s, f.duration_s, f.factor);
+  }
   if (faults.empty()) os << "  []\n";
   return os.str();
 }
@@ -185,6 +239,13 @@ std::vector<Fault> Schedule::of_unit(int unit) const {
   return out;
 }
 
+std::vector<Fault> Schedule::launcher_faults() const {
+  std::vector<Fault> out;
+  for (const Fault& f : faults)
+    if (is_launcher_fault(f.kind)) out.push_back(f);
+  return out;
+}
+
 Schedule::Counts Schedule::counts(int unit) const {
   Counts c;
   for (const Fault& f : faults) {
@@ -193,6 +254,8 @@ Schedule::Counts Schedule::counts(int unit) const {
       case FaultKind::crash: ++c.crashes, c.down_s += f.duration_s; break;
       case FaultKind::slow: ++c.slow, c.slow_s += f.duration_s; break;
       case FaultKind::link: ++c.link, c.link_s += f.duration_s; break;
+      case FaultKind::kill: ++c.kills; break;
+      case FaultKind::kill_syncer: ++c.syncer_kills; break;
     }
   }
   return c;
@@ -200,9 +263,13 @@ Schedule::Counts Schedule::counts(int unit) const {
 
 UnitTimeline::UnitTimeline(const Schedule& schedule, int unit) {
   for (const Fault& f : schedule.of_unit(unit)) {
-    if (f.kind == FaultKind::crash) crashes_.push_back(f);
-    else if (f.kind == FaultKind::slow) slows_.push_back(f);
-    else links_.push_back(f);
+    switch (f.kind) {
+      case FaultKind::crash: crashes_.push_back(f); break;
+      case FaultKind::slow: slows_.push_back(f); break;
+      case FaultKind::link: links_.push_back(f); break;
+      case FaultKind::kill:
+      case FaultKind::kill_syncer: break;  // the launcher's (ddiloco launch), not the unit's
+    }
   }
 }
 

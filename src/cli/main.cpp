@@ -16,6 +16,7 @@
 #include "ddiloco/data_loader.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/gpu/unit_backend.hpp"
+#include "ddiloco/launch.hpp"
 #include "ddiloco/model_io.hpp"
 #include "ddiloco/mpi.hpp"
 #include "ddiloco/run_dir.hpp"
@@ -181,10 +182,13 @@ int cmd_chaos(const ConfigArgs& args, const std::string& out) {
   for (int u = 0; u < c.units.count; ++u) {
     const chaos::Schedule::Counts n = schedule.counts(u);
     std::printf("  unit %d: %lld crashes (%.1f s down), %lld straggler episodes (%.1f s), %lld "
-                "link degradations (%.1f s)\n",
+                "link degradations (%.1f s), %lld kills (ddiloco launch)\n",
                 u, static_cast<long long>(n.crashes), n.down_s, static_cast<long long>(n.slow),
-                n.slow_s, static_cast<long long>(n.link), n.link_s);
+                n.slow_s, static_cast<long long>(n.link), n.link_s,
+                static_cast<long long>(n.kills));
   }
+  if (const int64_t k = schedule.counts().syncer_kills; k > 0)
+    std::printf("  syncer: %lld kills (ddiloco launch)\n", static_cast<long long>(k));
   return 0;
 }
 
@@ -255,6 +259,17 @@ int main(int argc, char** argv) {
   train->add_option("--resume", train_args.resume,
                     "auto: the newest complete checkpoint in checkpoint.dir (a fresh start if "
                     "none), or a checkpoint directory (ckpt_<id>)");
+
+  ConfigArgs launch_args;
+  auto* launch_cmd = app.add_subcommand(
+      "launch", "the isolated deployment on one machine: the syncer and every unit's MPI job as "
+                "separate processes, restarted when they fail (launch.* keys)");
+  launch_args.add_to(launch_cmd, true);
+  launch_cmd->add_flag("--overwrite", launch_args.overwrite,
+                       "replace the outputs of a previous run in run.dir (passed to the syncer)");
+  launch_cmd->add_option("--resume", launch_args.resume,
+                         "auto or a checkpoint directory, passed to the syncer's first start "
+                         "(its restarts resume with auto)");
 
   std::string inspect_path;
   auto* inspect = app.add_subcommand(
@@ -469,6 +484,12 @@ int main(int argc, char** argv) {
       return cli::simulate(sim_opts);
     }
     if (chaos_cmd->parsed()) return cmd_chaos(chaos_args, chaos_out);
+    if (launch_cmd->parsed())
+      return launch::run_launch({.config_path = launch_args.path,
+                                 .overrides = launch_args.overrides,
+                                 .resume = launch_args.resume,
+                                 .overwrite = launch_args.overwrite,
+                                 .self = ""});
     if (config->parsed()) return cmd_config(config_args, list_keys, get_key, print_ranks, markdown);
   } catch (const std::exception& e) {
     return report(e, session.has_value());

@@ -4,7 +4,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <fmt/format.h>
 
 #include "ddiloco/error.hpp"
 
@@ -72,6 +78,41 @@ void write_text_atomically(const fs::path& path, const std::string& text) {
     fail("{}: cannot rename into place: {}", path.string(), ec.message());
   }
   sync_directory(path.parent_path());
+}
+
+fs::path pid_dir(const fs::path& run_dir) { return run_dir / "pids"; }
+
+std::string unit_pid_name(int unit, int rank) { return fmt::format("unit{}.rank{}", unit, rank); }
+
+fs::path write_pid_file(const fs::path& dir, const std::string& name) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail("{}: cannot create the pid directory: {}", dir.string(), ec.message());
+  const fs::path path = dir / (name + ".pid");
+  write_text_atomically(path, fmt::format("{}\n", ::getpid()));
+  return path;
+}
+
+std::optional<PidFile> read_pid_file(const fs::path& dir, const std::string& name) {
+  const fs::path path = dir / (name + ".pid");
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::nullopt;
+  PidFile out;
+  out.written = fs::last_write_time(path, ec);
+  if (ec) fail("{}: cannot read: {}", path.string(), ec.message());
+  std::ifstream in(path);
+  if (!in) fail("{}: cannot read: {}", path.string(), std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string s = text.str();
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  long long pid = 0;
+  const auto [end, err] = std::from_chars(s.data(), s.data() + s.size(), pid);
+  if (s.empty() || err != std::errc() || end != s.data() + s.size() || pid <= 0 ||
+      pid > std::numeric_limits<pid_t>::max())
+    fail("{}: expected one positive pid, got '{}'", path.string(), s);
+  out.pid = static_cast<pid_t>(pid);
+  return out;
 }
 
 }  // namespace ddiloco

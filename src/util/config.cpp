@@ -278,6 +278,26 @@ const std::vector<Entry<Config>>& entries() {
                     one_of({"fp32", "bf16", "int8", "int4"})),
       DDILOCO_FIELD(int, "wan.block", wan.block,
                     "values per fp32 scale in int8 and int4", positive<int>()),
+      // launch (ddiloco launch: the isolated deployment)
+      DDILOCO_FIELD(int, "launch.max_restarts", launch.max_restarts,
+                    "ddiloco launch: restarts of each process (the syncer, each unit's MPI job) "
+                    "that exits non-zero or is killed; 0 = never restart",
+                    at_least(0)),
+      DDILOCO_FIELD(double, "launch.backoff_s", launch.backoff_s,
+                    "ddiloco launch: wait before a process's first restart, seconds; doubled "
+                    "for each next one", at_least(0.0)),
+      DDILOCO_FIELD(double, "launch.backoff_max_s", launch.backoff_max_s,
+                    "ddiloco launch: longest wait before a restart, seconds", at_least(0.0)),
+      DDILOCO_FIELD(double, "launch.drain_s", launch.drain_s,
+                    "ddiloco launch: once the syncer has ended, unit jobs may exit by themselves "
+                    "this long, seconds; then SIGTERM, and SIGKILL 5 s later",
+                    at_least(0.0)),
+      DDILOCO_FIELD(std::string, "launch.mpirun", launch.mpirun,
+                    "ddiloco launch: the MPI launcher of each unit's job (a path, or a name "
+                    "looked up in PATH)", non_empty()),
+      DDILOCO_FIELD(std::vector<std::string>, "launch.mpirun_args", launch.mpirun_args,
+                    "ddiloco launch: extra arguments of every unit's mpirun, before -np, e.g. "
+                    "[--mca, odls_base_sigkill_timeout, 30]"),
       // debug (test hooks)
       DDILOCO_FIELD(int, "debug.stall_unit", debug.stall_unit,
                     "test hook: this unit stalls (−1 = none)", at_least(-1)),
@@ -428,8 +448,11 @@ void validate(const Config& c, const std::string& source) {
       fail("chaos: faults are injected into learner units; mode single has none (choose mode "
            "ddp, diloco, streaming or decoupled)");
     if (c.chaos.enabled()) {
-      // Drawn or read now, so that a bad schedule file is refused before any rank starts.
-      const chaos::Schedule schedule = chaos::Schedule::from_config(c.chaos, M);
+      // Drawn or read now, so that a bad schedule file is refused before any rank starts
+      // (a kill's rank checked against its unit's ranks).
+      std::vector<int> unit_ranks;
+      for (int u = 0; u < M; ++u) unit_ranks.push_back(c.unit_ranks(u));
+      const chaos::Schedule schedule = chaos::Schedule::from_config(c.chaos, M, unit_ranks);
       const bool crashes = std::any_of(schedule.faults.begin(), schedule.faults.end(),
                                        [](const chaos::Fault& f) { return f.kind == chaos::FaultKind::crash; });
       if (crashes && c.mode == Mode::streaming)
@@ -437,6 +460,14 @@ void validate(const Config& c, const std::string& source) {
              "between sending a fragment and applying its merge leaves the others waiting for a "
              "merge it cannot complete); use mode diloco or decoupled, or slow and link faults only");
     }
+    if (c.launch.backoff_max_s < c.launch.backoff_s)
+      fail("launch.backoff_max_s: must be ≥ launch.backoff_s = {}, got {}", c.launch.backoff_s,
+           c.launch.backoff_max_s);
+    // Beyond a day a wait is a typing error (and its clock arithmetic would overflow).
+    if (c.launch.backoff_max_s > 86400 || c.launch.drain_s > 86400)
+      fail("{}: must be ≤ 86400 s, got {}",
+           c.launch.drain_s > 86400 ? "launch.drain_s" : "launch.backoff_max_s",
+           c.launch.drain_s > 86400 ? c.launch.drain_s : c.launch.backoff_max_s);
     if (c.debug.stall_unit >= M)
       fail("debug.stall_unit: must be < units.count = {}, got {}", M, c.debug.stall_unit);
     if (c.debug.nan_unit >= M)

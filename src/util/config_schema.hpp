@@ -126,9 +126,30 @@ T parse_value(const YAML::Node& node) {
   }
 }
 
+// A string as an element of a YAML flow list: plain where YAML reads it back as the same
+// string ([dp, elastic_dp]), else double-quoted ("a b", "x,y", "", "null").
+inline std::string flow_list_element(const std::string& v) {
+  bool plain = !v.empty() && v != "null" && v != "Null" && v != "NULL" && v != "~";
+  for (char c : v)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' ||
+          c == '/' || c == '=' || c == '+'))
+      plain = false;
+  if (plain) return v;
+  std::string out = "\"";
+  for (char c : v) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
 template <typename T>
 std::string show_value(const T& v) {
-  if constexpr (is_vector<T>::value) {
+  if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + flow_list_element(v[i]);
+    return out + "]";
+  } else if constexpr (is_vector<T>::value) {
     std::string out = "[";
     for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + show_value(v[i]);
     return out + "]";

@@ -2,6 +2,7 @@
 // round trip; bad schedule files refused with the entry and field named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -38,10 +39,11 @@ std::string write_file(const std::string& name, const std::string& text) {
   return path.string();
 }
 
-void expect_error(const std::string& text, const std::string& needle) {
+void expect_error(const std::string& text, const std::string& needle,
+                  const std::vector<int>& unit_ranks = {}) {
   const std::string path = write_file("bad.yaml", text);
   try {
-    Schedule::load(path, 4);
+    Schedule::load(path, 4, unit_ranks);
     ADD_FAILURE() << "no error for:\n" << text;
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
@@ -150,7 +152,7 @@ TEST(ChaosSchedule, BadFilesRefusedWithEntryAndField) {
   expect_error("faults:\n  - {unit: 4, kind: crash, start_s: 1, duration_s: 2}\n",
                "faults[0].unit: must be an integer in [0, 4), got 4");
   expect_error("faults:\n  - {unit: 0, kind: boom, start_s: 1, duration_s: 2}\n",
-               "faults[0].kind: must be one of crash, slow, link, got 'boom'");
+               "faults[0].kind: must be one of crash, slow, link, kill, kill_syncer, got 'boom'");
   expect_error("faults:\n  - {unit: 0, kind: slow, start_s: 1, duration_s: 2}\n",
                "faults[0].factor: missing");
   expect_error("faults:\n  - {unit: 0, kind: slow, start_s: 1, duration_s: 2, factor: 0.5}\n",
@@ -168,6 +170,122 @@ TEST(ChaosSchedule, BadFilesRefusedWithEntryAndField) {
       "  - {unit: 1, kind: crash, start_s: 25, duration_s: 5}\n",
       "unit 1 crashes at 25 s while down from an earlier crash until 30 s");
   EXPECT_THROW(Schedule::load("/nonexistent/chaos.yaml", 4), Error);
+}
+
+TEST(ChaosKills, ParsedWithAndWithoutRankAndKillSyncerWithoutUnit) {
+  const std::string path = write_file("kills.yaml",
+                                      "faults:\n"
+                                      "  - {unit: 1, kind: kill, start_s: 12}\n"
+                                      "  - {unit: 2, kind: kill, rank: 1, start_s: 5.5}\n"
+                                      "  - {kind: kill_syncer, start_s: 30}\n"
+                                      "  - {unit: -1, kind: kill_syncer, start_s: 40, duration_s: 0}\n"
+                                      "  - {unit: 1, kind: crash, start_s: 3, duration_s: 2}\n");
+  const Schedule s = Schedule::load(path, 4, {1, 1, 2, 1});
+  std::filesystem::remove(path);
+  ASSERT_EQ(s.faults.size(), 5u);
+  const std::vector<Fault> kills = s.launcher_faults();  // in start order, the crash left out
+  ASSERT_EQ(kills.size(), 4u);
+  EXPECT_EQ(kills[0], (Fault{.unit = 2, .kind = FaultKind::kill, .start_s = 5.5, .rank = 1}));
+  EXPECT_EQ(kills[1], (Fault{.unit = 1, .kind = FaultKind::kill, .start_s = 12, .rank = 0}));
+  EXPECT_EQ(kills[2], (Fault{.unit = kSyncerUnit, .kind = FaultKind::kill_syncer, .start_s = 30}));
+  EXPECT_EQ(kills[3].kind, FaultKind::kill_syncer);
+  EXPECT_EQ(kills[3].unit, kSyncerUnit);
+  for (const Fault& f : kills) {
+    EXPECT_EQ(f.duration_s, 0);
+    EXPECT_EQ(f.factor, 1);
+    EXPECT_TRUE(is_launcher_fault(f.kind));
+  }
+  EXPECT_FALSE(is_launcher_fault(FaultKind::crash));
+  // Counted apart: a unit's kills with the unit, the syncer's only in the total.
+  const Schedule::Counts all = s.counts(), one = s.counts(1), two = s.counts(2);
+  EXPECT_EQ(all.kills, 2);
+  EXPECT_EQ(all.syncer_kills, 2);
+  EXPECT_EQ(all.crashes, 1);
+  EXPECT_DOUBLE_EQ(all.down_s, 2.0);  // kills add no down-time
+  EXPECT_EQ(one.kills, 1);
+  EXPECT_EQ(one.crashes, 1);
+  EXPECT_EQ(one.syncer_kills, 0);
+  EXPECT_EQ(two.kills, 1);
+  // The units ignore them: unit 1 sees its crash only, unit 2 nothing at all.
+  UnitTimeline t1(s, 1), t2(s, 2);
+  const Fault* crash = t1.crash_due(100);
+  ASSERT_NE(crash, nullptr);
+  EXPECT_EQ(crash->kind, FaultKind::crash);
+  EXPECT_EQ(t1.crash_due(100), nullptr);
+  EXPECT_FALSE(t2.crash_pending(100));
+  EXPECT_EQ(t2.slowdown_at(6), 1);
+  EXPECT_EQ(t2.link_factor_at(6), 1);  // a kill is no link degradation
+  // Without the units' ranks a rank is only checked for being ≥ 0.
+  const std::string wide = write_file("wide.yaml", "faults:\n  - {unit: 0, kind: kill, rank: 7, start_s: 1}\n");
+  EXPECT_EQ(Schedule::load(wide, 1).faults.at(0).rank, 7);
+  std::filesystem::remove(wide);
+}
+
+TEST(ChaosKills, RoundTripThroughToYaml) {
+  Schedule a = Schedule::generate(busy_config(9), 3);
+  a.faults.push_back({.unit = 2, .kind = FaultKind::kill, .start_s = 1.0 / 3, .rank = 1});
+  a.faults.push_back({.unit = 0, .kind = FaultKind::kill, .start_s = 50});
+  a.faults.push_back({.unit = kSyncerUnit, .kind = FaultKind::kill_syncer, .start_s = 0.1});
+  std::sort(a.faults.begin(), a.faults.end(), [](const Fault& x, const Fault& y) {
+    if (x.start_s != y.start_s) return x.start_s < y.start_s;
+    if (x.unit != y.unit) return x.unit < y.unit;
+    if (x.kind != y.kind) return x.kind < y.kind;
+    return x.rank < y.rank;
+  });
+  const std::string text = a.to_yaml();
+  EXPECT_NE(text.find("{kind: kill_syncer, start_s: 0.1}"), std::string::npos) << text;
+  EXPECT_NE(text.find("{unit: 0, kind: kill, rank: 0, start_s: 50}"), std::string::npos) << text;
+  const std::string path = write_file("kills_roundtrip.yaml", text);
+  EXPECT_EQ(Schedule::load(path, 3, {1, 1, 2}), a);
+  std::filesystem::remove(path);
+}
+
+TEST(ChaosKills, BadEntriesRefusedWithFileEntryAndField) {
+  expect_error("faults:\n  - {unit: 0, kind: kill, rank: 2, start_s: 1}\n",
+               "faults[0].rank: unit 0 has 2 rank(s), 0 to 1, got 2", {2, 1, 1, 1});
+  expect_error("faults:\n  - {unit: 0, kind: kill, rank: -1, start_s: 1}\n",
+               "faults[0].rank: must be an integer ≥ 0 (a rank of unit 0), got -1");
+  expect_error("faults:\n  - {unit: 0, kind: kill, rank: 0.5, start_s: 1}\n",
+               "faults[0].rank: must be an integer ≥ 0 (a rank of unit 0), got 0.5");
+  expect_error("faults:\n  - {unit: 0, kind: kill, rank: x, start_s: 1}\n",
+               "faults[0].rank: expected a number, got 'x'");
+  expect_error("faults:\n  - {unit: 0, kind: crash, rank: 1, start_s: 1, duration_s: 2}\n",
+               "faults[0].rank: only a kill names a rank, got one for kind crash");
+  expect_error("faults:\n  - {unit: 0, kind: crash, start_s: 1, duration_s: 2}\n"
+               "  - {unit: 2, kind: kill_syncer, start_s: 3}\n",
+               "faults[1].unit: kill_syncer kills the syncer, which is no unit: omit unit or give "
+               "-1, got 2");
+  expect_error("faults:\n  - {kind: kill_syncer, rank: 0, start_s: 3}\n",
+               "faults[0].rank: only a kill names a rank, got one for kind kill_syncer");
+  expect_error("faults:\n  - {kind: kill, start_s: 3}\n", "faults[0].unit: missing");
+  expect_error("faults:\n  - {unit: -1, kind: kill, start_s: 3}\n",
+               "faults[0].unit: must be an integer in [0, 4), got -1");
+  expect_error("faults:\n  - {unit: 1, kind: kill, start_s: 3, duration_s: 5}\n",
+               "faults[0].duration_s: a kill has no duration");
+  expect_error("faults:\n  - {kind: kill_syncer, start_s: 3, factor: 2}\n",
+               "faults[0].factor: a kill_syncer has no factor (1), got 2");
+  expect_error("faults:\n  - {unit: 1, kind: kill}\n", "faults[0].start_s: missing");
+  expect_error("faults:\n  - {unit: 1, kind: kill, start_s: -2}\n",
+               "faults[0].start_s: must be ≥ 0, got -2");
+}
+
+TEST(ChaosKills, ConfigChecksTheRankAgainstTheUnitsRanks) {
+  const std::string path = write_file("cfg_kills.yaml",
+                                      "faults:\n  - {unit: 1, kind: kill, rank: 1, start_s: 2}\n");
+  EXPECT_NO_THROW(load_config("", {"mode=decoupled", "units.count=2", "units.ranks=[1, 2]",
+                                   "chaos.schedule_file=" + path}));
+  try {
+    load_config("", {"mode=decoupled", "units.count=2", "chaos.schedule_file=" + path});
+    ADD_FAILURE() << "a rank beyond the unit's was accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(path + ": faults[0].rank: unit 1 has 1 rank(s), 0 to 0, got 1"),
+              std::string::npos) << what;
+  }
+  // Kills are no crash: mode streaming takes them (the launcher restarts the process).
+  EXPECT_NO_THROW(load_config("", {"mode=streaming", "units.count=2", "units.ranks=[1, 2]",
+                                   "chaos.schedule_file=" + path}));
+  std::filesystem::remove(path);
 }
 
 TEST(ChaosTimeline, CrashesOnceEachAndEpisodeFactors) {

@@ -1,5 +1,6 @@
 // Config loading: every bad input stops with one line naming the source, key and expectation.
 #include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
 
 #include "ddiloco/config.hpp"
 #include "ddiloco/error.hpp"
@@ -166,6 +167,42 @@ TEST(Config, ModesListsAndUnitLayout) {
             "c.yaml: units.ranks: expected a list like [1, 2], got '3'");
   EXPECT_EQ(error_of("outer: {merge: median}\n"),
             "c.yaml: outer.merge: must be one of rda, mean, got median");
+}
+
+TEST(Config, LaunchKeysValidatedAndListsOfStringsReadBack) {
+  const Config d = load_config("", {});
+  EXPECT_EQ(d.launch.max_restarts, 10);
+  EXPECT_DOUBLE_EQ(d.launch.backoff_s, 1);
+  EXPECT_DOUBLE_EQ(d.launch.backoff_max_s, 30);
+  EXPECT_DOUBLE_EQ(d.launch.drain_s, 30);
+  EXPECT_EQ(d.launch.mpirun, "mpirun");
+  EXPECT_TRUE(d.launch.mpirun_args.empty());
+  // Arguments that YAML would split, retype or drop if written plain come back as given.
+  const std::vector<std::string> args = {"--mca", "odls_base_sigkill_timeout", "30", "a b",
+                                         "x,y", "null", "", "say \"hi\"", "#1", "k: v"};
+  YAML::Emitter list;
+  list << YAML::Flow << args;
+  const Config c = load_config("", {"launch.max_restarts=0", "launch.backoff_s=0.05",
+                                    "launch.backoff_max_s=0.2", "launch.drain_s=0",
+                                    "launch.mpirun=/opt/mpi/bin/mpirun",
+                                    std::string("launch.mpirun_args=") + list.c_str()});
+  EXPECT_EQ(c.launch.mpirun_args, args);
+  EXPECT_EQ(c.launch.max_restarts, 0);
+  test::TempDir dir;
+  test::write_bytes(dir / "eff.yaml", to_yaml(c));
+  const Config back = load_config((dir / "eff.yaml").string());
+  EXPECT_EQ(back.launch.mpirun_args, args);
+  EXPECT_EQ(to_yaml(back), to_yaml(c));
+  EXPECT_EQ(error_of("launch: {max_restarts: -1}\n"),
+            "c.yaml: launch.max_restarts: must be ≥ 0, got -1");
+  EXPECT_EQ(error_of("launch: {backoff_s: 5, backoff_max_s: 2}\n"),
+            "c.yaml: launch.backoff_max_s: must be ≥ launch.backoff_s = 5, got 2");
+  EXPECT_EQ(error_of("launch: {drain_s: -1}\n"), "c.yaml: launch.drain_s: must be ≥ 0, got -1");
+  EXPECT_EQ(error_of("launch: {drain_s: 1e9}\n"),
+            "c.yaml: launch.drain_s: must be ≤ 86400 s, got 1000000000");
+  EXPECT_EQ(error_of("launch: {mpirun: ''}\n"), "c.yaml: launch.mpirun: must not be empty, got ''");
+  EXPECT_EQ(error_of("launch: {mpirun_args: -np}\n"),
+            "c.yaml: launch.mpirun_args: expected a list like [1, 2], got '-np'");
 }
 
 TEST(Config, EveryKeyIsDocumented) {

@@ -1,0 +1,169 @@
+// `ddiloco launch`: the syncer and every unit's MPI job as separate, supervised processes
+// (include/ddiloco/launch.hpp; the supervision itself is src/launch/supervisor.cpp).
+#include <signal.h>
+#include <unistd.h>
+
+#include <array>
+#include <climits>
+#include <csignal>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "ddiloco/chaos.hpp"
+#include "ddiloco/config.hpp"
+#include "ddiloco/error.hpp"
+#include "ddiloco/launch.hpp"
+#include "ddiloco/run_dir.hpp"
+
+namespace ddiloco::launch {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Stop signals as counts, so that a second one is seen as such (signals.hpp keeps the first).
+volatile std::sig_atomic_t g_received[3] = {0, 0, 0};
+constexpr std::array<int, 3> kStopSignals = {SIGINT, SIGTERM, SIGUSR1};
+
+extern "C" void count_signal(int sig) {
+  for (size_t i = 0; i < kStopSignals.size(); ++i)
+    if (kStopSignals[i] == sig) g_received[i] = g_received[i] + 1;
+}
+
+void install_counting_handlers() {
+  struct sigaction action {};
+  action.sa_handler = count_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int sig : kStopSignals) ::sigaction(sig, &action, nullptr);
+}
+
+// A stop signal received since the last call, 0 if none.
+int next_counted_signal() {
+  static std::sig_atomic_t seen[3] = {0, 0, 0};
+  for (size_t i = 0; i < kStopSignals.size(); ++i)
+    if (g_received[i] != seen[i]) {
+      ++seen[i];
+      return kStopSignals[i];
+    }
+  return 0;
+}
+
+std::string self_exe() {
+  std::array<char, PATH_MAX> buf{};
+  const ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+  if (n <= 0) fail("launch: cannot read /proc/self/exe, the path of this binary");
+  return std::string(buf.data(), static_cast<size_t>(n));
+}
+
+}  // namespace
+
+LaunchPlan plan_launch(const Config& config, const LaunchArgs& args) {
+  switch (config.mode) {
+    case Mode::decoupled:
+    case Mode::diloco:
+    case Mode::streaming: break;
+    case Mode::ddp:
+      fail("launch: mode ddp needs one MPI world (its gradient all-reduce spans every unit): run "
+           "it with `mpirun -np N ddiloco train` (N: `ddiloco config --ranks`)");
+    case Mode::single:
+      fail("launch: mode single is one unit without a syncer: run it with `mpirun -np R ddiloco "
+           "train`");
+  }
+  const std::string self = args.self.empty() ? self_exe() : args.self;
+  std::vector<std::string> common = {"--config", args.config_path};
+  for (const std::string& o : args.overrides) {
+    common.push_back("--set");
+    common.push_back(o);
+  }
+  LaunchPlan plan;
+  plan.syncer.role = Role::syncer;
+  plan.syncer.unit = -1;
+  plan.syncer.argv = {self, "syncer"};
+  plan.syncer.argv.insert(plan.syncer.argv.end(), common.begin(), common.end());
+  plan.syncer.restart_argv = plan.syncer.argv;
+  if (!args.resume.empty()) {
+    plan.syncer.argv.push_back("--resume");
+    plan.syncer.argv.push_back(args.resume);
+  }
+  if (args.overwrite) plan.syncer.argv.push_back("--overwrite");
+  // A restarted syncer resumes from its newest checkpoint (a fresh start if none).
+  plan.syncer.restart_argv.push_back("--resume");
+  plan.syncer.restart_argv.push_back("auto");
+  for (int u = 0; u < config.units.count; ++u) {
+    ChildSpec unit;
+    unit.role = Role::unit;
+    unit.unit = u;
+    unit.argv = {config.launch.mpirun, "-q", "--oversubscribe", "--bind-to", "none"};
+    unit.argv.insert(unit.argv.end(), config.launch.mpirun_args.begin(),
+                     config.launch.mpirun_args.end());
+    for (const std::string& a : {std::string("-np"), std::to_string(config.unit_ranks(u)), self,
+                                 std::string("unit"), std::string("--config"), args.config_path,
+                                 std::string("--unit"), std::to_string(u)})
+      unit.argv.push_back(a);
+    for (const std::string& o : args.overrides) {
+      unit.argv.push_back("--set");
+      unit.argv.push_back(o);
+    }
+    plan.units.push_back(std::move(unit));
+  }
+  return plan;
+}
+
+std::vector<ScheduledKill> scheduled_kills(const Config& config) {
+  std::vector<ScheduledKill> kills;
+  if (!config.chaos.enabled()) return kills;
+  std::vector<int> ranks;
+  for (int u = 0; u < config.units.count; ++u) ranks.push_back(config.unit_ranks(u));
+  const chaos::Schedule schedule =
+      chaos::Schedule::from_config(config.chaos, config.units.count, ranks);
+  for (const chaos::Fault& f : schedule.launcher_faults()) {
+    ScheduledKill k;
+    k.at_s = f.start_s;
+    k.role = f.kind == chaos::FaultKind::kill_syncer ? Role::syncer : Role::unit;
+    k.unit = f.kind == chaos::FaultKind::kill_syncer ? -1 : f.unit;
+    k.rank = f.rank;
+    kills.push_back(k);
+  }
+  return kills;
+}
+
+int run_launch(const LaunchArgs& args) {
+  // From the start: a signal during set-up is forwarded as soon as the children exist.
+  install_counting_handlers();
+  const Config config = load_config(args.config_path, args.overrides);
+  const LaunchPlan plan = plan_launch(config, args);
+  const fs::path dir = config.run.dir;
+  // What the syncer will check, checked once here: a refused run.dir would otherwise be a
+  // syncer exiting 2 and restarted launch.max_restarts times.
+  check_run_dir(dir, args.overwrite || !args.resume.empty());
+  if (!args.resume.empty() && args.resume != "auto" && !fs::is_directory(args.resume))
+    fail("--resume: '{}' is not a checkpoint directory (give auto or a ckpt_<id> directory)",
+         args.resume);
+  // Pid files of an earlier launch name processes that are gone (or, worse, reused).
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(pid_dir(dir), ec))
+    if (e.path().extension() == ".pid") fs::remove(e.path(), ec);
+
+  SupervisorOptions options;
+  options.restart.max_restarts = config.launch.max_restarts;
+  options.restart.backoff_s = config.launch.backoff_s;
+  options.restart.backoff_max_s = config.launch.backoff_max_s;
+  options.drain_s = config.launch.drain_s;
+  options.log_path = dir / "launch.jsonl";
+  options.truncate_log = args.resume.empty();
+  options.pid_dir = pid_dir(dir);
+  options.kills = scheduled_kills(config);
+  options.next_signal = next_counted_signal;
+  std::printf("launch: mode %s, the syncer and %d unit job(s) (%s), restarts ≤ %d each; log %s\n",
+              mode_name(config.mode), config.units.count, config.launch.mpirun.c_str(),
+              config.launch.max_restarts, options.log_path.c_str());
+  if (!options.kills.empty())
+    std::printf("launch: chaos: %zu kill(s) scheduled\n", options.kills.size());
+  std::fflush(stdout);
+  Supervisor supervisor(options);
+  return supervisor.run(plan.syncer, plan.units).status;
+}
+
+}  // namespace ddiloco::launch
