@@ -1,0 +1,69 @@
+// The transport under the learner ↔ syncer protocol (sync_window.hpp): memory a unit leader
+// exposes, and the syncer's one-sided access to it. The protocol is written once over these
+// two interfaces; two transports implement them:
+//   MPI RMA (mpi_memory.hpp)  one job, one MPI world: MPI_Win_allocate + passive-target RMA.
+//   UCX     (ucx_link.hpp)    separate jobs: ucp_mem_map'ed memory, ucp_get/put/atomics from
+//                             the syncer, endpoints that report a dead peer.
+// Nothing here knows what the bytes mean (formats, headers and flow control are the protocol's).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace ddiloco::comm {
+
+/// A unit leader's side: `bytes()` bytes of zero-initialised, 64-byte aligned memory that the
+/// syncer reads and writes while this process touches it only with local loads and stores.
+/// Words the two sides share are int64, 8-byte aligned, accessed here through std::atomic_ref.
+class ExposedMemory {
+ public:
+  virtual ~ExposedMemory() = default;
+  virtual std::byte* base() = 0;
+  virtual size_t bytes() const = 0;
+  /// Memory barrier between this process's loads/stores and the syncer's accesses
+  /// (MPI_Win_sync for MPI; a sequentially consistent fence for UCX, whose remote accesses
+  /// are CPU stores of this process's progress thread or of the NIC).
+  virtual void sync() = 0;
+  /// Ends the exposure once every exchange is over (MPI: collective over the sync communicator).
+  virtual void close() = 0;
+};
+
+/// The syncer's side, the only origin of every operation: one-sided access to the exposed
+/// memory of units 0..units()−1. Offsets and sizes are in bytes within a unit's memory.
+///
+/// A unit may be absent (not connected yet, or lost: its process died, its link failed). An
+/// operation on an absent unit does nothing and returns false: a get leaves `dst` as it was,
+/// a put is dropped. It never throws for that and never waits for the peer: the syncer learns
+/// of the loss from the return value or from connected(), and carries on with the others.
+/// Errors of the transport itself (out of memory, a malformed request) throw ddiloco::Error.
+class RemoteMemory {
+ public:
+  virtual ~RemoteMemory() = default;
+  virtual int units() const = 0;
+  /// Is unit u connected now (its memory can be read)?
+  virtual bool connected(int u) const = 0;
+  /// One read of a batch.
+  struct Read {
+    int unit;
+    size_t offset;
+    std::span<std::byte> dst;
+    bool ok = false;  ///< set by get_all: the read completed
+  };
+  /// Reads every request, issued together and completed before returning.
+  virtual void get_all(std::span<Read> reads) = 0;
+  /// Reads `dst.size()` bytes at `offset` of unit u's memory (complete on return).
+  virtual bool get(int u, size_t offset, std::span<std::byte> dst) = 0;
+  /// Writes `src` at `offset` of unit u's memory, complete at the target on return (so that a
+  /// word written after it announces complete data).
+  virtual bool put(int u, size_t offset, std::span<const std::byte> src) = 0;
+  /// Atomically replaces the int64 at `offset` (8-byte aligned), complete at the target on
+  /// return.
+  virtual bool put_word(int u, size_t offset, int64_t value) = 0;
+  /// Atomically reads the int64 at `offset` (8-byte aligned).
+  virtual bool fetch_word(int u, size_t offset, int64_t& value) = 0;
+  /// Ends access to every unit (MPI: collective over the sync communicator).
+  virtual void close() = 0;
+};
+
+}  // namespace ddiloco::comm
