@@ -14,15 +14,22 @@
 //
 // Transports: whatever UCX selects, honouring UCX_TLS, UCX_NET_DEVICES, ... from the
 // environment as UCX does. Tested here only with UCX_TLS=tcp on 127.0.0.1 (UCX 1.13.1,
-// Debian 12); over TCP, gets/puts/atomics are carried as active messages that the TARGET's
-// worker must progress, hence the unit's progress thread.
+// Debian 12; UCX_TLS=all also passes, and still picks tcp lanes for these client-server
+// endpoints). Over TCP, gets/puts/atomics are carried as active messages that the TARGET's
+// worker must progress, hence the unit's progress thread. One exception to "as UCX picks":
+// a syncer bound to a loopback address restricts itself to the device "lo" unless
+// UCX_NET_DEVICES is set (UCX would add lanes over the host's other interfaces, seen:
+// tcp/eth0), so its units' lanes are lo only. A unit cannot do that (its context exists
+// before it knows the address): a single-host run sets UCX_NET_DEVICES=lo for the units.
 //
 // Dead-peer detection: unless the environment sets them, the context is configured with
 // UCX_KEEPALIVE_INTERVAL=1s, UCX_TCP_KEEPIDLE=2s, UCX_TCP_KEEPINTVL=1s, UCX_TCP_KEEPCNT=3, so
-// a silent peer (link down) is detected within ~5 s; a killed process is seen as soon as
-// its kernel closes the socket (measured: see tests/unit/test_ucx_link.cpp). A peer that is
-// alive for TCP but never progresses (SIGSTOPped) is caught by the syncer's operation
-// timeout (set_op_timeout).
+// a silent idle peer (link down) is detected within ~5 s. A killed process is seen as soon as
+// its kernel closes the socket: measured here ≤ 0.02 s on both sides, busy or idle
+// (tests/unit/test_ucx_link.cpp prints the figures). A peer that is alive for TCP but never
+// progresses (SIGSTOPped) is caught by the syncer's operation timeout (set_op_timeout).
+// The syncer learns of anything only inside its calls into the link: it must call
+// take_lost() / accept_pending() regularly.
 //
 // Neither class is copyable; both release everything in their destructor (close()).
 #pragma once

@@ -114,6 +114,14 @@ std::string format_address(const sockaddr_storage& a) {
   return "?";
 }
 
+bool is_loopback(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET)
+    return (ntohl(reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr) >> 24) == 127;
+  if (a.ss_family == AF_INET6)
+    return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6&>(a).sin6_addr);
+  return false;
+}
+
 // "ip:port", "host:port" or "[ipv6]:port".
 sockaddr_storage parse_address(const std::string& text) {
   std::string host;
@@ -142,7 +150,11 @@ sockaddr_storage parse_address(const std::string& text) {
 // One context per link object, with the features both sides need: RMA and 64-bit atomics
 // (the target needs them too: over TCP it executes them in its worker), active messages for
 // the handshake, and wakeup for the event fd we sleep on.
-ucp_context_h create_context(const char* name) {
+// loopback_only: restrict UCX to the loopback device "lo" (unless UCX_NET_DEVICES is set), for
+// a syncer that listens on a loopback address. Otherwise UCX adds lanes over every device it
+// finds (seen here: active messages over tcp/lo and tcp/eth0 for a 127.0.0.1 connection),
+// i.e. traffic to the host's other addresses that a loopback-only run must not have.
+ucp_context_h create_context(const char* name, bool loopback_only) {
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "config_read");
   // Detection of a silent peer within seconds instead of UCX's defaults (keepalive rounds
@@ -168,6 +180,8 @@ ucp_context_h create_context(const char* name) {
     if (std::getenv(d.env) != nullptr || (d.tcp && !tcp_possible)) continue;
     (void)ucp_config_modify(config, d.key, d.value);
   }
+  if (loopback_only && std::getenv("UCX_NET_DEVICES") == nullptr)
+    (void)ucp_config_modify(config, "NET_DEVICES", "lo");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
   params.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO64 | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
@@ -555,7 +569,7 @@ UcxSyncerLink::UcxSyncerLink(const std::string& bind_ip, int port, int units)
   s.units = units;
   s.unit_conn.assign(static_cast<size_t>(units), nullptr);
   const sockaddr_storage addr = resolve(bind_ip, port, true);
-  s.context = create_context("ddiloco-syncer");
+  s.context = create_context("ddiloco-syncer", is_loopback(addr));
   try {
     s.worker = create_worker(s.context, &s.efd);
     set_am_handler(s.worker, kAmHello, &Impl::on_hello, &s);
@@ -900,7 +914,7 @@ struct UcxUnitLink::Impl {
   }
 
   void init() {
-    context = create_context("ddiloco-unit");
+    context = create_context("ddiloco-unit", false);
     worker = create_worker(context, &efd);
     set_am_handler(worker, kAmReply, &Impl::on_reply, this);
     ucp_mem_map_params_t mp{};

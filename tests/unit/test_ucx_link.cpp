@@ -1,7 +1,7 @@
 // The UCX link (ddiloco/ucx_link.hpp) between real processes on 127.0.0.1: the peer is this
 // test binary started again in a helper mode (DDILOCO_UCX_TEST_HELPER=unit|syncer|mpi_unit),
 // which runs before main() and never reaches GoogleTest. Nothing is mocked; UCX_TLS defaults
-// to tcp (our machines' transport) unless the environment sets it.
+// to tcp (our machines' transport) and UCX_NET_DEVICES to lo unless the environment sets them.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <netinet/in.h>
@@ -302,7 +302,12 @@ std::string self_exe() {
 
 class UcxLink : public ::testing::Test {
  protected:
-  void SetUp() override { ::setenv("UCX_TLS", "tcp", 0); }
+  void SetUp() override {
+    // Our machines' transport, and only the loopback device (UCX would otherwise also open
+    // the host's other interfaces); the environment wins. The helpers inherit both.
+    ::setenv("UCX_TLS", "tcp", 0);
+    ::setenv("UCX_NET_DEVICES", "lo", 0);
+  }
 
   static std::unique_ptr<ChildProcess> start_unit(const std::string& addr, size_t bytes,
                                                   uint64_t payload_seed, size_t payload_len) {
