@@ -25,6 +25,8 @@ packages=(
   # libraries
   libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libyaml-cpp-dev nlohmann-json3-dev
   libcli11-dev libfmt-dev libopenblas-openmp-dev
+  # the unit <-> syncer link between separate jobs (src/comm/ucx_link.cpp); ucx_info, ucx_perftest
+  libucx-dev ucx-utils
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   # tests: a one-node Slurm cluster (scripts/slurm_local.sh, e2e slurm_requeue)

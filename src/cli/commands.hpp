@@ -70,6 +70,21 @@ struct BenchCheckpointOptions {
 /// "unit_pause_steps=<n>" (a unit's pause to write its file, in inner steps).
 int bench_checkpoint(const BenchCheckpointOptions& options);
 
+struct BenchLinkOptions {
+  std::vector<size_t> sizes = {4096, size_t{1} << 20, size_t{16} << 20};  // bytes per operation
+  double seconds = 0.5;  // per operation and size, each transport
+  std::string tls;       // UCX_TLS for both UCX processes; "" = the environment's, else tcp
+  bool no_mpi = false;   // the UCX half only
+  // Hidden modes the command starts itself in: the MPI half under mpirun, the UCX unit.
+  bool mpi = false;
+  std::string serve;  // the syncer's address: be the UCX unit process
+  size_t bytes = 0;   // its exposed memory
+};
+/// get and put throughput (MB/s) and 8-byte fetch latency between two processes on 127.0.0.1,
+/// over the UCX link and over MPI passive-target RMA (mpirun -np 2), side by side with the
+/// ratio UCX/MPI.
+int bench_link(const BenchLinkOptions& options);
+
 struct SimulateOptions {
   std::string config;
   std::vector<std::string> overrides;

@@ -376,6 +376,22 @@ int main(int argc, char** argv) {
   bench_checkpoint->add_option("--repeats", bench_ckpt.repeats, "timed repeats")
       ->check(CLI::PositiveNumber);
 
+  cli::BenchLinkOptions bench_link_opts;
+  auto* bench_link = bench->add_subcommand(
+      "link", "get/put MB/s between two processes on 127.0.0.1: UCX link beside MPI RMA");
+  bench_link->add_option("--size", bench_link_opts.sizes, "bytes per operation (repeatable)")
+      ->check(CLI::PositiveNumber);
+  bench_link->add_option("--seconds", bench_link_opts.seconds, "time per operation and size")
+      ->check(CLI::PositiveNumber);
+  bench_link->add_option("--tls", bench_link_opts.tls,
+                         "UCX_TLS for the UCX half (default: the environment's, else tcp)");
+  bench_link->add_flag("--no-mpi", bench_link_opts.no_mpi, "skip the MPI half");
+  bench_link->add_flag("--mpi", bench_link_opts.mpi, "(internal) the MPI half, under mpirun -np 2")
+      ->group("");
+  bench_link->add_option("--serve", bench_link_opts.serve, "(internal) the UCX unit process")
+      ->group("");
+  bench_link->add_option("--bytes", bench_link_opts.bytes, "(internal) its memory")->group("");
+
   ConfigArgs config_args;
   bool list_keys = false;
   auto* config = app.add_subcommand("config", "print the effective configuration");
@@ -422,9 +438,11 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  // bench simulate and bench gpu need no MPI.
+  // bench simulate and bench gpu need no MPI; bench link only in its MPI half (the command
+  // itself starts mpirun for it).
   const bool needs_mpi = train->parsed() || eval->parsed() ||
-                        (bench->parsed() && !bench_simulate->parsed() && !bench_gpu->parsed());
+                        (bench->parsed() && !bench_simulate->parsed() && !bench_gpu->parsed() &&
+                         (!bench_link->parsed() || bench_link_opts.mpi));
   std::optional<mpi::Session> session;
   try {
     if (needs_mpi) session.emplace(&argc, &argv);
@@ -473,6 +491,7 @@ int main(int argc, char** argv) {
       bench_ckpt.overrides = bench_ckpt_args.overrides;
       return cli::bench_checkpoint(bench_ckpt);
     }
+    if (bench_link->parsed()) return cli::bench_link(bench_link_opts);
     if (bench_simulate->parsed()) {
       bench_sim.config = bench_sim_args.path;
       bench_sim.overrides = bench_sim_args.overrides;

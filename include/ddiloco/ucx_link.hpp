@@ -1,0 +1,201 @@
+// The learner ↔ syncer transport between separate jobs, over UCX (UCP 1.13): each unit leader
+// registers its exposed memory (UcxUnitLink) and connects to the syncer's listener; the syncer
+// (UcxSyncerLink) reads and writes that memory with one-sided gets, puts and 64-bit atomics.
+// The protocol on top (sync_window.hpp) sees only the RemoteMemory / ExposedMemory interfaces
+// of remote_memory.hpp; nothing here knows what the bytes mean.
+//
+// Why UCX and not MPI between units: an endpoint created with peer error handling reports a
+// dead peer (error callback, failed requests) instead of taking the process down, so the
+// syncer lives on when a unit's job is killed, and a restarted unit connects again.
+//
+// Handshake (one message each way, UCP active messages): the unit sends its caller's opaque
+// payload, the packed rkey, base address and size of its memory; the syncer's caller decides
+// (admit or refuse) and the unit's connect() returns or throws LinkRefused with the reason.
+//
+// Transports: whatever UCX selects, honouring UCX_TLS, UCX_NET_DEVICES, ... from the
+// environment as UCX does. Tested here only with UCX_TLS=tcp on 127.0.0.1 (UCX 1.13.1,
+// Debian 12; UCX_TLS=all also passes, and still picks tcp lanes for these client-server
+// endpoints). Over TCP, gets/puts/atomics are carried as active messages that the TARGET's
+// worker must progress, hence the unit's progress thread. One exception to "as UCX picks":
+// a syncer bound to a loopback address restricts itself to the device "lo" unless
+// UCX_NET_DEVICES is set (UCX would add lanes over the host's other interfaces, seen:
+// tcp/eth0), so its units' lanes are lo only. A unit cannot do that (its context exists
+// before it knows the address): a single-host run sets UCX_NET_DEVICES=lo for the units.
+//
+// Dead-peer detection: unless the environment sets them, the context is configured with
+// UCX_KEEPALIVE_INTERVAL=1s, UCX_TCP_KEEPIDLE=2s, UCX_TCP_KEEPINTVL=1s, UCX_TCP_KEEPCNT=3, so
+// a silent idle peer (link down) is detected within ~5 s. A killed process is seen as soon as
+// its kernel closes the socket: measured here ≤ 0.02 s on both sides, busy or idle
+// (tests/unit/test_ucx_link.cpp prints the figures). A peer that is alive for TCP but never
+// progresses (SIGSTOPped) is caught by the syncer's operation timeout (set_op_timeout).
+// The syncer learns of anything only inside its calls into the link: it must call
+// take_lost() / accept_pending() regularly.
+//
+// Neither class is copyable; both release everything in their destructor (close()).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ddiloco/error.hpp"
+#include "ddiloco/remote_memory.hpp"
+
+namespace ddiloco::comm {
+
+/// Thrown by UcxUnitLink::connect when the syncer refused the unit; what() is
+/// "syncer <addr> refused the connection: <reason>", reason() the syncer's text verbatim.
+class LinkRefused : public Error {
+ public:
+  LinkRefused(const std::string& message, std::string reason)
+      : Error(message), reason_(std::move(reason)) {}
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string reason_;
+};
+
+/// The syncer's side: a UCP listener that units connect to, and one-sided access to the
+/// memory of the admitted ones (RemoteMemory).
+///
+/// Threading: UCS_THREAD_MODE_SINGLE. Every method must be called from one thread (the
+/// syncer's); the worker is progressed only inside these calls (nothing runs in between, so
+/// call accept_pending() / take_lost() regularly, even when idle).
+///
+/// Waiting never spins: a wait progresses the worker until it has nothing to do, then arms it
+/// (ucp_worker_arm) and sleeps in poll() on its event fd, with a short timeout.
+class UcxSyncerLink final : public RemoteMemory {
+ public:
+  /// A connection that sent its handshake and waits for admit() or refuse().
+  struct Pending {
+    int64_t id;           ///< for admit/refuse; never reused within this object
+    std::string payload;  ///< the unit's hello, byte for byte as it passed it to connect()
+    size_t bytes;         ///< size of the unit's exposed memory
+    std::string peer;     ///< the unit's address, "ip:port"
+  };
+  /// A unit whose connection ended since the previous take_lost().
+  struct Lost {
+    int unit;
+    std::string reason;  ///< "closed" after disconnect(); otherwise UCX's or ours
+  };
+
+  /// Listens on bind_ip:port (port 0: any free port; see address()) for units 0..units−1.
+  /// bind_ip is a numeric IPv4/IPv6 address or a host name. Throws Error if UCX cannot be
+  /// initialised or the address cannot be bound (a fixed port can stay "in use" for a while
+  /// after a previous syncer exited: TCP TIME_WAIT; port 0 avoids that).
+  UcxSyncerLink(const std::string& bind_ip, int port, int units);
+  ~UcxSyncerLink() override;
+  UcxSyncerLink(const UcxSyncerLink&) = delete;
+  UcxSyncerLink& operator=(const UcxSyncerLink&) = delete;
+
+  /// "ip:port" actually bound (for port 0, the port the system chose): what units connect to.
+  std::string address() const;
+
+  /// Connections whose handshake arrived since the previous call (each is returned once).
+  /// Non-blocking: progresses the worker without sleeping. Connections that send no
+  /// handshake within 10 s of connecting are closed unseen.
+  std::vector<Pending> accept_pending();
+  /// Binds connection `id` to unit `unit` (0 ≤ unit < units()) and replies "ok"; from then on
+  /// connected(unit) is true and operations reach that memory. A previous, lost connection of
+  /// the unit is replaced, and losses of the unit that take_lost() has not returned yet are
+  /// dropped (the admission supersedes them). Throws Error if the id is not pending
+  /// (unknown, admitted or refused already), the unit is out of range, or the unit is
+  /// connected now (disconnect it first). If the connection failed after accept_pending()
+  /// returned it, the unit is admitted and lost at once: take_lost() reports it and
+  /// connected(unit) stays false.
+  void admit(int64_t id, int unit);
+  /// Replies `reason` to connection `id`, then closes it. Its rkey is never unpacked: a
+  /// refused peer gets no access. Throws Error if the id is not pending.
+  void refuse(int64_t id, const std::string& reason);
+
+  /// Units lost since the previous call: their endpoint failed (peer died, link broke,
+  /// operation timeout) or disconnect() closed it. Non-blocking (progresses the worker).
+  std::vector<Lost> take_lost();
+  /// Closes unit u's connection gracefully (no-op when u is not connected); take_lost()
+  /// reports it with reason "closed".
+  void disconnect(int unit);
+
+  /// An operation (or batch) that has not completed after `seconds` + its bytes at 10 MB/s
+  /// declares its unit lost (reason "... timed out ..."): the safety net for a peer that is
+  /// alive for TCP but does not progress. Default 10 s. Throws Error if seconds ≤ 0.
+  void set_op_timeout(double seconds);
+  /// Size in bytes of unit u's exposed memory (0 when u is not connected).
+  size_t bytes(int u) const;
+
+  // RemoteMemory. Bounds: offset + size must lie within the unit's memory, and word offsets
+  // must be 8-byte aligned, or Error is thrown (a malformed request); an absent or lost unit
+  // makes the operation return false (Read::ok = false) without waiting.
+  int units() const override;
+  bool connected(int u) const override;
+  void get_all(std::span<Read> reads) override;
+  bool get(int u, size_t offset, std::span<std::byte> dst) override;
+  /// ucp_put_nbx + ucp_ep_flush_nbx: complete at the target on return.
+  bool put(int u, size_t offset, std::span<const std::byte> src) override;
+  /// 64-bit atomic swap; its reply means it was performed at the target.
+  bool put_word(int u, size_t offset, int64_t value) override;
+  /// 64-bit atomic fetch-and-add of 0.
+  bool fetch_word(int u, size_t offset, int64_t& value) override;
+  /// Closes every connection and the listener; the object is unusable afterwards (every
+  /// operation returns false, accept_pending() returns nothing). Idempotent.
+  void close() override;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+/// A unit leader's side: `bytes` of zeroed, 64-byte aligned memory registered with UCX
+/// (ucp_mem_map), which the syncer reads and writes after connect(), and a progress thread.
+///
+/// Threading: one progress thread owns the UCX context and worker (created, used and
+/// destroyed there; UCS_THREAD_MODE_SINGLE). It sleeps in poll() on the worker's event fd
+/// (after ucp_worker_arm) and on an eventfd of ours, with a 100 ms timeout, and progresses
+/// the worker when woken: over TCP the syncer's gets/puts/atomics need this process to
+/// progress. connect() and close() hand their work to that thread and wait for it; the other
+/// methods touch no UCX state and may be called from any thread.
+///
+/// The memory and its rkey stay the same across reconnects; only the endpoint is new.
+/// Coexists with Open MPI (pml ob1, no UCX in MPI) in the same process: tested.
+class UcxUnitLink final : public ExposedMemory {
+ public:
+  /// Allocates and registers the memory (bytes > 0) and starts the progress thread. Throws
+  /// Error if bytes is 0, the allocation fails or UCX cannot be initialised.
+  explicit UcxUnitLink(size_t bytes);
+  ~UcxUnitLink() override;
+  UcxUnitLink(const UcxUnitLink&) = delete;
+  UcxUnitLink& operator=(const UcxUnitLink&) = delete;
+
+  std::byte* base() override;
+  size_t bytes() const override;
+  /// std::atomic_thread_fence(seq_cst): the syncer's accesses are CPU stores of the progress
+  /// thread (TCP, shared memory) or of the NIC.
+  void sync() override;
+  /// Stops the progress thread, closes the endpoint (gracefully, bounded), unregisters the
+  /// memory. base() stays valid (the memory is freed by the destructor). Idempotent.
+  void close() override;
+
+  /// Connects to the syncer at `syncer_addr` ("ip:port", "host:port" or "[ipv6]:port"),
+  /// sends `payload` (opaque, up to 1 MiB) with the memory's rkey, and waits for the reply,
+  /// at most timeout_s seconds in all. Returns when admitted (connected() is true).
+  /// Throws LinkRefused (an Error) with the syncer's reason when refused; Error when no reply
+  /// came within timeout_s ("no listener" and "no answer" both end so), when the connection
+  /// failed (e.g. refused by the kernel: nothing listens), when already connected or closed,
+  /// or for a malformed address. Retrying (with back-off) is the caller's policy.
+  void connect(const std::string& syncer_addr, const std::string& payload, double timeout_s);
+  /// True from a successful connect() until the endpoint to the syncer fails (the syncer
+  /// died, closed or disconnected this unit, or the link broke).
+  bool connected() const;
+  /// Why the last connection ended ("" while connected or before the first connect()).
+  std::string lost_reason() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddiloco::comm

@@ -1,0 +1,1186 @@
+// UCX (UCP) implementation of the learner ↔ syncer transport: see ddiloco/ucx_link.hpp.
+#include "ddiloco/ucx_link.hpp"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+namespace ddiloco::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::time_point after(double seconds) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(seconds));
+}
+
+// Milliseconds to sleep in poll(): up to `cap_ms`, never past the deadline, at least 1.
+int poll_ms(Clock::time_point deadline, int cap_ms) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return static_cast<int>(std::clamp<int64_t>(left.count() + 1, 1, cap_ms));
+}
+
+void check(ucs_status_t status, const char* what) {
+  if (status != UCS_OK) fail("UCX {} failed: {}", what, ucs_status_string(status));
+}
+
+// ---------------------------------------------------------------- handshake wire format
+// One active message each way. Both ends run this code on the same kind of machine, so the
+// headers travel in host byte order; the magic and version catch anything else.
+constexpr uint32_t kMagic = 0x6b4c6464;  // "ddLk"
+constexpr uint32_t kVersion = 1;
+constexpr unsigned kAmHello = 0x4444;  // unit → syncer
+constexpr unsigned kAmReply = 0x4445;  // syncer → unit
+constexpr size_t kMaxPayload = size_t{1} << 20;
+constexpr size_t kMaxRkey = size_t{1} << 16;
+constexpr double kHelloTimeoutS = 10;  // a connection that sends no hello is closed after this
+
+struct HelloHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint64_t nonce;  // echoed in the reply: a late reply to an abandoned attempt is ignored
+  uint64_t base;   // remote address of the exposed memory
+  uint64_t bytes;
+  uint32_t rkey_len;     // data = packed rkey (rkey_len bytes) then the payload
+  uint32_t payload_len;
+};
+struct ReplyHeader {
+  uint32_t magic;
+  uint32_t status;  // kAdmitted or kRefused; data = the reason (refused only)
+  uint64_t nonce;
+};
+constexpr uint32_t kAdmitted = 0;
+constexpr uint32_t kRefused = 1;
+
+// ---------------------------------------------------------------- addresses
+sockaddr_storage resolve(const std::string& host, int port, bool passive) {
+  if (port < 0 || port > 65535) fail("UCX link: port {} out of range 0..65535", port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr)
+    fail("UCX link: cannot resolve address '{}': {}", host, ::gai_strerror(rc));
+  sockaddr_storage out{};
+  std::memcpy(&out, res->ai_addr, std::min<size_t>(res->ai_addrlen, sizeof out));
+  ::freeaddrinfo(res);
+  return out;
+}
+
+socklen_t sockaddr_len(const sockaddr_storage& a) {
+  return a.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+}
+
+std::string format_address(const sockaddr_storage& a) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (a.ss_family == AF_INET) {
+    const auto& in = reinterpret_cast<const sockaddr_in&>(a);
+    ::inet_ntop(AF_INET, &in.sin_addr, host, sizeof host);
+    port = ntohs(in.sin_port);
+    return fmt::format("{}:{}", host, port);
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(a);
+    ::inet_ntop(AF_INET6, &in6.sin6_addr, host, sizeof host);
+    port = ntohs(in6.sin6_port);
+    return fmt::format("[{}]:{}", host, port);
+  }
+  return "?";
+}
+
+bool is_loopback(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET)
+    return (ntohl(reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr) >> 24) == 127;
+  if (a.ss_family == AF_INET6)
+    return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6&>(a).sin6_addr);
+  return false;
+}
+
+// "ip:port", "host:port" or "[ipv6]:port".
+sockaddr_storage parse_address(const std::string& text) {
+  std::string host;
+  std::string port;
+  if (!text.empty() && text.front() == '[') {
+    const auto close = text.find(']');
+    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':')
+      fail("UCX link: malformed address '{}' (expected [ipv6]:port)", text);
+    host = text.substr(1, close - 1);
+    port = text.substr(close + 2);
+  } else {
+    const auto colon = text.rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      fail("UCX link: malformed address '{}' (expected ip:port)", text);
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+  }
+  char* end = nullptr;
+  const long p = std::strtol(port.c_str(), &end, 10);
+  if (port.empty() || *end != '\0' || p <= 0 || p > 65535)
+    fail("UCX link: malformed port in address '{}'", text);
+  return resolve(host, static_cast<int>(p), false);
+}
+
+// ---------------------------------------------------------------- context and waiting
+// One context per link object, with the features both sides need: RMA and 64-bit atomics
+// (the target needs them too: over TCP it executes them in its worker), active messages for
+// the handshake, and wakeup for the event fd we sleep on.
+// loopback_only: restrict UCX to the loopback device "lo" (unless UCX_NET_DEVICES is set), for
+// a syncer that listens on a loopback address. Otherwise UCX adds lanes over every device it
+// finds (seen here: active messages over tcp/lo and tcp/eth0 for a 127.0.0.1 connection),
+// i.e. traffic to the host's other addresses that a loopback-only run must not have.
+ucp_context_h create_context(const char* name, bool loopback_only) {
+  ucp_config_t* config = nullptr;
+  check(ucp_config_read(nullptr, nullptr, &config), "config_read");
+  // Detection of a silent peer within seconds instead of UCX's defaults (keepalive rounds
+  // every 20 s; TCP keepalive probes after 10 s idle). The environment wins: a variable that
+  // is set is left alone. The TCP keys are the tcp transport's own (UCX_TCP_KEEPIDLE is
+  // "KEEPIDLE" in its table) and are given only where tcp may be selected: UCX warns about a
+  // key no transport used.
+  const char* tls = std::getenv("UCX_TLS");
+  const std::string tls_list = tls != nullptr ? tls : "";
+  const bool tcp_possible = tls == nullptr || tls_list.find("all") != std::string::npos ||
+                            (tls_list.find("tcp") != std::string::npos) != (tls_list[0] == '^');
+  struct Default {
+    const char* env;
+    const char* key;
+    const char* value;
+    bool tcp;
+  };
+  static const Default defaults[] = {{"UCX_KEEPALIVE_INTERVAL", "KEEPALIVE_INTERVAL", "1s", false},
+                                     {"UCX_TCP_KEEPIDLE", "KEEPIDLE", "2s", true},
+                                     {"UCX_TCP_KEEPINTVL", "KEEPINTVL", "1s", true},
+                                     {"UCX_TCP_KEEPCNT", "KEEPCNT", "3", true}};
+  for (const Default& d : defaults) {
+    if (std::getenv(d.env) != nullptr || (d.tcp && !tcp_possible)) continue;
+    (void)ucp_config_modify(config, d.key, d.value);
+  }
+  if (loopback_only && std::getenv("UCX_NET_DEVICES") == nullptr)
+    (void)ucp_config_modify(config, "NET_DEVICES", "lo");
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO64 | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.name = name;
+  ucp_context_h context = nullptr;
+  const ucs_status_t status = ucp_init(&params, config, &context);
+  ucp_config_release(config);
+  check(status, "init");
+  return context;
+}
+
+ucp_worker_h create_worker(ucp_context_h context, int* efd) {
+  ucp_worker_params_t params{};
+  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  ucp_worker_h worker = nullptr;
+  check(ucp_worker_create(context, &params, &worker), "worker_create");
+  const ucs_status_t status = ucp_worker_get_efd(worker, efd);
+  if (status != UCS_OK) {
+    ucp_worker_destroy(worker);
+    check(status, "worker_get_efd");
+  }
+  return worker;
+}
+
+void set_am_handler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb, void* arg) {
+  ucp_am_handler_param_t p{};
+  p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                 UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+  p.id = id;
+  p.cb = cb;
+  p.arg = arg;
+  p.flags = UCP_AM_FLAG_WHOLE_MSG;
+  check(ucp_worker_set_am_recv_handler(worker, &p), "worker_set_am_recv_handler");
+}
+
+// A UCP request: complete at once (ptr null) or in flight until check_status says otherwise.
+struct Req {
+  void* ptr = nullptr;
+  ucs_status_t status = UCS_OK;
+
+  static Req of(ucs_status_ptr_t p) {
+    Req r;
+    if (p == nullptr) return r;
+    if (UCS_PTR_IS_ERR(p)) {
+      r.status = UCS_PTR_STATUS(p);
+      return r;
+    }
+    r.ptr = p;
+    r.status = UCS_INPROGRESS;
+    return r;
+  }
+  /// True once complete (then `status` is final and the request is freed).
+  bool test() {
+    if (ptr == nullptr) return true;
+    const ucs_status_t s = ucp_request_check_status(ptr);
+    if (s == UCS_INPROGRESS) return false;
+    ucp_request_free(ptr);
+    ptr = nullptr;
+    status = s;
+    return true;
+  }
+  /// Lets go of a request we no longer wait for: UCX frees it when it completes.
+  void release() {
+    if (ptr != nullptr) ucp_request_free(ptr);
+    ptr = nullptr;
+  }
+};
+
+// Progresses the worker until it has nothing left to do right now.
+void drain(ucp_worker_h worker) {
+  while (ucp_worker_progress(worker) != 0) {
+  }
+}
+
+// Sleeps until the worker has events (or an extra fd is readable) or `ms` pass. Never spins:
+// ucp_worker_arm says BUSY when events are already pending (then the caller progresses again
+// at once); where arming is unsupported, a 1 ms sleep stands in for the event fd.
+void sleep_on(ucp_worker_h worker, int efd, int ms, int extra_fd = -1) {
+  const ucs_status_t st = ucp_worker_arm(worker);
+  if (st == UCS_ERR_BUSY) return;
+  if (st != UCS_OK) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(ms, 1)));
+    return;
+  }
+  pollfd fds[2] = {{efd, POLLIN, 0}, {extra_fd, POLLIN, 0}};
+  ::poll(fds, extra_fd >= 0 ? 2 : 1, ms);
+}
+
+// Closes an endpoint without waiting: the request (if any) is progressed later.
+Req close_ep(ucp_ep_h ep, bool force) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  return Req::of(ucp_ep_close_nbx(ep, &p));
+}
+
+}  // namespace
+
+// ================================================================= syncer side
+
+struct UcxSyncerLink::Impl {
+  enum class State { hello_wait, pending, reported, admitted };
+  struct Conn {
+    Impl* owner = nullptr;
+    int64_t id = 0;
+    ucp_ep_h ep = nullptr;
+    std::string peer;
+    State state = State::hello_wait;
+    Clock::time_point since = Clock::now();
+    bool failed = false;
+    std::string reason;
+    // The hello.
+    std::string payload;
+    std::vector<uint8_t> rkey_buf;
+    uint64_t base = 0;
+    uint64_t bytes = 0;
+    uint64_t nonce = 0;
+    // Admitted.
+    ucp_rkey_h rkey = nullptr;
+    int unit = -1;
+    // Our reply: its buffers live here until the send completes (the Conn outlives its ep).
+    ReplyHeader reply{};
+    std::string reply_text;
+    Req reply_req;
+
+    void fail_with(std::string why) {
+      if (failed) return;
+      failed = true;
+      reason = std::move(why);
+    }
+  };
+  struct Closing {
+    std::unique_ptr<Conn> conn;
+    Req req;
+  };
+
+  int units = 0;
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  ucp_listener_h listener = nullptr;
+  int efd = -1;
+  std::string address;
+  double op_timeout_s = 10;
+  int64_t next_id = 1;
+  bool closed = false;
+
+  std::vector<ucp_conn_request_h> conn_requests;  // from the listener, handled after progress
+  std::map<int64_t, std::unique_ptr<Conn>> conns;
+  std::unordered_map<ucp_ep_h, Conn*> by_ep;
+  std::vector<Conn*> unit_conn;
+  std::vector<Lost> lost;
+  std::vector<Closing> closing;
+
+  // ---- callbacks (all run inside ucp_worker_progress on the caller's thread)
+  static void on_conn_request(ucp_conn_request_h request, void* arg) {
+    static_cast<Impl*>(arg)->conn_requests.push_back(request);
+  }
+  static void on_ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
+    static_cast<Conn*>(arg)->fail_with(ucs_status_string(status));
+  }
+  static ucs_status_t on_hello(void* arg, const void* header, size_t header_length, void* data,
+                               size_t length, const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Impl*>(arg);
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;
+    const auto it = self->by_ep.find(param->reply_ep);
+    if (it == self->by_ep.end()) return UCS_OK;
+    Conn& c = *it->second;
+    if (c.state != State::hello_wait || c.failed) return UCS_OK;
+    HelloHeader h{};
+    if (header_length != sizeof h) {
+      c.fail_with("malformed handshake (header size)");
+      return UCS_OK;
+    }
+    std::memcpy(&h, header, sizeof h);
+    if (h.magic != kMagic || h.version != kVersion) {
+      c.fail_with(fmt::format("malformed handshake (magic {:#x}, version {})", h.magic, h.version));
+      return UCS_OK;
+    }
+    // The unit sends eagerly (UCP_AM_SEND_FLAG_EAGER): the data is here, whole.
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || h.rkey_len == 0 ||
+        h.rkey_len > kMaxRkey || h.payload_len > kMaxPayload ||
+        size_t{h.rkey_len} + h.payload_len != length || h.bytes == 0) {
+      c.fail_with("malformed handshake (sizes)");
+      return UCS_OK;
+    }
+    const auto* d = static_cast<const uint8_t*>(data);
+    c.rkey_buf.assign(d, d + h.rkey_len);
+    c.payload.assign(reinterpret_cast<const char*>(d) + h.rkey_len, h.payload_len);
+    c.base = h.base;
+    c.bytes = h.bytes;
+    c.nonce = h.nonce;
+    c.state = State::pending;
+    return UCS_OK;
+  }
+
+  // ---- progress
+  void progress() {
+    drain(worker);
+    while (!conn_requests.empty()) {
+      std::vector<ucp_conn_request_h> requests;
+      requests.swap(conn_requests);
+      for (ucp_conn_request_h r : requests) accept_connection(r);
+      drain(worker);
+    }
+  }
+
+  void accept_connection(ucp_conn_request_h request) {
+    auto c = std::make_unique<Conn>();
+    c->owner = this;
+    c->id = next_id++;
+    ucp_conn_request_attr_t attr{};
+    attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+    c->peer = ucp_conn_request_query(request, &attr) == UCS_OK
+                  ? format_address(attr.client_address)
+                  : std::string("?");
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.conn_request = request;
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    p.err_handler.cb = &Impl::on_ep_error;
+    p.err_handler.arg = c.get();
+    if (ucp_ep_create(worker, &p, &c->ep) != UCS_OK) {
+      // UCX has consumed the request on failure; nothing to reject.
+      return;
+    }
+    by_ep[c->ep] = c.get();
+    conns[c->id] = std::move(c);
+  }
+
+  // Hands the connection's endpoint to the closing list (and the Conn with it: its error
+  // callback and reply buffers must stay valid until the close completes).
+  void start_close(int64_t id, bool force, bool ops_in_flight = false) {
+    auto it = conns.find(id);
+    if (it == conns.end()) return;
+    std::unique_ptr<Conn> c = std::move(it->second);
+    conns.erase(it);
+    if (c->unit >= 0 && unit_conn[c->unit] == c.get()) unit_conn[c->unit] = nullptr;
+    by_ep.erase(c->ep);
+    // UCX wants the rkey destroyed after its operations are flushed and before its endpoint.
+    // Operations here are synchronous, so none is in flight, except after an operation
+    // timeout: then the forced close purges them first and the rkey goes after.
+    if (!ops_in_flight && c->rkey != nullptr) {
+      ucp_rkey_destroy(c->rkey);
+      c->rkey = nullptr;
+    }
+    Req r = close_ep(c->ep, force || c->failed);
+    closing.push_back(Closing{std::move(c), r});
+  }
+
+  void progress_closing() {
+    for (size_t i = 0; i < closing.size();) {
+      if (!closing[i].req.test()) {
+        ++i;
+        continue;
+      }
+      Conn& c = *closing[i].conn;
+      if (c.rkey != nullptr) ucp_rkey_destroy(c.rkey);
+      c.rkey = nullptr;
+      c.reply_req.test();
+      c.reply_req.release();
+      closing.erase(closing.begin() + static_cast<ptrdiff_t>(i));
+    }
+  }
+
+  // Turns failed connections into losses (admitted) or drops them (not yet reported), closes
+  // connections that never sent their hello, and frees completed reply sends.
+  void reap() {
+    std::vector<int64_t> to_close;
+    const auto now = Clock::now();
+    for (auto& [id, c] : conns) {
+      c->reply_req.test();
+      if (c->state == State::hello_wait && !c->failed &&
+          now - c->since > std::chrono::duration<double>(kHelloTimeoutS))
+        c->fail_with("no handshake");
+      if (!c->failed) continue;
+      if (c->state == State::admitted) {
+        lost.push_back(Lost{c->unit, c->reason});
+        to_close.push_back(id);
+      } else if (c->state != State::reported) {
+        to_close.push_back(id);
+      }
+      // State::reported: kept until the caller admits or refuses it.
+    }
+    for (int64_t id : to_close) start_close(id, true);
+    progress_closing();
+  }
+
+  Conn* usable(int u) const {
+    if (u < 0 || u >= units) fail("UCX link: unit {} out of range 0..{}", u, units - 1);
+    Conn* c = closed ? nullptr : unit_conn[u];
+    return c != nullptr && !c->failed ? c : nullptr;
+  }
+
+  static void check_range(const Conn& c, int u, size_t offset, size_t size) {
+    if (offset > c.bytes || size > c.bytes - offset)
+      fail("UCX link: access to unit {} at [{}, {}) is beyond its {} bytes", u, offset,
+           offset + size, c.bytes);
+  }
+  static void check_word(const Conn& c, int u, size_t offset) {
+    if (offset % 8 != 0) fail("UCX link: word offset {} of unit {} is not 8-byte aligned", offset, u);
+    check_range(c, u, offset, 8);
+  }
+
+  // ---- operations
+  // One operation's requests (a put and its flush use two), the unit it goes to and its
+  // outcome.
+  struct Op {
+    int unit = -1;
+    Conn* conn = nullptr;
+    Req req[2];
+    bool done = false;
+    bool ok = false;
+  };
+
+  // Waits for every op (each complete when all its requests are); the deadline is
+  // op_timeout_s + bytes at 10 MB/s. A unit whose ops are still in flight then is declared
+  // lost: its endpoint is force-closed, which purges (completes) its requests.
+  void finish(std::vector<Op>& ops, size_t total_bytes) {
+    const auto deadline = after(op_timeout_s + static_cast<double>(total_bytes) / 1e7);
+    auto all_done = [&] {
+      bool all = true;
+      for (Op& op : ops) {
+        if (op.done) continue;
+        bool complete = true;
+        for (Req& r : op.req) complete = r.test() && complete;
+        if (!complete) {
+          all = false;
+          continue;
+        }
+        op.done = true;
+        op.ok = op.req[0].status == UCS_OK && op.req[1].status == UCS_OK;
+        if (!op.ok) {
+          const ucs_status_t bad = op.req[0].status != UCS_OK ? op.req[0].status : op.req[1].status;
+          op.conn->fail_with(ucs_status_string(bad));
+        }
+      }
+      return all;
+    };
+    if (wait(all_done, deadline)) return;
+    for (Op& op : ops) {
+      if (op.done || op.conn->failed) continue;
+      op.conn->fail_with(fmt::format("operation timed out after {:.1f} s (peer not progressing)",
+                                     op_timeout_s + static_cast<double>(total_bytes) / 1e7));
+      if (op.conn->state == State::admitted) lost.push_back(Lost{op.unit, op.conn->reason});
+      start_close(op.conn->id, true, true);
+    }
+    // The forced closes purge the requests; wait for that so that no get writes into a
+    // caller's buffer after we return.
+    if (!wait(all_done, after(5))) {
+      for (Op& op : ops) {
+        if (op.done) continue;
+        for (Req& r : op.req) r.release();
+        op.done = true;
+        op.ok = false;
+      }
+    }
+  }
+
+  template <typename Done>
+  bool wait(Done&& done, Clock::time_point deadline) {
+    for (;;) {
+      progress();
+      if (done()) return true;
+      if (Clock::now() >= deadline) return false;
+      sleep_on(worker, efd, poll_ms(deadline, 100));
+    }
+  }
+
+  Op issue_get(int u, Conn& c, size_t offset, std::span<std::byte> dst) {
+    Op op;
+    op.unit = u;
+    op.conn = &c;
+    ucp_request_param_t p{};
+    op.req[0] = Req::of(ucp_get_nbx(c.ep, dst.data(), dst.size(), c.base + offset, c.rkey, &p));
+    return op;
+  }
+};
+
+UcxSyncerLink::UcxSyncerLink(const std::string& bind_ip, int port, int units)
+    : impl_(std::make_unique<Impl>()) {
+  if (units <= 0) fail("UCX link: units must be positive (got {})", units);
+  Impl& s = *impl_;
+  s.units = units;
+  s.unit_conn.assign(static_cast<size_t>(units), nullptr);
+  const sockaddr_storage addr = resolve(bind_ip, port, true);
+  s.context = create_context("ddiloco-syncer", is_loopback(addr));
+  try {
+    s.worker = create_worker(s.context, &s.efd);
+    set_am_handler(s.worker, kAmHello, &Impl::on_hello, &s);
+    ucp_listener_params_t lp{};
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+    lp.sockaddr.addrlen = sockaddr_len(addr);
+    lp.conn_handler.cb = &Impl::on_conn_request;
+    lp.conn_handler.arg = &s;
+    const ucs_status_t st = ucp_listener_create(s.worker, &lp, &s.listener);
+    if (st != UCS_OK)
+      fail("UCX link: cannot listen on {}: {}", format_address(addr), ucs_status_string(st));
+    ucp_listener_attr_t attr{};
+    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    check(ucp_listener_query(s.listener, &attr), "listener_query");
+    s.address = format_address(attr.sockaddr);
+  } catch (...) {
+    if (s.listener != nullptr) ucp_listener_destroy(s.listener);
+    if (s.worker != nullptr) ucp_worker_destroy(s.worker);
+    ucp_cleanup(s.context);
+    throw;
+  }
+}
+
+UcxSyncerLink::~UcxSyncerLink() { close(); }
+
+std::string UcxSyncerLink::address() const { return impl_->address; }
+
+int UcxSyncerLink::units() const { return impl_->units; }
+
+bool UcxSyncerLink::connected(int u) const { return impl_->usable(u) != nullptr; }
+
+size_t UcxSyncerLink::bytes(int u) const {
+  const Impl::Conn* c = impl_->usable(u);
+  return c != nullptr ? c->bytes : 0;
+}
+
+void UcxSyncerLink::set_op_timeout(double seconds) {
+  if (!(seconds > 0)) fail("UCX link: operation timeout must be positive (got {})", seconds);
+  impl_->op_timeout_s = seconds;
+}
+
+std::vector<UcxSyncerLink::Pending> UcxSyncerLink::accept_pending() {
+  Impl& s = *impl_;
+  std::vector<Pending> out;
+  if (s.closed) return out;
+  s.progress();
+  s.reap();
+  for (auto& [id, c] : s.conns) {
+    if (c->state != Impl::State::pending || c->failed) continue;
+    c->state = Impl::State::reported;
+    out.push_back(Pending{id, c->payload, c->bytes, c->peer});
+  }
+  return out;
+}
+
+void UcxSyncerLink::admit(int64_t id, int unit) {
+  Impl& s = *impl_;
+  const auto it = s.conns.find(id);
+  if (s.closed || it == s.conns.end() || it->second->state != Impl::State::reported)
+    fail("UCX link: admit: connection {} is not pending", id);
+  if (unit < 0 || unit >= s.units)
+    fail("UCX link: admit: unit {} out of range 0..{}", unit, s.units - 1);
+  s.progress();
+  s.reap();  // a previous, failed connection of the unit becomes a loss first ...
+  if (s.usable(unit) != nullptr)
+    fail("UCX link: admit: unit {} is connected (disconnect it first)", unit);
+  // ... which this admission supersedes: the caller admits the unit afresh.
+  std::erase_if(s.lost, [&](const Lost& l) { return l.unit == unit; });
+  Impl::Conn& c = *it->second;
+  if (c.failed) {
+    // Died between accept_pending() and now: admitted and lost at once.
+    s.lost.push_back(Lost{unit, c.reason});
+    s.start_close(id, true);
+    return;
+  }
+  const ucs_status_t st = ucp_ep_rkey_unpack(c.ep, c.rkey_buf.data(), &c.rkey);
+  if (st != UCS_OK) {
+    c.rkey = nullptr;
+    refuse(id, "malformed remote key");
+    fail("UCX link: admit: cannot unpack the remote key of connection {} ({}): {}", id, c.peer,
+         ucs_status_string(st));
+  }
+  c.rkey_buf.clear();
+  c.state = Impl::State::admitted;
+  c.unit = unit;
+  s.unit_conn[static_cast<size_t>(unit)] = &c;
+  c.reply = ReplyHeader{kMagic, kAdmitted, c.nonce};
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_AM_SEND_FLAG_EAGER;
+  c.reply_req = Req::of(ucp_am_send_nbx(c.ep, kAmReply, &c.reply, sizeof c.reply, nullptr, 0, &p));
+  if (c.reply_req.ptr == nullptr && c.reply_req.status != UCS_OK)
+    c.fail_with(ucs_status_string(c.reply_req.status));
+  s.progress();
+}
+
+void UcxSyncerLink::refuse(int64_t id, const std::string& reason) {
+  Impl& s = *impl_;
+  const auto it = s.conns.find(id);
+  if (s.closed || it == s.conns.end() || it->second->state != Impl::State::reported)
+    fail("UCX link: refuse: connection {} is not pending", id);
+  Impl::Conn& c = *it->second;
+  c.rkey_buf.clear();  // never unpacked: a refused peer keeps no access
+  if (!c.failed) {
+    c.reply = ReplyHeader{kMagic, kRefused, c.nonce};
+    c.reply_text = reason;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_EAGER;
+    c.reply_req = Req::of(ucp_am_send_nbx(c.ep, kAmReply, &c.reply, sizeof c.reply,
+                                          c.reply_text.data(), c.reply_text.size(), &p));
+  }
+  // A graceful close flushes the reply out before the disconnect.
+  s.start_close(id, false);
+  s.progress();
+  s.progress_closing();
+}
+
+std::vector<UcxSyncerLink::Lost> UcxSyncerLink::take_lost() {
+  Impl& s = *impl_;
+  if (!s.closed) {
+    s.progress();
+    s.reap();
+  }
+  std::vector<Lost> out;
+  out.swap(s.lost);
+  return out;
+}
+
+void UcxSyncerLink::disconnect(int unit) {
+  Impl& s = *impl_;
+  Impl::Conn* c = s.usable(unit);
+  if (c == nullptr) return;
+  s.lost.push_back(Lost{unit, "closed"});
+  s.start_close(c->id, false);
+  s.progress();
+  s.progress_closing();
+}
+
+void UcxSyncerLink::get_all(std::span<Read> reads) {
+  Impl& s = *impl_;
+  if (!s.closed) s.reap();
+  std::vector<Impl::Op> ops;
+  std::vector<size_t> index;  // reads[index[i]] is ops[i]
+  size_t total = 0;
+  for (Read& r : reads) {  // check every request before issuing any
+    r.ok = false;
+    if (const Impl::Conn* c = s.usable(r.unit)) Impl::check_range(*c, r.unit, r.offset, r.dst.size());
+  }
+  for (size_t i = 0; i < reads.size(); ++i) {
+    Read& r = reads[i];
+    Impl::Conn* c = s.usable(r.unit);
+    if (c == nullptr) continue;
+    if (r.dst.empty()) {
+      r.ok = true;
+      continue;
+    }
+    ops.push_back(s.issue_get(r.unit, *c, r.offset, r.dst));
+    index.push_back(i);
+    total += r.dst.size();
+  }
+  if (ops.empty()) return;
+  s.finish(ops, total);
+  for (size_t i = 0; i < ops.size(); ++i) reads[index[i]].ok = ops[i].ok;
+}
+
+bool UcxSyncerLink::get(int u, size_t offset, std::span<std::byte> dst) {
+  Read r{u, offset, dst};
+  get_all(std::span<Read>(&r, 1));
+  return r.ok;
+}
+
+bool UcxSyncerLink::put(int u, size_t offset, std::span<const std::byte> src) {
+  Impl& s = *impl_;
+  if (!s.closed) s.reap();
+  Impl::Conn* c = s.usable(u);
+  if (c == nullptr) return false;
+  Impl::check_range(*c, u, offset, src.size());
+  if (src.empty()) return true;
+  std::vector<Impl::Op> ops(1);
+  Impl::Op& op = ops[0];
+  op.unit = u;
+  op.conn = c;
+  ucp_request_param_t p{};
+  op.req[0] = Req::of(ucp_put_nbx(c->ep, src.data(), src.size(), c->base + offset, c->rkey, &p));
+  // The put's completion is local (the source may be reused); the flush's is remote.
+  if (op.req[0].ptr != nullptr || op.req[0].status == UCS_OK)
+    op.req[1] = Req::of(ucp_ep_flush_nbx(c->ep, &p));
+  s.finish(ops, src.size());
+  return op.ok;
+}
+
+bool UcxSyncerLink::put_word(int u, size_t offset, int64_t value) {
+  Impl& s = *impl_;
+  if (!s.closed) s.reap();
+  Impl::Conn* c = s.usable(u);
+  if (c == nullptr) return false;
+  Impl::check_word(*c, u, offset);
+  // Swap is a fetching atomic: its reply comes back once the target performed it, so it is
+  // complete at the target on completion (no flush needed).
+  uint64_t operand = static_cast<uint64_t>(value);
+  uint64_t old = 0;
+  std::vector<Impl::Op> ops(1);
+  ops[0].unit = u;
+  ops[0].conn = c;
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_REPLY_BUFFER;
+  p.datatype = ucp_dt_make_contig(8);
+  p.reply_buffer = &old;
+  ops[0].req[0] = Req::of(ucp_atomic_op_nbx(c->ep, UCP_ATOMIC_OP_SWAP, &operand, 1,
+                                            c->base + offset, c->rkey, &p));
+  s.finish(ops, 8);
+  return ops[0].ok;
+}
+
+bool UcxSyncerLink::fetch_word(int u, size_t offset, int64_t& value) {
+  Impl& s = *impl_;
+  if (!s.closed) s.reap();
+  Impl::Conn* c = s.usable(u);
+  if (c == nullptr) return false;
+  Impl::check_word(*c, u, offset);
+  uint64_t zero = 0;
+  uint64_t result = 0;
+  std::vector<Impl::Op> ops(1);
+  ops[0].unit = u;
+  ops[0].conn = c;
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_REPLY_BUFFER;
+  p.datatype = ucp_dt_make_contig(8);
+  p.reply_buffer = &result;
+  ops[0].req[0] = Req::of(
+      ucp_atomic_op_nbx(c->ep, UCP_ATOMIC_OP_ADD, &zero, 1, c->base + offset, c->rkey, &p));
+  s.finish(ops, 8);
+  if (ops[0].ok) value = static_cast<int64_t>(result);
+  return ops[0].ok;
+}
+
+void UcxSyncerLink::close() {
+  if (!impl_ || impl_->closed) return;
+  Impl& s = *impl_;
+  s.progress();
+  std::vector<int64_t> ids;
+  for (const auto& [id, c] : s.conns) ids.push_back(id);
+  for (int64_t id : ids) s.start_close(id, false);
+  if (s.listener != nullptr) ucp_listener_destroy(s.listener);
+  s.listener = nullptr;
+  // Graceful closes need the peers' answers; bounded, then whatever is left is abandoned.
+  s.wait(
+      [&] {
+        s.progress_closing();
+        return s.closing.empty();
+      },
+      after(2));
+  for (Impl::Closing& c : s.closing) {
+    c.req.release();
+    c.conn->reply_req.release();
+  }
+  s.closing.clear();
+  s.closed = true;
+  ucp_worker_destroy(s.worker);
+  ucp_cleanup(s.context);
+  s.worker = nullptr;
+  s.context = nullptr;
+  s.unit_conn.assign(s.unit_conn.size(), nullptr);
+}
+
+// ================================================================= unit side
+
+struct UcxUnitLink::Impl {
+  // One connection attempt: the endpoint and the buffers of its hello, which must live until
+  // the send completes (they move to the closing list with the endpoint).
+  struct Attempt {
+    ucp_ep_h ep = nullptr;
+    HelloHeader hello{};
+    std::vector<char> data;
+    Req send;
+    bool failed = false;
+    std::string reason;
+    bool replied = false;
+    uint32_t reply_status = 0;
+    std::string reply_text;
+  };
+  struct Closing {
+    std::unique_ptr<Attempt> attempt;
+    Req req;
+    Clock::time_point deadline;
+  };
+
+  size_t bytes = 0;
+  size_t map_len = 0;
+  std::byte* mem = nullptr;
+
+  std::thread thread;
+  int wake_fd = -1;  // eventfd: connect() / close() wake the progress thread
+  std::mutex task_mu;
+  std::deque<std::packaged_task<void()>> tasks;
+  std::atomic<bool> stop{false};
+  bool thread_running = false;
+
+  // Owned by the progress thread.
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  int efd = -1;
+  ucp_mem_h memh = nullptr;
+  std::vector<char> rkey;
+  std::unique_ptr<Attempt> current;  // the admitted connection
+  std::unique_ptr<Attempt> attempt;  // the one connect() is waiting on
+  std::vector<Closing> closing;
+  uint64_t nonce = 0;
+
+  // Read by any thread.
+  std::atomic<bool> is_connected{false};
+  mutable std::mutex reason_mu;
+  std::string reason;
+
+  static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    auto* self = static_cast<Impl*>(arg);
+    for (Attempt* a : {self->current.get(), self->attempt.get()}) {
+      if (a == nullptr || a->ep != ep || a->failed) continue;
+      a->failed = true;
+      a->reason = ucs_status_string(status);
+    }
+    if (self->current && self->current->ep == ep) {
+      std::lock_guard lock(self->reason_mu);
+      self->reason = self->current->reason;
+      self->is_connected = false;
+    }
+  }
+  static ucs_status_t on_reply(void* arg, const void* header, size_t header_length, void* data,
+                               size_t length, const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Impl*>(arg);
+    ReplyHeader h{};
+    if (header_length != sizeof h || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) return UCS_OK;
+    std::memcpy(&h, header, sizeof h);
+    Attempt* a = self->attempt.get();
+    if (h.magic != kMagic || a == nullptr || a->replied || h.nonce != a->hello.nonce) return UCS_OK;
+    a->replied = true;
+    a->reply_status = h.status;
+    a->reply_text.assign(static_cast<const char*>(data), length);
+    return UCS_OK;
+  }
+
+  void init() {
+    context = create_context("ddiloco-unit", false);
+    worker = create_worker(context, &efd);
+    set_am_handler(worker, kAmReply, &Impl::on_reply, this);
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = mem;
+    mp.length = bytes;
+    check(ucp_mem_map(context, &mp, &memh), "mem_map");
+    void* buf = nullptr;
+    size_t len = 0;
+    check(ucp_rkey_pack(context, memh, &buf, &len), "rkey_pack");
+    rkey.assign(static_cast<char*>(buf), static_cast<char*>(buf) + len);
+    ucp_rkey_buffer_release(buf);
+  }
+
+  void teardown() {
+    if (context == nullptr) return;
+    if (worker != nullptr) {
+      is_connected = false;
+      retire(std::move(attempt), true);
+      retire(std::move(current), false);
+      // Graceful closes are given a second, forced ones whatever is left of it.
+      const auto deadline = after(1);
+      for (;;) {
+        drain(worker);
+        progress_closing();
+        if (closing.empty() || Clock::now() >= deadline) break;
+        sleep_on(worker, efd, poll_ms(deadline, 50));
+      }
+      for (Closing& c : closing) {
+        c.req.release();
+        c.attempt->send.release();
+      }
+      closing.clear();
+    }
+    if (memh != nullptr) ucp_mem_unmap(context, memh);
+    memh = nullptr;
+    if (worker != nullptr) ucp_worker_destroy(worker);
+    worker = nullptr;
+    ucp_cleanup(context);
+    context = nullptr;
+  }
+
+  // Closes an attempt's endpoint (force: no flush; a failed endpoint is always forced).
+  void retire(std::unique_ptr<Attempt> a, bool force) {
+    if (!a) return;
+    Req r = close_ep(a->ep, force || a->failed);
+    closing.push_back(Closing{std::move(a), r, after(5)});
+  }
+
+  void progress_closing() {
+    for (size_t i = 0; i < closing.size();) {
+      Closing& c = closing[i];
+      if (c.req.test()) {
+        c.attempt->send.test();
+        c.attempt->send.release();
+        closing.erase(closing.begin() + static_cast<ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  void run() {
+    while (!stop) {
+      for (;;) {
+        std::packaged_task<void()> task;
+        {
+          std::lock_guard lock(task_mu);
+          if (tasks.empty()) break;
+          task = std::move(tasks.front());
+          tasks.pop_front();
+        }
+        task();
+      }
+      drain(worker);
+      if (current && current->failed) retire(std::move(current), true);
+      if (current) current->send.test();
+      progress_closing();
+      if (stop) break;
+      sleep_on(worker, efd, 100, wake_fd);
+      eat_wakeups();
+    }
+  }
+
+  void eat_wakeups() {
+    uint64_t n = 0;
+    while (::read(wake_fd, &n, sizeof n) > 0) {
+    }
+  }
+
+  void wake() {
+    const uint64_t one = 1;
+    [[maybe_unused]] const ssize_t w = ::write(wake_fd, &one, sizeof one);
+  }
+
+  // Runs on the progress thread.
+  void do_connect(const std::string& addr_text, const std::string& payload, double timeout_s) {
+    if (current && !current->failed) fail("UCX link: connect: already connected to the syncer");
+    if (current) retire(std::move(current), true);
+    if (payload.size() > kMaxPayload)
+      fail("UCX link: connect: payload of {} bytes exceeds {} bytes", payload.size(), kMaxPayload);
+    if (!(timeout_s > 0)) fail("UCX link: connect: timeout must be positive (got {})", timeout_s);
+    const sockaddr_storage addr = parse_address(addr_text);
+    const auto deadline = after(timeout_s);
+
+    attempt = std::make_unique<Attempt>();
+    Attempt& a = *attempt;
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+    p.sockaddr.addrlen = sockaddr_len(addr);
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    p.err_handler.cb = &Impl::on_ep_error;
+    p.err_handler.arg = this;
+    const ucs_status_t st = ucp_ep_create(worker, &p, &a.ep);
+    if (st != UCS_OK) {
+      attempt.reset();
+      fail("UCX link: cannot connect to the syncer at {}: {}", addr_text, ucs_status_string(st));
+    }
+    a.hello = HelloHeader{kMagic,
+                          kVersion,
+                          ++nonce,
+                          reinterpret_cast<uint64_t>(mem),
+                          bytes,
+                          static_cast<uint32_t>(rkey.size()),
+                          static_cast<uint32_t>(payload.size())};
+    a.data.reserve(rkey.size() + payload.size());
+    a.data.insert(a.data.end(), rkey.begin(), rkey.end());
+    a.data.insert(a.data.end(), payload.begin(), payload.end());
+    ucp_request_param_t sp{};
+    sp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    // REPLY: the syncer learns which endpoint sent it; EAGER: it arrives whole, in one callback.
+    sp.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+    a.send = Req::of(ucp_am_send_nbx(a.ep, kAmHello, &a.hello, sizeof a.hello, a.data.data(),
+                                     a.data.size(), &sp));
+    if (a.send.ptr == nullptr && a.send.status != UCS_OK && !a.failed) {
+      a.failed = true;
+      a.reason = ucs_status_string(a.send.status);
+    }
+    for (;;) {
+      drain(worker);
+      a.send.test();
+      if (a.replied || a.failed || stop || Clock::now() >= deadline) break;
+      sleep_on(worker, efd, poll_ms(deadline, 50), wake_fd);
+      eat_wakeups();
+    }
+    if (a.replied && a.reply_status == kAdmitted) {
+      current = std::move(attempt);
+      {
+        std::lock_guard lock(reason_mu);
+        reason.clear();
+      }
+      is_connected = true;
+      return;
+    }
+    const bool replied = a.replied;
+    const std::string text = a.reply_text;
+    const std::string why = a.reason;
+    retire(std::move(attempt), true);
+    if (replied) {
+      throw LinkRefused(
+          fmt::format("UCX link: the syncer at {} refused the connection: {}", addr_text, text),
+          text);
+    }
+    if (stop) fail("UCX link: connect to {}: the link was closed meanwhile", addr_text);
+    if (!why.empty()) {
+      fail("UCX link: cannot connect to the syncer at {}: {} (is it listening there?)", addr_text,
+           why);
+    }
+    fail("UCX link: no answer from the syncer at {} within {} s (is it running?)", addr_text,
+         timeout_s);
+  }
+};
+
+UcxUnitLink::UcxUnitLink(size_t bytes) : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  if (bytes == 0) fail("UCX link: the exposed memory must not be empty");
+  s.bytes = bytes;
+  // Anonymous pages: zeroed, page-aligned (so 64-byte aligned), touched lazily.
+  s.map_len = bytes;
+  void* m = ::mmap(nullptr, s.map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) fail("UCX link: cannot allocate {} bytes: {}", bytes, std::strerror(errno));
+  s.mem = static_cast<std::byte*>(m);
+  s.wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (s.wake_fd < 0) {
+    ::munmap(s.mem, s.map_len);
+    fail("UCX link: eventfd: {}", std::strerror(errno));
+  }
+  // The context and worker are created on the progress thread, the only one that uses them.
+  std::promise<void> ready;
+  auto started = ready.get_future();
+  s.thread = std::thread([&s, &ready] {
+    try {
+      s.init();
+    } catch (...) {
+      s.teardown();
+      ready.set_exception(std::current_exception());
+      return;
+    }
+    ready.set_value();
+    s.run();
+    s.teardown();
+    // Work posted after the loop ended is abandoned: its future reports a broken promise.
+    std::lock_guard lock(s.task_mu);
+    s.tasks.clear();
+  });
+  try {
+    started.get();
+  } catch (...) {
+    s.thread.join();
+    ::close(s.wake_fd);
+    ::munmap(s.mem, s.map_len);
+    throw;
+  }
+  s.thread_running = true;
+}
+
+UcxUnitLink::~UcxUnitLink() {
+  close();
+  ::close(impl_->wake_fd);
+  ::munmap(impl_->mem, impl_->map_len);
+}
+
+std::byte* UcxUnitLink::base() { return impl_->mem; }
+
+size_t UcxUnitLink::bytes() const { return impl_->bytes; }
+
+void UcxUnitLink::sync() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+void UcxUnitLink::close() {
+  Impl& s = *impl_;
+  if (!s.thread_running) return;
+  s.stop = true;
+  s.wake();
+  s.thread.join();
+  s.thread_running = false;
+  s.is_connected = false;
+  std::lock_guard lock(s.reason_mu);
+  if (s.reason.empty()) s.reason = "closed";
+}
+
+void UcxUnitLink::connect(const std::string& syncer_addr, const std::string& payload,
+                          double timeout_s) {
+  Impl& s = *impl_;
+  if (!s.thread_running || s.stop) fail("UCX link: connect: the link is closed");
+  std::packaged_task<void()> task([&] { s.do_connect(syncer_addr, payload, timeout_s); });
+  auto done = task.get_future();
+  {
+    std::lock_guard lock(s.task_mu);
+    s.tasks.push_back(std::move(task));
+  }
+  s.wake();
+  try {
+    done.get();
+  } catch (const std::future_error&) {
+    fail("UCX link: connect: the link was closed meanwhile");
+  }
+}
+
+bool UcxUnitLink::connected() const { return impl_->is_connected; }
+
+std::string UcxUnitLink::lost_reason() const {
+  std::lock_guard lock(impl_->reason_mu);
+  return impl_->reason;
+}
+
+}  // namespace ddiloco::comm
