@@ -92,6 +92,11 @@ struct LearnerLink {
   /// Returns once the syncer has released the unit (kReleased) after its kDone, or the link
   /// is gone, or a bounded wait has passed.
   std::function<void(sync::LearnerWindow&)> wait_released;
+  /// Leader, once per step: has the link to the syncer come back since the last call (a
+  /// restarted syncer admitted us again)? The unit then takes Θ from it afresh.
+  std::function<bool()> reconnected;
+  /// Called on every rank once the unit is admitted and its ranks start training.
+  std::function<void()> started;
   int64_t restart = 0;  ///< restarts of this unit before this process (DDILOCO_RESTART)
 };
 

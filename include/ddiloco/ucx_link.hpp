@@ -67,20 +67,14 @@ class LinkRefused : public Error {
 ///
 /// Waiting never spins: a wait progresses the worker until it has nothing to do, then arms it
 /// (ucp_worker_arm) and sleeps in poll() on its event fd, with a short timeout.
-class UcxSyncerLink final : public RemoteMemory {
+class UcxSyncerLink final : public RemoteMemory, public UnitListener {
  public:
-  /// A connection that sent its handshake and waits for admit() or refuse().
-  struct Pending {
-    int64_t id;           ///< for admit/refuse; never reused within this object
-    std::string payload;  ///< the unit's hello, byte for byte as it passed it to connect()
-    size_t bytes;         ///< size of the unit's exposed memory
-    std::string peer;     ///< the unit's address, "ip:port"
-  };
-  /// A unit whose connection ended since the previous take_lost().
-  struct Lost {
-    int unit;
-    std::string reason;  ///< "closed" after disconnect(); otherwise UCX's or ours
-  };
+  /// A connection that sent its handshake and waits for admit() or refuse(); `id` is never
+  /// reused within this object, `payload` is the unit's hello byte for byte.
+  using Pending = UnitListener::Pending;
+  /// A unit whose connection ended since the previous take_lost(); `reason` is "closed" after
+  /// disconnect(), otherwise UCX's or ours.
+  using Lost = UnitListener::Lost;
 
   /// Listens on bind_ip:port (port 0: any free port; see address()) for units 0..units−1.
   /// bind_ip is a numeric IPv4/IPv6 address or a host name. Throws Error if UCX cannot be
@@ -92,12 +86,12 @@ class UcxSyncerLink final : public RemoteMemory {
   UcxSyncerLink& operator=(const UcxSyncerLink&) = delete;
 
   /// "ip:port" actually bound (for port 0, the port the system chose): what units connect to.
-  std::string address() const;
+  std::string address() const override;
 
   /// Connections whose handshake arrived since the previous call (each is returned once).
   /// Non-blocking: progresses the worker without sleeping. Connections that send no
   /// handshake within 10 s of connecting are closed unseen.
-  std::vector<Pending> accept_pending();
+  std::vector<Pending> accept_pending() override;
   /// Binds connection `id` to unit `unit` (0 ≤ unit < units()) and replies "ok"; from then on
   /// connected(unit) is true and operations reach that memory. A previous, lost connection of
   /// the unit is replaced, and losses of the unit that take_lost() has not returned yet are
@@ -106,14 +100,14 @@ class UcxSyncerLink final : public RemoteMemory {
   /// connected now (disconnect it first). If the connection failed after accept_pending()
   /// returned it, the unit is admitted and lost at once: take_lost() reports it and
   /// connected(unit) stays false.
-  void admit(int64_t id, int unit);
+  void admit(int64_t id, int unit) override;
   /// Replies `reason` to connection `id`, then closes it. Its rkey is never unpacked: a
   /// refused peer gets no access. Throws Error if the id is not pending.
-  void refuse(int64_t id, const std::string& reason);
+  void refuse(int64_t id, const std::string& reason) override;
 
   /// Units lost since the previous call: their endpoint failed (peer died, link broke,
   /// operation timeout) or disconnect() closed it. Non-blocking (progresses the worker).
-  std::vector<Lost> take_lost();
+  std::vector<Lost> take_lost() override;
   /// Closes unit u's connection gracefully (no-op when u is not connected); take_lost()
   /// reports it with reason "closed".
   void disconnect(int unit);

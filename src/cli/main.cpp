@@ -16,6 +16,7 @@
 #include "ddiloco/data_loader.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/gpu/unit_backend.hpp"
+#include "ddiloco/isolated.hpp"
 #include "ddiloco/launch.hpp"
 #include "ddiloco/model_io.hpp"
 #include "ddiloco/mpi.hpp"
@@ -56,6 +57,21 @@ int cmd_train(const ConfigArgs& args) {
     return r.signal != 0 ? signal_exit_status(r.signal) : 0;
   }
   const int signal = run_job(config, MPI_COMM_WORLD, args.overwrite, args.resume);
+  return signal != 0 ? signal_exit_status(signal) : 0;
+}
+
+// The isolated deployment (isolated.hpp): the syncer, and one unit job.
+int cmd_syncer(const ConfigArgs& args) {
+  install_stop_signals();
+  const Config config = load_config(args.path, args.overrides);
+  const int signal = run_syncer_process(config, args.overwrite, args.resume);
+  return signal != 0 ? signal_exit_status(signal) : 0;
+}
+
+int cmd_unit(const ConfigArgs& args, int unit) {
+  install_stop_signals();
+  const Config config = mpi::agree(MPI_COMM_WORLD, [&] { return load_config(args.path, args.overrides); });
+  const int signal = run_unit_process(config, unit);
   return signal != 0 ? signal_exit_status(signal) : 0;
 }
 
@@ -271,6 +287,21 @@ int main(int argc, char** argv) {
                          "auto or a checkpoint directory, passed to the syncer's first start "
                          "(its restarts resume with auto)");
 
+  ConfigArgs syncer_args;
+  auto* syncer = app.add_subcommand(
+      "syncer", "the isolated deployment's syncer, one process (README \"Fault isolation\")");
+  syncer_args.add_to(syncer, true);
+  syncer->add_flag("--overwrite", syncer_args.overwrite, "replace the outputs of a previous run in run.dir");
+  syncer->add_option("--resume", syncer_args.resume,
+                     "auto: the newest complete checkpoint (a fresh start if none), or a "
+                     "checkpoint directory (ckpt_<id>)");
+  ConfigArgs unit_args;
+  int unit_index = -1;
+  auto* unit = app.add_subcommand(
+      "unit", "one learner unit of the isolated deployment: mpirun -np R ddiloco unit --unit u");
+  unit_args.add_to(unit, true);
+  unit->add_option("--unit,-u", unit_index, "unit index, 0..units.count-1")->required();
+
   std::string inspect_path;
   auto* inspect = app.add_subcommand(
       "inspect", "print a checkpoint: a checkpoints directory, one ckpt_<id>, or one of its files");
@@ -440,13 +471,15 @@ int main(int argc, char** argv) {
 
   // bench simulate and bench gpu need no MPI; bench link only in its MPI half (the command
   // itself starts mpirun for it).
-  const bool needs_mpi = train->parsed() || eval->parsed() ||
+  const bool needs_mpi = train->parsed() || eval->parsed() || syncer->parsed() || unit->parsed() ||
                         (bench->parsed() && !bench_simulate->parsed() && !bench_gpu->parsed() &&
                          (!bench_link->parsed() || bench_link_opts.mpi));
   std::optional<mpi::Session> session;
   try {
     if (needs_mpi) session.emplace(&argc, &argv);
     if (train->parsed()) return cmd_train(train_args);
+    if (syncer->parsed()) return cmd_syncer(syncer_args);
+    if (unit->parsed()) return cmd_unit(unit_args, unit_index);
     if (eval->parsed()) return cmd_eval(eval_args);
     if (sample->parsed()) return cmd_sample(sample_args);
     if (inspect->parsed()) {

@@ -290,6 +290,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
 
   // Every rank starts its clock when all leave this barrier: the fault schedule's time zero.
   mpi::barrier_patient(topo.world);
+  if (sync_link && sync_link->started) sync_link->started();
   Stopwatch wall;
   // The fault schedule runs on the job's time: a resumed job goes on where its checkpoint was.
   const double resumed_s = resume ? resume->syncer.elapsed_s : 0.0;
@@ -677,6 +678,12 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
         crash_cause = "non_finite";
         crash_late_s = 0;
         if (gpu) publish_all();  // taken before the parameters went bad, as on the CPU path
+      } else if (!actions.stop && sync_link && sync_link->reconnected && sync_link->reconnected()) {
+        // A restarted syncer (from its checkpoint) admitted us again: what we sent the old
+        // one since is not in its Θ. Start over from its Θ, down for no time, like a rejoin.
+        actions.crash = true;
+        crash_cause = "syncer_restart";
+        crash_late_s = 0;
       } else if (!actions.stop && (crash_ready || crash_now())) {
         const chaos::Fault* crash = faults.crash_due(job_time());
         crash_cause = "chaos";

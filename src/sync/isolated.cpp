@@ -1,0 +1,242 @@
+// The isolated deployment's two processes: the syncer alone, and one unit job. Everything
+// that is not about the link (set-up, the roles' loops) is the one-job deployment's code.
+#include "ddiloco/isolated.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "ddiloco/error.hpp"
+#include "ddiloco/membership.hpp"
+#include "ddiloco/metrics.hpp"
+#include "ddiloco/mpi.hpp"
+#include "ddiloco/run_dir.hpp"
+#include "ddiloco/runtime.hpp"
+#include "ddiloco/signals.hpp"
+#include "ddiloco/sync_window.hpp"
+#include "ddiloco/topology.hpp"
+#include "ddiloco/ucx_link.hpp"
+
+namespace ddiloco {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void require_outer_mode(const Config& config, const char* command) {
+  if (config.mode == Mode::single || config.mode == Mode::ddp)
+    fail("ddiloco {}: mode {} cannot run as separate jobs (it has no syncer, or its units "
+         "all-reduce gradients every step in one MPI world): use `ddiloco train` (modes "
+         "decoupled, diloco and streaming can)",
+         command, mode_name(config.mode));
+}
+
+int64_t restart_count() {
+  const char* r = std::getenv("DDILOCO_RESTART");
+  if (r == nullptr || *r == '\0') return 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(r, &end, 10);
+  if (*end != '\0' || n < 0) fail("DDILOCO_RESTART: expected a count ≥ 0, got '{}'", r);
+  return n;
+}
+
+// The syncer a unit talks to: syncer.address, or what the rendezvous file says; the run id and
+// the secret always come from run.dir. nullopt while the syncer has not written them yet.
+std::optional<sync::Rendezvous> find_syncer(const Config& config) {
+  auto r = sync::Rendezvous::read(config.run.dir);
+  if (r && !config.syncer.address.empty()) r->address = config.syncer.address;
+  return r;
+}
+
+// Connects to the syncer and is admitted, retrying with backoff (0.1 s doubling to 5 s) while
+// the syncer is not there yet or does not answer, for up to syncer.connect_wait_s. A refusal
+// is final: it names what differs.
+void join_syncer(comm::UcxUnitLink& link, const Config& config, sync::Hello hello) {
+  const auto deadline = Clock::now() + std::chrono::duration<double>(config.syncer.connect_wait_s);
+  double pause = 0.1;
+  std::string last = "no rendezvous file " + sync::Rendezvous::addr_file(config.run.dir).string() + " yet";
+  for (int attempt = 1;; ++attempt) {
+    if (stop_signal() != 0) fail("unit {}: stopped by signal {} while waiting for the syncer", hello.unit, stop_signal());
+    if (const auto r = find_syncer(config)) {
+      hello.run_id = r->run_id;
+      hello.secret = r->secret;
+      const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+      try {
+        link.connect(r->address, hello.to_json().dump(), std::clamp(left, 0.5, 10.0));
+        if (attempt > 1) std::printf("unit %d: connected to the syncer at %s after %d attempts\n", hello.unit,
+                                     r->address.c_str(), attempt);
+        return;
+      } catch (const comm::LinkRefused& e) {
+        // A stale rendezvous file (an earlier run's syncer) names another run: read it again.
+        if (e.reason().find("run id") == std::string::npos) throw;
+        last = e.what();
+      } catch (const Error& e) {
+        last = e.what();
+      }
+    }
+    if (Clock::now() + std::chrono::duration<double>(pause) > deadline)
+      fail("unit {}: no syncer admitted us within syncer.connect_wait_s = {} s (last: {})", hello.unit,
+           config.syncer.connect_wait_s, last);
+    std::this_thread::sleep_for(std::chrono::duration<double>(pause));
+    pause = std::min(pause * 2, 5.0);
+  }
+}
+
+// A unit leader's watch over its link: when the syncer's endpoint fails (the syncer died, or
+// the link broke), it connects again in the background with backoff, re-reading the
+// rendezvous file, so that training never waits for it. The learner asks reconnected() once
+// per step: true once after each new admission (it then takes Θ from the syncer afresh).
+class Reconnector {
+ public:
+  Reconnector(comm::UcxUnitLink& link, const Config& config, sync::Hello hello)
+      : link_(link), config_(config), hello_(std::move(hello)), thread_([this] { run(); }) {}
+  ~Reconnector() { stop(); }
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  bool reconnected() { return generation_.exchange(0) > 0; }
+  /// Seconds without a syncer so far, in all.
+  double absent_s() const { return absent_s_.load(); }
+
+ private:
+  bool sleep(double s) {
+    std::unique_lock lock(mutex_);
+    return !wake_.wait_for(lock, std::chrono::duration<double>(s), [this] { return stopping_; });
+  }
+  void run() {
+    while (sleep(0.2)) {
+      if (link_.connected()) continue;
+      const auto lost_at = Clock::now();
+      std::printf("unit %d: lost the syncer (%s); training on, reconnecting in the background\n",
+                  hello_.unit, link_.lost_reason().c_str());
+      std::fflush(stdout);
+      double pause = 0.2;
+      while (sleep(pause)) {
+        pause = std::min(pause * 2, 5.0);
+        const auto r = find_syncer(config_);
+        if (!r) continue;
+        hello_.run_id = r->run_id;
+        hello_.secret = r->secret;
+        try {
+          link_.connect(r->address, hello_.to_json().dump(), 5.0);
+        } catch (const Error& e) {
+          continue;  // not back yet, or a stale rendezvous file
+        }
+        const double gap = std::chrono::duration<double>(Clock::now() - lost_at).count();
+        absent_s_.store(absent_s_.load() + gap);
+        std::printf("unit %d: reconnected to the syncer at %s after %.1f s\n", hello_.unit,
+                    r->address.c_str(), gap);
+        std::fflush(stdout);
+        generation_.fetch_add(1);
+        break;
+      }
+    }
+  }
+  comm::UcxUnitLink& link_;
+  const Config& config_;
+  sync::Hello hello_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::atomic<int64_t> generation_{0};
+  std::atomic<double> absent_s_{0.0};
+  std::thread thread_;  // last: started once the members above exist
+};
+
+}  // namespace
+
+int run_syncer_process(const Config& config, bool overwrite, const std::string& resume_arg) {
+  require_outer_mode(config, "syncer");
+  const OuterPlan plan = OuterPlan::from(config);
+  const Topology topology(config, MPI_COMM_WORLD, -1);
+  configure_threads(config.run.threads, MPI_COMM_WORLD);
+  const std::string resume = resume_arg.empty() ? "" : choose_checkpoint(config, resume_arg);
+  const bool replace = overwrite || (resume_arg == "auto" && resume.empty());
+  SyncerSetup setup = prepare_syncer(config, plan, resume, replace);
+  // A syncer restarted into the same run keeps its run id and secret, so that the units'
+  // next handshakes match; a fresh run makes new ones.
+  const auto previous = resume.empty() ? std::nullopt : sync::Rendezvous::read(config.run.dir);
+  if (replace && resume.empty()) clear_run_outputs(config.run.dir);
+  const sync::Endpoint listen = sync::Endpoint::parse(config.syncer.listen, "syncer.listen");
+  comm::UcxSyncerLink link(listen.ip, listen.port, config.units.count);
+  sync::Rendezvous rv;
+  rv.address = link.address();
+  rv.run_id = previous ? previous->run_id : sync::Rendezvous::random_token();
+  rv.secret = previous ? previous->secret : sync::Rendezvous::random_token();
+  rv.pid = ::getpid();
+  rv.host = host_name();
+  rv.write(config.run.dir);
+  std::printf("syncer: listening on %s (run %s; %s)\n", rv.address.c_str(), rv.run_id.c_str(),
+              sync::Rendezvous::addr_file(config.run.dir).c_str());
+  std::fflush(stdout);
+  install_stop_signals();
+  SyncerLink sl{&link, &link, rv.run_id, rv.secret};
+  const int signal = run_syncer(config, plan, topology, *setup.val, resume,
+                                setup.state ? &*setup.state : nullptr, &sl);
+  // A unit that starts after the end finds no syncer instead of a dead address.
+  std::error_code ec;
+  std::filesystem::remove(sync::Rendezvous::addr_file(config.run.dir), ec);
+  return signal;
+}
+
+int run_unit_process(const Config& config, int unit) {
+  require_outer_mode(config, "unit");
+  const OuterPlan plan = OuterPlan::from(config);
+  const Topology topology(config, MPI_COMM_WORLD, unit);
+  configure_threads(config.run.threads, MPI_COMM_WORLD);
+  // GPU ranks pick their device among this job's ranks (one unit job per node's GPUs).
+  MPI_Comm learners = MPI_COMM_NULL;
+  if (config.run.device == "cuda") mpi::check(MPI_Comm_dup(MPI_COMM_WORLD, &learners), "Comm_dup(learners)");
+  auto trainer = mpi::agree(MPI_COMM_WORLD, [&] { return make_unit_trainer(config, plan, topology, learners); });
+  if (learners != MPI_COMM_NULL) MPI_Comm_free(&learners);
+  install_stop_signals();
+
+  LearnerLink link;
+  link.restart = restart_count();
+  comm::UcxUnitLink* ucx = nullptr;  // owned by run_learner as its window memory
+  std::unique_ptr<Reconnector> reconnector;
+  link.expose = [&](size_t bytes) {
+    auto memory = std::make_unique<comm::UcxUnitLink>(bytes);
+    sync::Hello hello;
+    hello.unit = unit;
+    hello.ranks = topology.unit_size;
+    hello.model = config.model;
+    hello.config_digest = sync::config_digest(config);
+    hello.restart = link.restart;
+    hello.host = host_name();
+    hello.pid = ::getpid();
+    hello.window_bytes = bytes;
+    join_syncer(*memory, config, hello);
+    ucx = memory.get();
+    reconnector = std::make_unique<Reconnector>(*ucx, config, hello);
+    return std::unique_ptr<comm::ExposedMemory>(std::move(memory));
+  };
+  // The syncer reads our last snapshots after kDone; it says when it is through. A syncer that
+  // is gone, or silent for a minute, releases us too.
+  link.reconnected = [&] { return reconnector && reconnector->reconnected(); };
+  link.wait_released = [&](sync::LearnerWindow& window) {
+    mpi::Backoff backoff(20000);
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (window.control(sync::kReleased) == 0 && ucx->connected() && Clock::now() < deadline) backoff.idle();
+    reconnector->stop();  // before the window (the link's memory) closes
+  };
+  // Once admitted (a refused process must not replace a live one's pid file): where the
+  // launcher's kill faults find this rank.
+  link.started = [&] {
+    write_pid_file(pid_dir(config.run.dir), unit_pid_name(unit, topology.unit_rank));
+  };
+  run_learner(config, plan, topology, *trainer, nullptr, nullptr, &link);
+  return stop_signal();
+}
+
+}  // namespace ddiloco

@@ -1,0 +1,124 @@
+# The isolated deployment by hand (README "Fault isolation"): the syncer and each unit are
+# their own processes, started in any order; a unit whose leader is killed with SIGKILL stops
+# nobody, and a new process of it rejoins. Checked, with real processes and signals:
+#   - a unit started before the syncer waits for it, then joins;
+#   - a unit with another model shape, and a second live process of a unit, are refused with
+#     one line naming both sides' values, and the syncer goes on;
+#   - kill -9 of unit 0's leader mid-round: the syncer logs unit_lost and merges on with unit 1
+#     (no gap between merges longer than twice the nominal fragment period); a new process of
+#     unit 0 joins (unit_connected, restart 1), is merged again (unit_joined with heal_s);
+#   - the job completes its token budget, Θ is finite, and every process the test started
+#     has ended (checked by pid).
+source "$(dirname "$0")/lib/common.sh"
+source "$(dirname "$0")/lib/text_data.sh"
+cd "$WORK"
+make_text_shards text
+cat > c.yaml <<'YAML'
+mode: decoupled
+run: {dir: run, log_every: 20, progress: false, threads: 1}
+model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16}
+data: {train: text/train_*.bin, val: text/val_*.bin}
+train: {batch_size: 2, steps: 600, warmup_steps: 5}
+eval: {val_tokens: 512, sample_tokens: 0}
+units: {count: 2, ranks: [1, 2], slowdown: [40, 40]}
+outer: {fragments: 2, h: 4, overlap: 1}
+syncer: {quorum: 1, eval_every: 10, heartbeat_timeout_s: 2, connect_wait_s: 60}
+checkpoint: {at_stop: false}
+YAML
+pids=()
+track() { pids+=("$1"); }
+# Unit 1 (two ranks) first: it waits for the syncer's rendezvous file with backoff.
+"${DDILOCO_MPIRUN[@]}" -np 2 "$DDILOCO" unit --config c.yaml --unit 1 > unit1.log 2>&1 &
+u1=$!; track $u1
+sleep 1
+"$DDILOCO" syncer --config c.yaml > syncer.log 2>&1 &
+syncer=$!; track $syncer
+wait_for run/metrics.jsonl '"event":"unit_connected".*"unit":1[,}]' $syncer 60
+"${DDILOCO_MPIRUN[@]}" -np 1 "$DDILOCO" unit --config c.yaml --unit 0 > unit0.log 2>&1 &
+u0=$!; track $u0
+wait_for run/metrics.jsonl '"event":"unit_connected".*"unit":0[,}]' $syncer 60
+
+# Refusals: the syncer names both sides and goes on.
+rc=0
+"${DDILOCO_MPIRUN[@]}" -np 1 "$DDILOCO" unit --config c.yaml --unit 0 --set model.n_embd=32 \
+  > shape.log 2>&1 || rc=$?
+((rc != 0)) || fail "a unit with another model shape was not refused"
+grep -q "n_embd=32.*n_embd=16" shape.log || { cat shape.log; fail "the refusal does not name both shapes"; }
+rc=0
+"${DDILOCO_MPIRUN[@]}" -np 1 "$DDILOCO" unit --config c.yaml --unit 0 > dup.log 2>&1 || rc=$?
+((rc != 0)) || fail "a second live process of unit 0 was not refused"
+grep -q "already held by a live process" dup.log || { cat dup.log; fail "duplicate refusal unclear"; }
+[[ $(grep -c '"event":"unit_refused"' run/metrics.jsonl) == 2 ]] || fail "expected 2 unit_refused events"
+kill -0 $syncer || fail "the syncer died after refusing units"
+
+# kill -9 of unit 0's leader once it has been merged a few times.
+/usr/bin/python3 - <<'PY' || fail "unit 0 was not merged before the kill"
+import json, time
+deadline = time.time() + 60
+while time.time() < deadline:
+    ev = [json.loads(l) for l in open("run/metrics.jsonl") if l.endswith("\n")]
+    if sum(1 for e in ev if e["event"] == "merge" and 0 in e["units"]) >= 3: raise SystemExit(0)
+    time.sleep(0.2)
+raise SystemExit(1)
+PY
+leader=$(cat run/pids/unit0.rank0.pid)
+kill -0 "$leader" || fail "unit 0's leader $leader is not running"
+kill -KILL "$leader"
+rc=0; wait $u0 || rc=$?
+((rc != 0)) || fail "unit 0's mpirun exited 0 after its leader was killed"
+wait_for run/metrics.jsonl '"event":"unit_lost".*"unit":0[,}]' $syncer 30
+sleep 2  # unit 1 trains and is merged alone meanwhile
+DDILOCO_RESTART=1 "${DDILOCO_MPIRUN[@]}" -np 1 "$DDILOCO" unit --config c.yaml --unit 0 > unit0b.log 2>&1 &
+u0b=$!; track $u0b
+wait_for run/metrics.jsonl '"event":"unit_joined".*"unit":0[,}]' $syncer 60
+
+rc=0; wait $syncer || rc=$?
+((rc == 0)) || { tail -20 syncer.log; fail "the syncer exited $rc"; }
+for p in $u1 $u0b; do
+  rc=0; wait $p || rc=$?
+  ((rc == 0)) || { tail -20 unit1.log unit0b.log; fail "a unit job exited $rc"; }
+done
+/usr/bin/python3 - <<'PY' || { tail -30 syncer.log; fail "the isolated deployment's run is wrong"; }
+import json, math, h5py, numpy as np
+ev = [json.loads(l) for l in open("run/metrics.jsonl")]
+def one(name, **kw):
+    xs = [e for e in ev if e["event"] == name and all(e.get(k) == v for k, v in kw.items())]
+    assert len(xs) == 1, (name, kw, xs)
+    return xs[0]
+lost = one("unit_lost", unit=0)
+assert lost["reason"], lost
+conn = [e for e in ev if e["event"] == "unit_connected" and e["unit"] == 0]
+assert [c["restart"] for c in conn] == [0, 1], conn
+joined = one("unit_joined", unit=0)
+assert joined["restart"] == 1 and 0 < joined["heal_s"] < 60, joined
+assert joined["heal_s"] >= conn[1]["elapsed_s"] - lost["elapsed_s"], (joined, lost, conn)
+merges = [e for e in ev if e["event"] == "merge"]
+alone = [m for m in merges if lost["elapsed_s"] < m["elapsed_s"] < conn[1]["elapsed_s"]]
+assert alone and all(m["units"] == [1] for m in alone), alone
+after = [m for m in merges if m["elapsed_s"] > joined["elapsed_s"] and 0 in m["units"]]
+assert after, "unit 0 never merged again"
+done = one("done")
+assert done["tokens"] >= 600 * 2 * 16 * 3, done["tokens"]
+assert done["unit_restarts"] == 1 and done["heal_s_max"] == joined["heal_s"], done
+# No gap between two merges longer than twice the nominal fragment period (H/P steps at the
+# slowest unit's step time) while the killed unit was gone.
+steps = [json.loads(l) for l in open("run/unit_1.jsonl") if '"step_s"' in l]
+step_s = max(s["step_s"] for s in steps)
+period = 4 * step_s
+gaps = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(merges, merges[1:])
+        if lost["elapsed_s"] - 1 < a["elapsed_s"] < joined["elapsed_s"]]
+assert gaps and max(gaps) <= 2 * period, (max(gaps), period)
+with h5py.File("run/model.h5") as f:
+    for name, d in f["params"].items():
+        assert np.isfinite(d[...]).all(), name
+starts = [json.loads(l) for l in open("run/unit_0.jsonl") if '"event":"start"' in l]
+assert [s["restart"] for s in starts] == [0, 1] and all(s["pid"] > 0 and s["host"] for s in starts), starts
+print(f"unit 0 lost at {lost['elapsed_s']:.1f}s ({lost['reason']}), back at {conn[1]['elapsed_s']:.1f}s, "
+      f"heal {joined['heal_s']:.2f}s; {len(alone)} merges without it, longest gap {max(gaps):.2f}s "
+      f"(2 x period {2 * period:.2f}s); final val_loss {done['val_loss']:.3f}")
+PY
+# Every process this test started has ended (mpirun and its ranks, by their pid files too).
+for p in "${pids[@]}" $(cat run/pids/*.pid); do
+  ! kill -0 "$p" 2>/dev/null || fail "process $p outlived the test"
+done
+echo "isolated_deployment: passed"
