@@ -1,0 +1,94 @@
+# Real faults under `ddiloco launch` (README "Fault isolation"): SIGKILL of a non-leader rank of
+# a 2-rank unit, of a unit's leader, and of the syncer, at scheduled times (chaos kinds kill and
+# kill_syncer, carried out by the launcher). Checked:
+#   - the launcher carries out all three kills and restarts each killed process once;
+#   - the other unit and the syncer never stop while a unit is down: merges go on, with no gap
+#     between two merges longer than twice the nominal fragment period;
+#   - each killed unit is lost (unit_lost), a new process of it joins and is merged again
+#     (unit_joined with heal_s);
+#   - the killed syncer is restarted from its latest checkpoint (resume), the units reconnect
+#     without restarting (unit_connected with restart unchanged) and are merged again; the
+#     time without merges is reported;
+#   - the job completes its token budget, Θ is finite, and no process outlives the launch.
+source "$(dirname "$0")/lib/common.sh"
+source "$(dirname "$0")/lib/text_data.sh"
+cd "$WORK"
+make_text_shards text
+cat > faults.yaml <<'YAML'
+faults:
+  - {unit: 1, kind: kill, rank: 1, start_s: 4}
+  - {unit: 0, kind: kill, start_s: 9}
+  - {kind: kill_syncer, start_s: 14}
+YAML
+cat > c.yaml <<'YAML'
+mode: decoupled
+run: {dir: run, log_every: 20, progress: false, threads: 1}
+model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16}
+data: {train: text/train_*.bin, val: text/val_*.bin}
+train: {batch_size: 2, steps: 1000, warmup_steps: 5}
+eval: {val_tokens: 512, sample_tokens: 0}
+units: {count: 2, ranks: [1, 2], slowdown: [40, 40]}
+outer: {fragments: 2, h: 4, overlap: 1}
+syncer: {quorum: 1, eval_every: 10, heartbeat_timeout_s: 2, connect_wait_s: 60}
+checkpoint: {every: 40}
+chaos: {schedule_file: faults.yaml}
+launch: {backoff_s: 0.5, drain_s: 20}
+YAML
+rc=0
+timeout 240 "$DDILOCO" launch --config c.yaml > launch.log 2>&1 || rc=$?
+((rc == 0)) || { grep -v '^  ' launch.log | tail -30; fail "ddiloco launch exited $rc"; }
+/usr/bin/python3 - <<'PY' || { grep -v '^  ' launch.log | grep -v global_eval | tail -40; fail "the job did not survive its kills"; }
+import json, math, h5py, numpy as np
+launch = [json.loads(l) for l in open("run/launch.jsonl")]
+kills = [e for e in launch if e["event"] == "kill"]
+assert len(kills) == 3 and all(not k.get("missed") for k in kills), kills
+done = [e for e in launch if e["event"] == "done"][-1]
+assert done["restarts"] == {"syncer": 1, "units": [1, 1]} or done["restarts"].get("syncer") == 1, done
+# metrics.jsonl holds both syncer processes, each with its own clock: split at the resume.
+ev = [json.loads(l) for l in open("run/metrics.jsonl")]
+cut = next(i for i, e in enumerate(ev) if e["event"] == "resume")
+first, second = ev[:cut], ev[cut:]
+def of(events, name, unit=None):
+    return [e for e in events if e["event"] == name and (unit is None or e.get("unit") == unit)]
+merges = of(first, "merge")
+period = None
+steps = [json.loads(l) for l in open("run/unit_1.jsonl") if '"step_s"' in l]
+period = 4 * max(s["step_s"] for s in steps)
+for u in (0, 1):
+    lost, joined = of(first, "unit_lost", u), of(first, "unit_joined", u)
+    assert len(lost) == 1 and len(joined) == 1, (u, lost, joined)
+    lost, joined = lost[0], joined[0]
+    assert joined["restart"] == 1 and 0 < joined["heal_s"] < 30, joined
+    # The other unit is merged alone meanwhile, without a gap.
+    alone = [m for m in merges if lost["elapsed_s"] < m["elapsed_s"] < joined["elapsed_s"]]
+    assert alone and all(m["units"] == [1 - u] for m in alone), (u, alone[:3])
+    window = [m["elapsed_s"] for m in merges if lost["elapsed_s"] - 1 <= m["elapsed_s"] <= joined["elapsed_s"] + 1]
+    gaps = [b - a for a, b in zip(window, window[1:])]
+    assert gaps and max(gaps) <= 2 * period, (u, max(gaps), period)
+    print(f"unit {u}: lost ({lost['reason']}), healed in {joined['heal_s']:.2f}s; {len(alone)} merges "
+          f"without it, longest gap {max(gaps):.2f}s (2 x period {2 * period:.2f}s)")
+# The syncer: resumed from a checkpoint; both units reconnected as they were (no unit restart),
+# and merged again.
+resume = second[0]
+assert resume["path"].startswith("run/checkpoints/ckpt_"), resume
+conn = of(second, "unit_connected")
+assert sorted(c["unit"] for c in conn) == [0, 1] and all(c["restart"] == 1 for c in conn), conn
+after = of(second, "merge")
+assert {0, 1} <= {u for m in after for u in m["units"]}, "a unit was not merged after the syncer's restart"
+spawns = [e for e in launch if e["event"] == "spawn" and e["role"] == "syncer"]
+kill_at = [k for k in kills if k["role"] == "syncer"][0]["elapsed_s"]
+no_merge_s = spawns[1]["elapsed_s"] + after[0]["elapsed_s"] - kill_at
+print(f"syncer killed at {kill_at:.1f}s, resumed from {resume['path']}; no merge for {no_merge_s:.2f}s")
+fin = of(second, "done")[0]
+assert fin["tokens"] >= 1000 * 2 * 16 * 3, fin["tokens"]
+with h5py.File("run/model.h5") as f:
+    for name, d in f["params"].items():
+        assert np.isfinite(d[...]).all(), name
+print(f"done: {fin['tokens']} tokens, final val_loss {fin['val_loss']:.3f}")
+PY
+# Nothing outlives the launch: every process it spawned, and every rank that wrote a pid file.
+for p in $(/usr/bin/python3 -c "import json; [print(json.loads(l)['pid']) for l in open('run/launch.jsonl') if '\"spawn\"' in l]") \
+         $(cat run/pids/*.pid); do
+  ! kill -0 "$p" 2>/dev/null || fail "process $p outlived the launch"
+done
+echo "launch_kill: passed"
