@@ -93,6 +93,8 @@ class UnitListener {
   };
   /// Units whose connection failed or closed since the last call (now absent).
   virtual std::vector<Lost> take_lost() = 0;
+  /// Closes unit u's connection (no-op when absent); take_lost() then reports it "closed".
+  virtual void disconnect(int unit) = 0;
 };
 
 }  // namespace ddiloco::comm

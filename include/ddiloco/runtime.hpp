@@ -83,18 +83,19 @@ struct LearnerResume {
   checkpoint::SyncerState syncer;
 };
 
-/// How a unit leader reaches the syncer in the isolated deployment (nullptr: the one-job
-/// deployment's MPI window over topology.sync_comm).
+/// How a unit leader reaches the syncer: the one-job deployment's MPI window over
+/// topology.sync_comm, or the isolated deployment's UCX link (topology.isolated).
 struct LearnerLink {
   /// Exposes `bytes` of window memory to the syncer, connected and admitted (blocks until then;
   /// throws Error when refused or when the syncer cannot be reached in time).
   std::function<std::unique_ptr<comm::ExposedMemory>(size_t bytes)> expose;
-  /// Returns once the syncer has released the unit (kReleased) after its kDone, or the link
-  /// is gone, or a bounded wait has passed.
+  /// Isolated: returns once the syncer has released the unit (kReleased) after its kDone, or
+  /// the link is gone, or a bounded wait has passed.
   std::function<void(sync::LearnerWindow&)> wait_released;
   /// Leader, once per step: has the link to the syncer come back since the last call (a
-  /// restarted syncer admitted us again)? The unit then takes Θ from it afresh.
-  std::function<bool()> reconnected;
+  /// restarted syncer admitted us again)? If so, how long it was gone, seconds. The unit then
+  /// takes Θ from it afresh.
+  std::function<std::optional<double>()> reconnected;
   /// Called on every rank once the unit is admitted and its ranks start training.
   std::function<void()> started;
   int64_t restart = 0;  ///< restarts of this unit before this process (DDILOCO_RESTART)
@@ -104,8 +105,8 @@ struct LearnerLink {
 /// run_learner returns where this rank's wall time went (goodput accounting); a ddp leader
 /// also what crossed its WAN link (`link`, unit −1 elsewhere).
 TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology& topology,
-                     UnitTrainer& trainer, const LearnerResume* resume = nullptr,
-                     wan::LinkCounters* link = nullptr, const LearnerLink* sync_link = nullptr);
+                     UnitTrainer& trainer, const LearnerResume* resume,
+                     wan::LinkCounters* link, const LearnerLink& sync_link);
 /// How the syncer reaches the units. The one-job deployment: MPI windows over
 /// topology.sync_comm (pass no link). The isolated deployment: a transport where units come
 /// and go (`listener`), with the run id and secret a unit must present (membership.hpp).
@@ -118,7 +119,7 @@ struct SyncerLink {
 /// Returns the stop signal that ended the job early, or 0. `resumed`: the state read from
 /// the checkpoint directory `resume` (nullptr: a fresh start). `link`: see SyncerLink.
 int run_syncer(const Config& config, const OuterPlan& plan, const Topology& topology,
-               const ValidationSet& val, const std::filesystem::path& resume = {},
-               const checkpoint::SyncerState* resumed = nullptr, const SyncerLink* link = nullptr);
+               const ValidationSet& val, const std::filesystem::path& resume,
+               const checkpoint::SyncerState* resumed, const SyncerLink& link);
 
 }  // namespace ddiloco

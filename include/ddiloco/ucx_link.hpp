@@ -110,7 +110,7 @@ class UcxSyncerLink final : public RemoteMemory, public UnitListener {
   std::vector<Lost> take_lost() override;
   /// Closes unit u's connection gracefully (no-op when u is not connected); take_lost()
   /// reports it with reason "closed".
-  void disconnect(int unit);
+  void disconnect(int unit) override;
 
   /// An operation (or batch) that has not completed after `seconds` + its bytes at 10 MB/s
   /// declares its unit lost (reason "... timed out ..."): the safety net for a peer that is

@@ -104,9 +104,11 @@ class Reconnector {
     wake_.notify_all();
     if (thread_.joinable()) thread_.join();
   }
-  bool reconnected() { return generation_.exchange(0) > 0; }
-  /// Seconds without a syncer so far, in all.
-  double absent_s() const { return absent_s_.load(); }
+  /// Once after each new admission: how long the syncer was gone, seconds.
+  std::optional<double> reconnected() {
+    if (generation_.exchange(0) == 0) return std::nullopt;
+    return last_gap_s_.load();
+  }
 
  private:
   bool sleep(double s) {
@@ -133,7 +135,7 @@ class Reconnector {
           continue;  // not back yet, or a stale rendezvous file
         }
         const double gap = std::chrono::duration<double>(Clock::now() - lost_at).count();
-        absent_s_.store(absent_s_.load() + gap);
+        last_gap_s_.store(gap);
         std::printf("unit %d: reconnected to the syncer at %s after %.1f s\n", hello_.unit,
                     r->address.c_str(), gap);
         std::fflush(stdout);
@@ -149,7 +151,7 @@ class Reconnector {
   std::condition_variable wake_;
   bool stopping_ = false;
   std::atomic<int64_t> generation_{0};
-  std::atomic<double> absent_s_{0.0};
+  std::atomic<double> last_gap_s_{0.0};
   std::thread thread_;  // last: started once the members above exist
 };
 
@@ -180,9 +182,9 @@ int run_syncer_process(const Config& config, bool overwrite, const std::string& 
               sync::Rendezvous::addr_file(config.run.dir).c_str());
   std::fflush(stdout);
   install_stop_signals();
-  SyncerLink sl{&link, &link, rv.run_id, rv.secret};
   const int signal = run_syncer(config, plan, topology, *setup.val, resume,
-                                setup.state ? &*setup.state : nullptr, &sl);
+                                setup.state ? &*setup.state : nullptr,
+                                SyncerLink{&link, &link, rv.run_id, rv.secret});
   // A unit that starts after the end finds no syncer instead of a dead address.
   std::error_code ec;
   std::filesystem::remove(sync::Rendezvous::addr_file(config.run.dir), ec);
@@ -223,7 +225,7 @@ int run_unit_process(const Config& config, int unit) {
   };
   // The syncer reads our last snapshots after kDone; it says when it is through. A syncer that
   // is gone, or silent for a minute, releases us too.
-  link.reconnected = [&] { return reconnector && reconnector->reconnected(); };
+  link.reconnected = [&] { return reconnector ? reconnector->reconnected() : std::nullopt; };
   link.wait_released = [&](sync::LearnerWindow& window) {
     mpi::Backoff backoff(20000);
     const auto deadline = Clock::now() + std::chrono::seconds(60);
@@ -235,7 +237,7 @@ int run_unit_process(const Config& config, int unit) {
   link.started = [&] {
     write_pid_file(pid_dir(config.run.dir), unit_pid_name(unit, topology.unit_rank));
   };
-  run_learner(config, plan, topology, *trainer, nullptr, nullptr, &link);
+  run_learner(config, plan, topology, *trainer, nullptr, nullptr, link);
   return stop_signal();
 }
 

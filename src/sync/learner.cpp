@@ -18,7 +18,6 @@
 #include "ddiloco/goodput.hpp"
 #include "ddiloco/metrics.hpp"
 #include "ddiloco/mpi.hpp"
-#include "ddiloco/mpi_memory.hpp"
 #include "ddiloco/runtime.hpp"
 #include "ddiloco/signals.hpp"
 #include "ddiloco/sync_window.hpp"
@@ -120,7 +119,8 @@ struct Actions {
 
 TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology& topo,
                      UnitTrainer& trainer, const LearnerResume* resume, wan::LinkCounters* link,
-                     const LearnerLink* sync_link) {
+                     const LearnerLink& sync_link) {
+  const bool isolated = topo.isolated;
   const int threads = omp_get_max_threads();  // set by run_job
   std::shared_ptr<wan::WanRing> ring;
   auto ddp_stop = std::make_shared<StopVote>();
@@ -137,8 +137,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   std::unique_ptr<comm::ExposedMemory> memory;
   std::optional<sync::LearnerWindow> window;
   if (topo.leader) {
-    memory = sync_link ? sync_link->expose(layout.bytes())
-                       : std::make_unique<comm::MpiExposedMemory>(topo.sync_comm, layout.bytes());
+    memory = sync_link.expose(layout.bytes());
     window.emplace(*memory, layout);
   }
 
@@ -188,7 +187,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   const bool tracks_fragments = plan.outer_steps;  // ddp: every step reaches the global model
 
   JsonlWriter log;
-  const int64_t restart = sync_link ? sync_link->restart : 0;
+  const int64_t restart = sync_link.restart;
   if (topo.leader) {
     // A restarted unit process appends to its predecessors' log.
     log = JsonlWriter(std::filesystem::path(config.run.dir) / fmt::format("unit_{}.jsonl", u),
@@ -275,7 +274,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   // resume, the one in our file when it is at the checkpoint's version, else the checkpoint's
   // Θ (checkpoint::has_reference; the syncer applies the same rule to the same file).
   // The isolated deployment shares none: a unit process joins by taking Θ raw (below).
-  if (topo.leader && plan.outer_steps && !sync_link)
+  if (topo.leader && plan.outer_steps && !isolated)
     for (int p = 0; p < P; ++p) {
       std::span<float> theta(incoming.data(), layout.numel(p));
       if (resume && checkpoint::has_reference(resume->unit, p, resume->syncer.versions[p])) {
@@ -290,7 +289,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
 
   // Every rank starts its clock when all leave this barrier: the fault schedule's time zero.
   mpi::barrier_patient(topo.world);
-  if (sync_link && sync_link->started) sync_link->started();
+  if (sync_link.started) sync_link.started();
   Stopwatch wall;
   // The fault schedule runs on the job's time: a resumed job goes on where its checkpoint was.
   const double resumed_s = resume ? resume->syncer.elapsed_s : 0.0;
@@ -516,9 +515,9 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   bool stopped_down = false;  // told to stop while down after a crash
   // The isolated deployment: this process starts from the syncer's Θ. A restarted one books
   // everything since its process began (start-up, MPI, data, this pull) as down time.
-  const double startup_s = sync_link && restart > 0 ? process_age_s() - wall.seconds() : 0.0;
+  const double startup_s = isolated && restart > 0 ? process_age_s() - wall.seconds() : 0.0;
   book.down += startup_s;
-  if (sync_link && plan.outer_steps && !resume) {
+  if (isolated && plan.outer_steps && !resume) {
     Stopwatch join_clock;
     int64_t t0 = first_step - 1;
     Actions none;
@@ -678,9 +677,12 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
         crash_cause = "non_finite";
         crash_late_s = 0;
         if (gpu) publish_all();  // taken before the parameters went bad, as on the CPU path
-      } else if (!actions.stop && sync_link && sync_link->reconnected && sync_link->reconnected()) {
+      } else if (const auto gone_s = !actions.stop && sync_link.reconnected ? sync_link.reconnected()
+                                                                            : std::nullopt) {
         // A restarted syncer (from its checkpoint) admitted us again: what we sent the old
         // one since is not in its Θ. Start over from its Θ, down for no time, like a rejoin.
+        log.write({{"event", "syncer_back"}, {"unit", u}, {"step", t}, {"tokens", tokens},
+                   {"no_syncer_s", *gone_s}, {"elapsed_s", wall.seconds()}});
         actions.crash = true;
         crash_cause = "syncer_restart";
         crash_late_s = 0;
@@ -812,7 +814,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   }
   // Work never sent: it does not reach the global model.
   for (int p = 0; p < P && tracks_fragments; ++p) book.discarded += unsent[p];
-  if (sync_link) {
+  if (isolated) {
     // Isolated: the unit's book travels in its window (there is no MPI world with the syncer
     // to gather it in); then the leader waits until the syncer has read everything.
     book.allocated = startup_s + wall.seconds();
@@ -824,7 +826,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     if (topo.leader) {
       for (int i = 0; i < TimeBook::kFields; ++i) window->set_control_f64(sync::kTimeBook + i, sum[i]);
       window->set_control(sync::kState, sync::kDone);
-      sync_link->wait_released(*window);
+      sync_link.wait_released(*window);
       window->close();
     }
   } else if (topo.leader) {
@@ -835,7 +837,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     window->close();
     book.wait += wait_clock.seconds();
   }
-  if (!sync_link) book.allocated = wall.seconds();
+  if (!isolated) book.allocated = wall.seconds();
   if (ring && link) *link = wan::LinkCounters::of(u, ring->link());
   if (topo.leader) {
     nlohmann::json done = {{"event", "done"}, {"unit", u}, {"step", trainer.steps_done()}, {"tokens", tokens},

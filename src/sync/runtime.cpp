@@ -6,6 +6,7 @@
 #include "ddiloco/checkpoint.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/mpi.hpp"
+#include "ddiloco/mpi_memory.hpp"
 #include "ddiloco/run_dir.hpp"
 #include "ddiloco/runtime.hpp"
 #include "ddiloco/signals.hpp"
@@ -137,7 +138,9 @@ int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::str
     SyncerSetup setup = mpi::agree(world, [&] { return prepare_syncer(config, plan, resume, replace); });
     if (replace && resume.empty()) clear_run_outputs(dir);
     install_stop_signals();
-    return run_syncer(config, plan, topology, *setup.val, resume, setup.state ? &*setup.state : nullptr);
+    comm::MpiRemoteMemory remote(topology.sync_comm, topology.units);
+    return run_syncer(config, plan, topology, *setup.val, resume, setup.state ? &*setup.state : nullptr,
+                      SyncerLink{&remote, nullptr, "", ""});
   }
   std::optional<LearnerResume> resumed;
   auto trainer = mpi::agree(world, [&] {
@@ -159,7 +162,12 @@ int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::str
   if (learners != MPI_COMM_NULL) MPI_Comm_free(&learners);
   install_stop_signals();
   wan::LinkCounters link;
-  const TimeBook book = run_learner(config, plan, topology, *trainer, resumed ? &*resumed : nullptr, &link);
+  LearnerLink window_link;  // the one-job deployment: an MPI window over the sync communicator
+  window_link.expose = [&](size_t bytes) -> std::unique_ptr<comm::ExposedMemory> {
+    return std::make_unique<comm::MpiExposedMemory>(topology.sync_comm, bytes);
+  };
+  const TimeBook book =
+      run_learner(config, plan, topology, *trainer, resumed ? &*resumed : nullptr, &link, window_link);
   gather_time_books(book, topology.world);  // the syncer reports them
   wan::gather_link_counters(link, topology.world);
   return 0;

@@ -22,7 +22,6 @@
 #include "ddiloco/metrics.hpp"
 #include "ddiloco/model_io.hpp"
 #include "ddiloco/mpi.hpp"
-#include "ddiloco/mpi_memory.hpp"
 #include "ddiloco/run_dir.hpp"
 #include "ddiloco/signals.hpp"
 #include "ddiloco/runtime.hpp"
@@ -424,6 +423,7 @@ void Syncer::unit_joined(int u, const sync::Hello& hello) {
 // Unit u's process (or its link) died: weight 0 from now on. Snapshots of it that were read
 // but not merged are dropped with it; reads from it in flight fail and are abandoned.
 void Syncer::unit_lost(int u, const std::string& reason) {
+  if (!members_->present(u)) return;  // already lost (the heartbeat, then the closed endpoint)
   const double last_seen = heard_at_[u];
   members_->lost(u, now(), reason);
   tokens_before_[u] += headers_[u].control(sync::kTokensDone);
@@ -477,6 +477,13 @@ void Syncer::watch_liveness() {
     if (beat != heartbeat_[u]) {
       hear(u, beat);
     } else if (!silent_[u] && now() - heard_at_[u] > silence_after_s(u)) {
+      if (door_) {
+        // Isolated: a unit that stopped beating is lost; its endpoint is closed so that a
+        // process that is merely cut off reconnects and starts again from Θ.
+        unit_lost(u, fmt::format("heartbeat: silent for {:.1f} s", now() - heard_at_[u]));
+        door_->disconnect(u);
+        continue;
+      }
       silent_[u] = true;
       log_.write({{"event", "unit_silent"}, {"unit", u}, {"last_heard_s", heard_at_[u]},
                   {"tokens", tokens_total()}, {"elapsed_s", now()}});
@@ -1140,14 +1147,8 @@ int Syncer::run() {
 
 int run_syncer(const Config& config, const OuterPlan& plan, const Topology& topology,
                const ValidationSet& val, const std::filesystem::path& resume,
-               const checkpoint::SyncerState* resumed, const SyncerLink* link) {
-  if (link) {
-    Syncer syncer(config, plan, topology, val, resumed, resume, *link);
-    return syncer.run();
-  }
-  comm::MpiRemoteMemory remote(topology.sync_comm, topology.units);
-  Syncer syncer(config, plan, topology, val, resumed, resume, SyncerLink{&remote, nullptr, "", ""});
+               const checkpoint::SyncerState* resumed, const SyncerLink& link) {
+  Syncer syncer(config, plan, topology, val, resumed, resume, link);
   return syncer.run();
 }
-
 }  // namespace ddiloco
