@@ -142,9 +142,8 @@ class UcxSyncerLink final : public RemoteMemory {
   /// operation returns false, accept_pending() returns nothing). Idempotent.
   void close() override;
 
-  struct Impl;
-
  private:
+  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
@@ -192,9 +191,8 @@ class UcxUnitLink final : public ExposedMemory {
   /// Why the last connection ended ("" while connected or before the first connect()).
   std::string lost_reason() const;
 
-  struct Impl;
-
  private:
+  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
