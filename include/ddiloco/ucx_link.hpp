@@ -47,7 +47,8 @@
 namespace ddiloco::comm {
 
 /// Thrown by UcxUnitLink::connect when the syncer refused the unit; what() is
-/// "syncer <addr> refused the connection: <reason>", reason() the syncer's text verbatim.
+/// "UCX link: the syncer at <addr> refused the connection: <reason>", reason() the syncer's
+/// text verbatim.
 class LinkRefused : public Error {
  public:
   LinkRefused(const std::string& message, std::string reason)
@@ -136,9 +137,8 @@ class UcxSyncerLink final : public RemoteMemory, public UnitListener {
   /// operation returns false, accept_pending() returns nothing). Idempotent.
   void close() override;
 
-  struct Impl;
-
  private:
+  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
@@ -183,12 +183,13 @@ class UcxUnitLink final : public ExposedMemory {
   /// True from a successful connect() until the endpoint to the syncer fails (the syncer
   /// died, closed or disconnected this unit, or the link broke).
   bool connected() const;
-  /// Why the last connection ended ("" while connected or before the first connect()).
+  /// Why the last connection ended: UCX's status text (e.g. "Endpoint timeout" after the
+  /// syncer was killed, "Connection reset by remote peer" after it closed), "closed" after
+  /// close(); "" while connected or before the first connect().
   std::string lost_reason() const;
 
-  struct Impl;
-
  private:
+  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
