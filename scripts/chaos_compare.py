@@ -3,12 +3,14 @@
 
     /usr/bin/python3 scripts/chaos_compare.py [--config configs/kjv_decoupled.yaml]
         [--modes ddp,diloco,decoupled] [--schedule FILE | chaos keys via --set]
-        [--baseline] [--set key=value ...] [--out runs/chaos]
+        [--baseline] [--kills] [--set key=value ...] [--out runs/chaos]
 
 The fault schedule is drawn once from the config's `chaos:` keys (or read from --schedule),
 written to OUT/chaos_schedule.yaml, and replayed in every mode (chaos.schedule_file), so every
 mode meets the same crashes, straggler episodes and link degradations at the same wall-clock
-times. --baseline adds a failure-free `decoupled` run. Prints one table — goodput, global
+times. --baseline adds a failure-free `decoupled` run. --kills adds `decoupled` in the isolated
+deployment under `ddiloco launch`, with every crash of the schedule replaced by a real SIGKILL
+of the unit's leader at the same time (kind kill; the launcher restarts the unit's job). Prints one table — goodput, global
 downtime, wall time, final global validation loss, tokens processed, rejoins — writes it as
 Markdown and JSON, and draws OUT/timeline.png: per mode, each unit's up/down/slow intervals
 and the outer updates, from the JSON lines. Needs build/ddiloco and Debian's
@@ -42,6 +44,7 @@ def summarise(run_dir, row):
     # Rejoins as the units logged them (in ddp no syncer serves them).
     rejoins = sum(e["event"] == "rejoin" for u in range(row["units"])
                   for e in compare_modes.read_events(os.path.join(run_dir, f"unit_{u}.jsonl")))
+    rejoins += done.get("unit_restarts", 0)  # isolated: processes that died and came back
     row.update(goodput=done["goodput"], downtime_s=done["global_downtime_s"],
                downtime_episodes=done["downtime_episodes"], rejoins=rejoins,
                time=done["time"], booking_error=done["booking_error_max"])
@@ -78,6 +81,10 @@ def timeline(rows, schedule, path):
             ev = compare_modes.read_events(os.path.join(r["dir"], f"unit_{u}.jsonl"))
             crashes = [e for e in ev if e["event"] == "crash"]
             rejoins = [e for e in ev if e["event"] == "rejoin"]
+            if not crashes:  # isolated: a killed process logs nothing; the syncer saw it go
+                syncer_ev = compare_modes.read_events(os.path.join(r["dir"], "metrics.jsonl"))
+                crashes = [e for e in syncer_ev if e["event"] == "unit_lost" and e["unit"] == u]
+                rejoins = [e for e in syncer_ev if e["event"] == "unit_connected" and e["unit"] == u][1:]
             for i, c in enumerate(crashes):
                 back = rejoins[i]["elapsed_s"] if i < len(rejoins) else end
                 ax.broken_barh([(c["elapsed_s"], back - c["elapsed_s"])], (u - 0.35, 0.7),
@@ -110,6 +117,8 @@ def main():
     ap.add_argument("--modes", default="ddp,diloco,decoupled")
     ap.add_argument("--schedule", help="fault schedule file to replay (else drawn from chaos keys)")
     ap.add_argument("--baseline", action="store_true", help="also run decoupled without faults")
+    ap.add_argument("--kills", action="store_true",
+                    help="also run decoupled under ddiloco launch with each crash a real kill -9")
     ap.add_argument("--set", action="append", default=[], help="key=value for every run")
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "chaos"))
     args = ap.parse_args()
@@ -127,16 +136,28 @@ def main():
     runs = [(m, m, True) for m in args.modes.split(",") if m]
     if args.baseline:
         runs.append(("decoupled", "decoupled, no faults", False))
+    if args.kills:
+        runs.append(("decoupled", "decoupled, kill -9 (launch)", "kills"))
     rows = []
     for mode, label, chaos in runs:
+        if chaos == "kills":
+            import yaml
+            faults = yaml.safe_load(open(schedule))["faults"] or []
+            for f in faults:
+                if f["kind"] == "crash":
+                    f.update(kind="kill", rank=0)
+                    f.pop("duration_s", None)
+            kill_schedule = os.path.join(args.out, "kill_schedule.yaml")
+            with open(kill_schedule, "w") as dst:
+                yaml.safe_dump({"faults": faults}, dst, default_flow_style=None)
         sets = [s for s in args.set if chaos or not s.startswith("chaos.")]
-        sets += [f"chaos.schedule_file={schedule}"] if chaos else ["chaos.schedule_file=",
+        sets += [f"chaos.schedule_file={kill_schedule if chaos == 'kills' else schedule}"] if chaos else ["chaos.schedule_file=",
                                                                    "chaos.crash_mtbf_s=0",
                                                                    "chaos.slow_mtbf_s=0",
                                                                    "chaos.link_mtbf_s=0"]
         run_dir = os.path.join(args.out, label.replace(", ", "_").replace(" ", "_"))
         sub = argparse.Namespace(config=args.config, set=sets)
-        row = compare_modes.run_mode(mode, sub, run_dir)
+        row = compare_modes.run_mode(mode, sub, run_dir, launch=chaos == "kills")
         start = compare_modes.read_events(os.path.join(run_dir, "metrics.jsonl"))[0]
         row.update(label=label, dir=run_dir, chaos=chaos, units=start["units"])
         rows.append(summarise(run_dir, row))

@@ -51,9 +51,13 @@ def read_events(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def run_mode(mode, args, run_dir):
+def run_mode(mode, args, run_dir, launch=False):
+    """One run of `mode`: one MPI job (`mpirun ddiloco train`), or with `launch` the isolated
+    deployment (`ddiloco launch`: the syncer and every unit as their own processes)."""
     sets = list(args.set) + [f"mode={mode}", f"run.dir={run_dir}", "run.progress=false"]
     cmd, env = mpirun_train(args.config, sets, job_ranks(args.config, sets))
+    if launch:
+        cmd = [DDILOCO, "launch", "--config", args.config, "--overwrite"] + [a for s in sets for a in ("--set", s)]
     print(f"compare_modes: {mode}: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
     os.makedirs(run_dir, exist_ok=True)
     start = time.monotonic()

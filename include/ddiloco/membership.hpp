@@ -33,6 +33,7 @@ struct Hello {
   std::string host;             ///< hostname of the leader
   int64_t pid = 0;              ///< process id of the leader
   uint64_t window_bytes = 0;    ///< bytes the leader exposes (the protocol's window layout)
+  nlohmann::json processes = nlohmann::json::array();  ///< every rank: {rank, host, pid}
 
   nlohmann::json to_json() const;
   /// Throws Error naming `source` and the field when a field is missing or of the wrong type.

@@ -6,6 +6,8 @@
 
 #include <mpi.h>
 
+#include <nlohmann/json.hpp>
+
 #include "ddiloco/config.hpp"
 
 namespace ddiloco {
@@ -41,6 +43,10 @@ class Topology {
   bool isolated = false;                ///< the isolated deployment (no sync_comm)
   int stream_index = 0;                 ///< learner: its data stream (world rank − 1)
   int stream_count = 0;                 ///< all learner ranks
+
+  /// Learner, collective over unit_comm: every rank of the unit as [{"rank", "host", "pid"}]
+  /// (at the leader; empty elsewhere).
+  nlohmann::json unit_processes() const;
 };
 
 }  // namespace ddiloco

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <climits>
+#include <cstdlib>
 #include <csignal>
 #include <filesystem>
 
@@ -106,6 +107,10 @@ LaunchPlan plan_launch(const Config& config, const LaunchArgs& args) {
       unit.argv.push_back("--set");
       unit.argv.push_back(o);
     }
+    // Everything runs on this machine: a unit's UCX context stays on the loopback device
+    // like the syncer's (ucx_link.hpp), instead of opening every interface of the host.
+    if (std::getenv("UCX_NET_DEVICES") == nullptr && config.syncer.listen.starts_with("127."))
+      unit.env.push_back("UCX_NET_DEVICES=lo");
     plan.units.push_back(std::move(unit));
   }
   return plan;

@@ -1,8 +1,13 @@
 #include "ddiloco/topology.hpp"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <exception>
+#include <vector>
 
 #include "ddiloco/error.hpp"
+#include "ddiloco/metrics.hpp"
 #include "ddiloco/mpi.hpp"
 
 namespace ddiloco {
@@ -74,6 +79,24 @@ Topology::Topology(const Config& config, MPI_Comm world_comm, int u) : world(wor
   }
   stream_index += unit_rank;
   mpi::check(MPI_Comm_dup(world, &unit_comm), "Comm_dup(unit)");
+}
+
+nlohmann::json Topology::unit_processes() const {
+  // Fixed-size records: host names are at most 255 bytes (HOST_NAME_MAX).
+  constexpr int kHost = 256;
+  struct Record {
+    int64_t pid;
+    char host[kHost];
+  } mine{static_cast<int64_t>(::getpid()), {}};
+  const std::string host = host_name();
+  std::snprintf(mine.host, kHost, "%s", host.c_str());
+  std::vector<Record> all(leader ? static_cast<size_t>(unit_size) : 0);
+  mpi::check(MPI_Gather(&mine, sizeof(Record), MPI_BYTE, all.data(), sizeof(Record), MPI_BYTE, 0, unit_comm),
+             "Gather(unit processes)");
+  nlohmann::json out = nlohmann::json::array();
+  for (int r = 0; r < static_cast<int>(all.size()); ++r)
+    out.push_back({{"rank", r}, {"host", std::string(all[r].host)}, {"pid", all[r].pid}});
+  return out;
 }
 
 Topology::~Topology() {

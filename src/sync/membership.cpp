@@ -68,7 +68,8 @@ nlohmann::json Hello::to_json() const {
           {"restart", restart},
           {"host", host},
           {"pid", pid},
-          {"window_bytes", window_bytes}};
+          {"window_bytes", window_bytes},
+          {"processes", processes}};
 }
 
 Hello Hello::from_json(const nlohmann::json& j, const std::string& source) {
@@ -89,6 +90,8 @@ Hello Hello::from_json(const nlohmann::json& j, const std::string& source) {
   h.host = field<std::string>(j, "host", source);
   h.pid = field<int64_t>(j, "pid", source);
   h.window_bytes = field<uint64_t>(j, "window_bytes", source);
+  h.processes = field<nlohmann::json>(j, "processes", source);
+  if (!h.processes.is_array()) fail("{}: handshake field 'processes' must be a list", source);
   return h;
 }
 

@@ -414,7 +414,8 @@ void Syncer::unit_joined(int u, const sync::Hello& hello) {
   if (plan_.mode == Mode::decoupled) window_.set_job_tokens(u, progress_sent_);
   if (stopping_) window_.request_stop(u);
   log_.write({{"event", "unit_connected"}, {"unit", u}, {"restart", hello.restart}, {"host", hello.host},
-              {"pid", hello.pid}, {"ranks", hello.ranks}, {"tokens", tokens_total()}, {"elapsed_s", now()}});
+              {"pid", hello.pid}, {"ranks", hello.ranks}, {"processes", hello.processes},
+              {"tokens", tokens_total()}, {"elapsed_s", now()}});
   std::printf("syncer: unit %d connected (pid %lld on %s, restart %lld)\n", u,
               static_cast<long long>(hello.pid), hello.host.c_str(), static_cast<long long>(hello.restart));
   std::fflush(stdout);

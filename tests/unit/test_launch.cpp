@@ -471,8 +471,12 @@ TEST(Supervisor, ARealMpirunJobLosesARankIsRestartedAndItsRanksGetTheStopSignal)
   const auto exits = of(events(o.log_path, "exit"), "unit", 0);
   ASSERT_EQ(exits.size(), 2u);
   EXPECT_NE(exits[0].at("status"), 0);  // mpirun ends the job that lost a rank
-  EXPECT_EQ(slurp(dir / "term0"), "TERM\n");
-  EXPECT_EQ(slurp(dir / "term1"), "TERM\n");
+  // Each rank got the stop signal: from the launcher (every descendant's process group) and
+  // from mpirun, which forwards it too; two close together may both run the trap.
+  for (const char* f : {"term0", "term1"}) {
+    const std::string got = slurp(dir / f);
+    EXPECT_TRUE(got == "TERM\n" || got == "TERM\nTERM\n") << f << ": " << got;
+  }
   expect_every_spawned_process_gone(o.log_path);
   EXPECT_TRUE(gone(pid_in(P / "unit0.rank0.pid")));
   EXPECT_TRUE(gone(pid_in(P / "unit0.rank1.pid")));
