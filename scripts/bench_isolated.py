@@ -1,0 +1,110 @@
+#!/usr/bin/python3
+"""What the isolated deployment costs a learner, and how fast a killed unit heals.
+
+    /usr/bin/python3 scripts/bench_isolated.py [--config configs/kjv_decoupled.yaml]
+        [--steps 200] [--heal-steps 150] [--kill-at 30] [--out runs/bench_isolated]
+
+1. Step time, syncing on ÷ off. One learner unit of one rank with one thread (so that the syncer
+   has the other core of a 2-core machine) trains `--steps` steps on the demo model three ways:
+   alone (`mode: single`, nothing to sync), as the only unit of a one-job `decoupled` run (MPI
+   windows), and as the only unit of the isolated deployment (`ddiloco launch`: UCX link, the
+   leader's progress thread). Prints each one's mean wall time per inner step (from its first
+   to its last logged train window) and the ratio to the alone run.
+2. Heal time. The demo config under `ddiloco launch` (4 units, `--heal-steps` steps' worth of
+   tokens), with unit 1's leader killed with SIGKILL at `--kill-at` seconds: the syncer's
+   `unit_lost` → `unit_joined` (heal_s), the longest gap between merges meanwhile, and goodput.
+Needs build/ddiloco and data/kjv (scripts/demo.sh prepares both).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare_modes  # noqa: E402
+
+ROOT, DDILOCO = compare_modes.ROOT, compare_modes.DDILOCO
+
+
+def run(cmd, env, log):
+    start = time.monotonic()
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    if rc != 0:
+        sys.exit(f"bench_isolated: {' '.join(cmd)} exited {rc}:\n{open(log).read()[-2000:]}")
+    return time.monotonic() - start
+
+
+def step_s(path):
+    """Mean wall time per inner step between the first and the last logged train window (the
+    same measure for every run: everything a step costs, start-up left out)."""
+    ev = [e for e in compare_modes.read_events(path) if e.get("event") == "train"]
+    first, last = ev[0], ev[-1]
+    return (last["elapsed_s"] - first["elapsed_s"]) / (last["step"] - first["step"])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "kjv_decoupled.yaml"))
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--heal-steps", type=int, default=150)
+    ap.add_argument("--kill-at", type=float, default=30.0)
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_isolated"))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    _, env = compare_modes.mpirun_train(args.config, [], 1)
+    sets = [f"train.steps={args.steps}", "run.threads=1", "run.progress=false", "run.log_every=20",
+            "eval.every_steps=0", "checkpoint.at_stop=false"]
+    one = ["units.count=1", "units.ranks=[1]", "units.slowdown=[]", "syncer.quorum=1"]
+
+    def flags(extra):
+        return [a for s in sets + extra for a in ("--set", s)]
+
+    rows = []
+    d = os.path.join(args.out, "alone")
+    run(["mpirun", "-q", "-np", "1", DDILOCO, "train", "--config", args.config, "--overwrite"]
+        + flags(["mode=single", "units.count=1", "units.slowdown=[]", "syncer.quorum=1", f"run.dir={d}"]),
+        env, d + ".log")
+    rows.append(("alone (mode single): no syncing", step_s(os.path.join(d, "metrics.jsonl"))))
+    d = os.path.join(args.out, "one_job")
+    run(["mpirun", "-q", "--oversubscribe", "--bind-to", "none", "-np", "2", DDILOCO, "train",
+         "--config", args.config, "--overwrite"] + flags(one + [f"run.dir={d}"]), env, d + ".log")
+    rows.append(("one job (MPI windows), decoupled M = 1", step_s(os.path.join(d, "unit_0.jsonl"))))
+    d = os.path.join(args.out, "isolated")
+    run([DDILOCO, "launch", "--config", args.config, "--overwrite"] + flags(one + [f"run.dir={d}"]),
+        env, d + ".log")
+    rows.append(("isolated (ddiloco launch, UCX), decoupled M = 1", step_s(os.path.join(d, "unit_0.jsonl"))))
+    base = rows[0][1]
+    print(f"\nstep time, one unit of 1 rank x 1 thread, {args.steps} steps of {os.path.basename(args.config)}")
+    print("| run | step time (ms) | ÷ alone |\n|---|---|---|")
+    for label, s in rows:
+        print(f"| {label} | {1e3 * s:.1f} | {s / base:.3f} |")
+
+    d = os.path.join(args.out, "heal")
+    kills = os.path.join(args.out, "kill.yaml")
+    with open(kills, "w") as f:
+        f.write(f"faults:\n  - {{unit: 1, kind: kill, start_s: {args.kill_at}}}\n")
+    wall = run([DDILOCO, "launch", "--config", args.config, "--overwrite"]
+               + [a for s in [f"train.steps={args.heal_steps}", "run.progress=false",
+                              f"run.dir={d}", f"chaos.schedule_file={kills}"] for a in ("--set", s)],
+               env, d + ".log")
+    ev = compare_modes.read_events(os.path.join(d, "metrics.jsonl"))
+    lost = [e for e in ev if e["event"] == "unit_lost"]
+    joined = [e for e in ev if e["event"] == "unit_joined"]
+    done = [e for e in ev if e["event"] == "done"][-1]
+    if not lost or not joined:
+        sys.exit("bench_isolated: the kill did not take (no unit_lost / unit_joined): raise --heal-steps")
+    merges = [e["elapsed_s"] for e in ev if e["event"] == "merge"]
+    gap = max(b - a for a, b in zip(merges, merges[1:]) if lost[0]["elapsed_s"] - 5 < a < joined[0]["elapsed_s"])
+    print(f"\nheal time, {os.path.basename(args.config)} under ddiloco launch, unit 1's leader killed at "
+          f"{args.kill_at:.0f} s ({wall:.0f} s in all)")
+    print("| unit lost (s) | reason | heal_s | longest gap between merges meanwhile (s) | "
+          "global downtime (s) | goodput |\n|---|---|---|---|---|---|")
+    print(f"| {lost[0]['elapsed_s']:.1f} | {lost[0]['reason']} | {joined[0]['heal_s']:.2f} | {gap:.2f} | "
+          f"{done['global_downtime_s']:.1f} | {100 * done['goodput']:.1f} % |")
+
+
+if __name__ == "__main__":
+    main()
