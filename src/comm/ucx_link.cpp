@@ -284,6 +284,8 @@ Req close_ep(ucp_ep_h ep, bool force) {
 // ================================================================= syncer side
 
 struct UcxSyncerLink::Impl {
+  // One 64-bit atomic on unit u's word at `offset`: `operand` in, the old value out.
+  bool atomic_word(int u, size_t offset, ucp_atomic_op_t opcode, uint64_t operand, uint64_t& old);
   enum class State { hello_wait, pending, reported, admitted };
   struct Conn {
     Impl* owner = nullptr;
@@ -763,49 +765,36 @@ bool UcxSyncerLink::put(int u, size_t offset, std::span<const std::byte> src) {
   return op.ok;
 }
 
-bool UcxSyncerLink::put_word(int u, size_t offset, int64_t value) {
-  Impl& s = *impl_;
-  if (!s.closed) s.reap();
-  Impl::Conn* c = s.usable(u);
+// A fetching atomic's reply comes back once the target performed it, so it is complete at the
+// target on completion (no flush needed).
+bool UcxSyncerLink::Impl::atomic_word(int u, size_t offset, ucp_atomic_op_t opcode,
+                                      uint64_t operand, uint64_t& old) {
+  if (!closed) reap();
+  Conn* c = usable(u);
   if (c == nullptr) return false;
-  Impl::check_word(*c, u, offset);
-  // Swap is a fetching atomic: its reply comes back once the target performed it, so it is
-  // complete at the target on completion (no flush needed).
-  uint64_t operand = static_cast<uint64_t>(value);
-  uint64_t old = 0;
-  std::vector<Impl::Op> ops(1);
+  check_word(*c, u, offset);
+  std::vector<Op> ops(1);
   ops[0].unit = u;
   ops[0].conn = c;
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_REPLY_BUFFER;
   p.datatype = ucp_dt_make_contig(8);
   p.reply_buffer = &old;
-  ops[0].req[0] = Req::of(ucp_atomic_op_nbx(c->ep, UCP_ATOMIC_OP_SWAP, &operand, 1,
-                                            c->base + offset, c->rkey, &p));
-  s.finish(ops, 8);
+  ops[0].req[0] = Req::of(ucp_atomic_op_nbx(c->ep, opcode, &operand, 1, c->base + offset, c->rkey, &p));
+  finish(ops, 8);
   return ops[0].ok;
 }
 
+bool UcxSyncerLink::put_word(int u, size_t offset, int64_t value) {
+  uint64_t old = 0;
+  return impl_->atomic_word(u, offset, UCP_ATOMIC_OP_SWAP, static_cast<uint64_t>(value), old);
+}
+
 bool UcxSyncerLink::fetch_word(int u, size_t offset, int64_t& value) {
-  Impl& s = *impl_;
-  if (!s.closed) s.reap();
-  Impl::Conn* c = s.usable(u);
-  if (c == nullptr) return false;
-  Impl::check_word(*c, u, offset);
-  uint64_t zero = 0;
   uint64_t result = 0;
-  std::vector<Impl::Op> ops(1);
-  ops[0].unit = u;
-  ops[0].conn = c;
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_REPLY_BUFFER;
-  p.datatype = ucp_dt_make_contig(8);
-  p.reply_buffer = &result;
-  ops[0].req[0] = Req::of(
-      ucp_atomic_op_nbx(c->ep, UCP_ATOMIC_OP_ADD, &zero, 1, c->base + offset, c->rkey, &p));
-  s.finish(ops, 8);
-  if (ops[0].ok) value = static_cast<int64_t>(result);
-  return ops[0].ok;
+  if (!impl_->atomic_word(u, offset, UCP_ATOMIC_OP_ADD, 0, result)) return false;
+  value = static_cast<int64_t>(result);
+  return true;
 }
 
 void UcxSyncerLink::close() {

@@ -478,15 +478,13 @@ void Syncer::watch_liveness() {
     if (beat != heartbeat_[u]) {
       hear(u, beat);
     } else if (!silent_[u] && now() - heard_at_[u] > silence_after_s(u)) {
-      if (door_) {
-        // Isolated: a unit that stopped beating is lost; its endpoint is closed so that a
-        // process that is merely cut off reconnects and starts again from Θ.
-        unit_lost(u, fmt::format("heartbeat: silent for {:.1f} s", now() - heard_at_[u]));
-        door_->disconnect(u);
-        continue;
-      }
+      // Weight 0 and out of every quorum until it beats again (unit_back). Isolated, this is
+      // one of the two ways to lose a unit (the other: its endpoint fails); its connection
+      // stays, so that a slow process (a first step under load) is not made to start over.
       silent_[u] = true;
-      log_.write({{"event", "unit_silent"}, {"unit", u}, {"last_heard_s", heard_at_[u]},
+      log_.write({{"event", door_ ? "unit_lost" : "unit_silent"}, {"unit", u}, {"last_heard_s", heard_at_[u]},
+                  {"last_seen_s", heard_at_[u]},
+                  {"reason", fmt::format("heartbeat: silent for {:.1f} s", now() - heard_at_[u])},
                   {"tokens", tokens_total()}, {"elapsed_s", now()}});
     }
   }
@@ -652,6 +650,7 @@ void Syncer::merge(int p, const std::vector<int>& units) {
               {"weights", weights},
               {"staleness", staleness},
               {"share", share},
+              {"period_s", nominal_period()},
               {"base_versions", base_versions},
               {"inner_steps", steps},
               {"inner_tokens", tokens},

