@@ -300,8 +300,7 @@ void residual_forward(S* out, const S* a, const S* b, long n) {
 template <typename S>
 S softmax_crossentropy_forward(S* logits_to_probs, S* losses, const int32_t* targets, int N,
                                int V) {
-  double total = 0;
-#pragma omp parallel for schedule(static) reduction(+ : total)
+#pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     S* p = logits_to_probs + static_cast<long>(n) * V;
     // −log softmax in log-sum-exp form: exact even when p[target] underflows.
@@ -317,8 +316,11 @@ S softmax_crossentropy_forward(S* logits_to_probs, S* losses, const int32_t* tar
     const S inv = S(1) / sum;
     for (int v = 0; v < V; ++v) p[v] *= inv;
     losses[n] = std::log(sum) + maxval - target_logit;
-    total += losses[n];
   }
+  // Summed in row order after the loop rather than by an OpenMP reduction, whose partial sums
+  // follow the threads' partition: the mean is then the same for any thread count.
+  double total = 0;
+  for (int n = 0; n < N; ++n) total += losses[n];
   return static_cast<S>(total / N);
 }
 
