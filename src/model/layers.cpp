@@ -16,6 +16,7 @@
 namespace ddiloco::layers {
 
 using detail::gemm;
+using detail::gemm_serial;
 
 namespace {
 // Query rows per block in attention: small enough that the skipped upper triangle is a real
@@ -188,16 +189,16 @@ void attention_forward(S* out, S* att, const S* qkv, int B, int T, int C, int NH
         const int rows = std::min(kQueryBlock, T - r0);
         const int keys = r0 + rows;  // queries r0.. see keys 0..keys-1 at most
         S* Pb = P + static_cast<long>(r0) * T;
-        gemm(false, true, rows, keys, hs, scale, q + static_cast<long>(r0) * C3, C3, k, C3, S(0),
-             Pb, T);
+        gemm_serial(false, true, rows, keys, hs, scale, q + static_cast<long>(r0) * C3, C3, k,
+                    C3, S(0), Pb, T);
         for (int i = 0; i < rows; ++i) {
           const int t = r0 + i;
           S* p = Pb + static_cast<long>(i) * T;
           softmax_row(p, t + 1);
           for (int j = t + 1; j < T; ++j) p[j] = 0;  // masked: future positions
         }
-        gemm(false, false, rows, hs, keys, S(1), Pb, T, v, C3, S(0),
-             o + static_cast<long>(r0) * C, C);
+        gemm_serial(false, false, rows, hs, keys, S(1), Pb, T, v, C3, S(0),
+                    o + static_cast<long>(r0) * C, C);
       }
     }
   }
@@ -236,8 +237,8 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* att, int 
           const int keys = r0 + rows;
           const S* Pb = P + static_cast<long>(r0) * T;
           const S* dOb = dO + static_cast<long>(r0) * C;
-          gemm(false, true, rows, keys, hs, S(1), dOb, C, v, C3, S(0), dP, T);
-          gemm(true, false, keys, hs, rows, S(1), Pb, T, dOb, C, S(1), dv, C3);
+          gemm_serial(false, true, rows, keys, hs, S(1), dOb, C, v, C3, S(0), dP, T);
+          gemm_serial(true, false, keys, hs, rows, S(1), Pb, T, dOb, C, S(1), dv, C3);
           for (int i = 0; i < rows; ++i) {
             const int t = r0 + i;
             const S* p = Pb + static_cast<long>(i) * T;
@@ -247,10 +248,10 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* att, int 
             for (int j = 0; j <= t; ++j) d[j] = p[j] * (d[j] - dot);
             for (int j = t + 1; j < keys; ++j) d[j] = 0;
           }
-          gemm(false, false, rows, hs, keys, scale, dP, T, k, C3, S(0),
-               dq + static_cast<long>(r0) * C3, C3);
-          gemm(true, false, keys, hs, rows, scale, dP, T, q + static_cast<long>(r0) * C3, C3,
-               S(1), dk, C3);
+          gemm_serial(false, false, rows, hs, keys, scale, dP, T, k, C3, S(0),
+                      dq + static_cast<long>(r0) * C3, C3);
+          gemm_serial(true, false, keys, hs, rows, scale, dP, T,
+                      q + static_cast<long>(r0) * C3, C3, S(1), dk, C3);
         }
       }
     }
@@ -300,8 +301,7 @@ void residual_forward(S* out, const S* a, const S* b, long n) {
 template <typename S>
 S softmax_crossentropy_forward(S* logits_to_probs, S* losses, const int32_t* targets, int N,
                                int V) {
-  double total = 0;
-#pragma omp parallel for schedule(static) reduction(+ : total)
+#pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     S* p = logits_to_probs + static_cast<long>(n) * V;
     // −log softmax in log-sum-exp form: exact even when p[target] underflows.
@@ -317,8 +317,11 @@ S softmax_crossentropy_forward(S* logits_to_probs, S* losses, const int32_t* tar
     const S inv = S(1) / sum;
     for (int v = 0; v < V; ++v) p[v] *= inv;
     losses[n] = std::log(sum) + maxval - target_logit;
-    total += losses[n];
   }
+  // Summed in row order after the loop rather than by an OpenMP reduction, whose partial sums
+  // follow the threads' partition: the mean is then the same for any thread count.
+  double total = 0;
+  for (int n = 0; n < N; ++n) total += losses[n];
   return static_cast<S>(total / N);
 }
 
