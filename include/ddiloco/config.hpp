@@ -7,6 +7,7 @@
 //   configs/x.yaml: train.lr: must be > 0, got -0.001
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -142,6 +143,19 @@ struct WanConfig {
   /// gradients (fp32 or bf16 only).
   std::string format = "bf16";
   int block = 64;                ///< values per scale (int8, int4)
+
+  /// Unit u's bandwidth (Mbit/s) and one-way latency (ms): its per-unit entry when the list
+  /// is given, else the value for every unit (wan::link_spec makes its link of them).
+  double bandwidth_of(int u) const {
+    return unit_bandwidth_mbit_s.empty() ? bandwidth_mbit_s
+                                         : unit_bandwidth_mbit_s[static_cast<size_t>(u)];
+  }
+  double latency_of(int u) const {
+    return unit_latency_ms.empty() ? latency_ms : unit_latency_ms[static_cast<size_t>(u)];
+  }
+  /// Is the link of any of units 0 … units − 1 limited (a bandwidth, a latency or jitter
+  /// set)? wan::emulated; here, beside the keys, so that validate() needs no transport.
+  bool emulated(int units) const;
 };
 
 /// Checkpoints (README "Checkpoints and resume"): HDF5 files per role under

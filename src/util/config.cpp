@@ -1,6 +1,5 @@
 // The one table of configuration keys, and YAML reading/writing driven by it.
 #include "ddiloco/config.hpp"
-#include "ddiloco/wan.hpp"
 
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
@@ -343,6 +342,12 @@ const char* mode_name(Mode mode) {
   return "?";
 }
 
+bool WanConfig::emulated(int units) const {
+  for (int u = 0; u < units; ++u)
+    if (bandwidth_of(u) > 0 || latency_of(u) > 0 || jitter_ms > 0) return true;
+  return false;
+}
+
 int Config::unit_ranks(int u) const {
   return units.ranks.empty() ? units.ranks_per_unit : units.ranks.at(u);
 }
@@ -421,7 +426,7 @@ void validate(const Config& c, const std::string& source) {
     for (double l : c.wan.unit_latency_ms) check_delay("wan.unit_latency_ms", l);
     if (c.wan.block > (1 << 24)) fail("wan.block: must be ≤ {}, got {}", 1 << 24, c.wan.block);
     if (!(c.wan.burst_kb <= 1 << 20)) fail("wan.burst_kb: must be ≤ {} KiB, got {}", 1 << 20, c.wan.burst_kb);
-    if (c.mode == Mode::single && wan::emulated(c))
+    if (c.mode == Mode::single && c.wan.emulated(M))
       fail("wan: links join learner units to the syncer and to each other; mode single has none "
            "(choose mode ddp, diloco, streaming or decoupled, or leave wan.bandwidth_mbit_s, "
            "latency_ms and jitter_ms at 0)");
