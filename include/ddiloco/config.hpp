@@ -240,7 +240,19 @@ Config load_config_text(const std::string& yaml, const std::string& source,
 void apply_override(Config& config, const std::string& assignment, const std::string& source);
 
 /// Cross-field checks (heads divide width, ...). Throws Error prefixed by `source`.
+/// The checks of a section whose rules live above this layer are made here, in order, by the
+/// functions its module exports: chaos::validate (chaos.hpp) and, for run.device: cuda, the
+/// installed DeviceCheck (below).
 void validate(const Config& config, const std::string& source);
+
+/// What validate() checks when run.device is cuda (what a GPU learner unit cannot run). The
+/// GPU unit backend installs it with itself (gpu::register_unit_backend,
+/// include/ddiloco/gpu/unit_backend.hpp), so that the rules stay with the GPU code and this
+/// layer knows none of them. None installed (a binary built without CUDA): validate() refuses
+/// run.device: cuda. Throws Error (unprefixed; validate() adds the source). Set once at
+/// start-up, before any configuration is read; nullptr uninstalls it.
+using DeviceCheck = void (*)(const Config& config);
+void set_cuda_check(DeviceCheck check);
 
 /// The effective configuration as YAML (every key, defaults included): what load_config
 /// would read back to the same Config.

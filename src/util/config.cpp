@@ -16,7 +16,6 @@
 #include "ddiloco/chaos.hpp"
 #include "ddiloco/error.hpp"
 #include "util/config_schema.hpp"
-#include "ddiloco/gpu/unit_backend.hpp"
 
 namespace ddiloco {
 
@@ -372,23 +371,22 @@ void apply_override(Config& config, const std::string& assignment, const std::st
   config_schema::apply_override(entries(), kListHint, config, assignment, source);
 }
 
+namespace {
+// Set once at start-up by the GPU unit backend's registration (before any thread starts), read
+// after.
+DeviceCheck g_cuda_check = nullptr;
+}  // namespace
+
+void set_cuda_check(DeviceCheck check) { g_cuda_check = check; }
+
 void validate(const Config& c, const std::string& source) {
   try {
     c.model.validate();
     if (c.run.device == "cuda") {
-      if (!gpu::unit_backend_available())
+      if (g_cuda_check == nullptr)
         fail("run.device: cuda needs a ddiloco built with CUDA; build the cuda preset "
              "(cmake --preset cuda && cmake --build --preset cuda)");
-      if (c.mode == Mode::ddp)
-        fail("run.device: cuda is not supported in mode ddp (its gradient ring across units "
-             "runs on host buffers); use mode single, diloco, streaming or decoupled, or "
-             "run.device: cpu");
-      if (c.run.gpu_attention == "flash" &&
-          (c.model.n_embd / c.model.n_head != 64 || c.model.seq_len % 64 != 0))
-        fail("run.gpu_attention: flash needs head size model.n_embd/model.n_head = 64 and "
-             "model.seq_len a multiple of 64, got head size {} and seq_len {} (use auto or "
-             "cublas)",
-             c.model.n_embd / c.model.n_head, c.model.seq_len);
+      g_cuda_check(c);
     }
     const double need = c.model.training_bytes(c.train.batch_size);
     const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
