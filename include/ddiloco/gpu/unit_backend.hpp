@@ -31,7 +31,12 @@
 
 #include "ddiloco/config.hpp"
 #include "ddiloco/data_loader.hpp"
-#include "ddiloco/fragments.hpp"
+
+namespace ddiloco {
+// The sync layer's fragment plan (fragments.hpp), by reference only: this header, and through
+// trainer.hpp the training loop, do not depend on the protocol. The CUDA side includes it.
+class FragmentPlan;
+}  // namespace ddiloco
 
 namespace ddiloco::gpu {
 
