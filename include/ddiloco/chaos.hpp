@@ -32,6 +32,7 @@
 
 namespace ddiloco {
 struct ChaosConfig;
+struct Config;
 }
 
 namespace ddiloco::chaos {
@@ -105,6 +106,14 @@ struct Schedule {
   bool empty() const { return faults.empty(); }
   bool operator==(const Schedule&) const = default;
 };
+
+/// The chaos.* checks of a configuration; config's validate() (include/ddiloco/config.hpp)
+/// makes them at load time, in its order, and prefixes the source. Every chaos.units entry
+/// < units.count, down_max_s ≥ down_min_s, faults only where there are learner units (not
+/// mode single), and, when chaos is on, the schedule drawn or read now (so that a bad
+/// schedule file, or a kill's rank outside its unit, is refused before any rank starts) with
+/// no crash in mode streaming. Throws Error.
+void validate(const Config& config);
 
 /// One unit's view of the schedule as its clock advances (crash, slow and link faults; the
 /// launcher's kills are not the unit's to act on and are left out).

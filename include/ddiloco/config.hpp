@@ -7,6 +7,7 @@
 //   configs/x.yaml: train.lr: must be > 0, got -0.001
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -142,6 +143,19 @@ struct WanConfig {
   /// gradients (fp32 or bf16 only).
   std::string format = "bf16";
   int block = 64;                ///< values per scale (int8, int4)
+
+  /// Unit u's bandwidth (Mbit/s) and one-way latency (ms): its per-unit entry when the list
+  /// is given, else the value for every unit (wan::link_spec makes its link of them).
+  double bandwidth_of(int u) const {
+    return unit_bandwidth_mbit_s.empty() ? bandwidth_mbit_s
+                                         : unit_bandwidth_mbit_s[static_cast<size_t>(u)];
+  }
+  double latency_of(int u) const {
+    return unit_latency_ms.empty() ? latency_ms : unit_latency_ms[static_cast<size_t>(u)];
+  }
+  /// Is the link of any of units 0 … units − 1 limited (a bandwidth, a latency or jitter
+  /// set)? wan::emulated; here, beside the keys, so that validate() needs no transport.
+  bool emulated(int units) const;
 };
 
 /// Checkpoints (README "Checkpoints and resume"): HDF5 files per role under
@@ -226,7 +240,19 @@ Config load_config_text(const std::string& yaml, const std::string& source,
 void apply_override(Config& config, const std::string& assignment, const std::string& source);
 
 /// Cross-field checks (heads divide width, ...). Throws Error prefixed by `source`.
+/// The checks of a section whose rules live above this layer are made here, in order, by the
+/// functions its module exports: chaos::validate (chaos.hpp) and, for run.device: cuda, the
+/// installed DeviceCheck (below).
 void validate(const Config& config, const std::string& source);
+
+/// What validate() checks when run.device is cuda (what a GPU learner unit cannot run). The
+/// GPU unit backend installs it with itself (gpu::register_unit_backend,
+/// include/ddiloco/gpu/unit_backend.hpp), so that the rules stay with the GPU code and this
+/// layer knows none of them. None installed (a binary built without CUDA): validate() refuses
+/// run.device: cuda. Throws Error (unprefixed; validate() adds the source). Set once at
+/// start-up, before any configuration is read; nullptr uninstalls it.
+using DeviceCheck = void (*)(const Config& config);
+void set_cuda_check(DeviceCheck check);
 
 /// The effective configuration as YAML (every key, defaults included): what load_config
 /// would read back to the same Config.

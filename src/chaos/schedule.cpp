@@ -208,6 +208,31 @@ Schedule Schedule::load(const std::string& path, int units, const std::vector<in
   return s;
 }
 
+void validate(const Config& c) {
+  const int M = c.units.count;
+  for (const int u : c.chaos.units)
+    if (u >= M) fail("chaos.units: every unit must be < units.count = {}, got {}", M, u);
+  if (c.chaos.down_max_s < c.chaos.down_min_s)
+    fail("chaos.down_max_s: must be ≥ chaos.down_min_s = {}, got {}", c.chaos.down_min_s,
+         c.chaos.down_max_s);
+  if (c.chaos.enabled() && c.mode == Mode::single)
+    fail("chaos: faults are injected into learner units; mode single has none (choose mode "
+         "ddp, diloco, streaming or decoupled)");
+  if (c.chaos.enabled()) {
+    // Drawn or read now, so that a bad schedule file is refused before any rank starts
+    // (a kill's rank checked against its unit's ranks).
+    std::vector<int> unit_ranks;
+    for (int u = 0; u < M; ++u) unit_ranks.push_back(c.unit_ranks(u));
+    const Schedule schedule = Schedule::from_config(c.chaos, M, unit_ranks);
+    const bool crashes = std::any_of(schedule.faults.begin(), schedule.faults.end(),
+                                     [](const Fault& f) { return f.kind == FaultKind::crash; });
+    if (crashes && c.mode == Mode::streaming)
+      fail("chaos: crashes in mode streaming are not supported yet (a unit that crashes "
+           "between sending a fragment and applying its merge leaves the others waiting for a "
+           "merge it cannot complete); use mode diloco or decoupled, or slow and link faults only");
+  }
+}
+
 Schedule Schedule::from_config(const ChaosConfig& config, int units,
                                const std::vector<int>& unit_ranks) {
   return config.schedule_file.empty() ? generate(config, units)

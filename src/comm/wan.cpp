@@ -159,23 +159,14 @@ std::vector<LinkCounters> gather_link_counters(const LinkCounters& mine, MPI_Com
 
 LinkSpec link_spec(const Config& config, int unit) {
   const WanConfig& w = config.wan;
-  auto pick = [unit](const std::vector<double>& per_unit, double all) {
-    return per_unit.empty() ? all : per_unit[static_cast<size_t>(unit)];
-  };
   LinkSpec s;
-  s.bandwidth_bytes_per_s = pick(w.unit_bandwidth_mbit_s, w.bandwidth_mbit_s) * 1e6 / 8;
-  s.latency_s = pick(w.unit_latency_ms, w.latency_ms) * 1e-3;
+  s.bandwidth_bytes_per_s = w.bandwidth_of(unit) * 1e6 / 8;
+  s.latency_s = w.latency_of(unit) * 1e-3;
   s.jitter_s = w.jitter_ms * 1e-3;
   s.burst_bytes = w.burst_kb * 1024;
   return s;
 }
 
-bool emulated(const Config& config) {
-  for (int u = 0; u < config.units.count; ++u) {
-    const LinkSpec s = link_spec(config, u);
-    if (s.bandwidth_bytes_per_s > 0 || s.latency_s > 0 || s.jitter_s > 0) return true;
-  }
-  return false;
-}
+bool emulated(const Config& config) { return config.wan.emulated(config.units.count); }
 
 }  // namespace ddiloco::wan

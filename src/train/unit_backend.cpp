@@ -1,5 +1,6 @@
 // The CPU library's side of the GPU unit backend (include/ddiloco/gpu/unit_backend.hpp): the
-// registered factory, and the refusal where none is installed (a binary built without CUDA).
+// registered factory, the refusal where none is installed (a binary built without CUDA), and
+// the run.device: cuda checks that config validation makes once one is.
 #include "ddiloco/gpu/unit_backend.hpp"
 
 #include "ddiloco/error.hpp"
@@ -11,7 +12,10 @@ namespace {
 UnitBackendFactory g_factory = nullptr;
 }  // namespace
 
-void register_unit_backend(UnitBackendFactory factory) { g_factory = factory; }
+void register_unit_backend(UnitBackendFactory factory) {
+  g_factory = factory;
+  set_cuda_check(factory != nullptr ? &validate : nullptr);
+}
 
 bool unit_backend_available() { return g_factory != nullptr; }
 
@@ -22,6 +26,19 @@ std::unique_ptr<UnitBackend> make_unit_backend(const Config& config, MPI_Comm un
     fail("run.device: cuda needs a ddiloco built with CUDA; build the cuda preset "
          "(cmake --preset cuda && cmake --build --preset cuda)");
   return g_factory(config, unit_comm, device_comm, initial);
+}
+
+void validate(const Config& c) {
+  if (c.mode == Mode::ddp)
+    fail("run.device: cuda is not supported in mode ddp (its gradient ring across units "
+         "runs on host buffers); use mode single, diloco, streaming or decoupled, or "
+         "run.device: cpu");
+  if (c.run.gpu_attention == "flash" &&
+      (c.model.n_embd / c.model.n_head != 64 || c.model.seq_len % 64 != 0))
+    fail("run.gpu_attention: flash needs head size model.n_embd/model.n_head = 64 and "
+         "model.seq_len a multiple of 64, got head size {} and seq_len {} (use auto or "
+         "cublas)",
+         c.model.n_embd / c.model.n_head, c.model.seq_len);
 }
 
 std::string resolve_attention(const Config& config) {

@@ -1,11 +1,9 @@
 // The one table of configuration keys, and YAML reading/writing driven by it.
 #include "ddiloco/config.hpp"
-#include "ddiloco/wan.hpp"
 
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
-#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -18,7 +16,6 @@
 #include "ddiloco/chaos.hpp"
 #include "ddiloco/error.hpp"
 #include "util/config_schema.hpp"
-#include "ddiloco/gpu/unit_backend.hpp"
 
 namespace ddiloco {
 
@@ -343,6 +340,12 @@ const char* mode_name(Mode mode) {
   return "?";
 }
 
+bool WanConfig::emulated(int units) const {
+  for (int u = 0; u < units; ++u)
+    if (bandwidth_of(u) > 0 || latency_of(u) > 0 || jitter_ms > 0) return true;
+  return false;
+}
+
 int Config::unit_ranks(int u) const {
   return units.ranks.empty() ? units.ranks_per_unit : units.ranks.at(u);
 }
@@ -368,23 +371,22 @@ void apply_override(Config& config, const std::string& assignment, const std::st
   config_schema::apply_override(entries(), kListHint, config, assignment, source);
 }
 
+namespace {
+// Set once at start-up by the GPU unit backend's registration (before any thread starts), read
+// after.
+DeviceCheck g_cuda_check = nullptr;
+}  // namespace
+
+void set_cuda_check(DeviceCheck check) { g_cuda_check = check; }
+
 void validate(const Config& c, const std::string& source) {
   try {
     c.model.validate();
     if (c.run.device == "cuda") {
-      if (!gpu::unit_backend_available())
+      if (g_cuda_check == nullptr)
         fail("run.device: cuda needs a ddiloco built with CUDA; build the cuda preset "
              "(cmake --preset cuda && cmake --build --preset cuda)");
-      if (c.mode == Mode::ddp)
-        fail("run.device: cuda is not supported in mode ddp (its gradient ring across units "
-             "runs on host buffers); use mode single, diloco, streaming or decoupled, or "
-             "run.device: cpu");
-      if (c.run.gpu_attention == "flash" &&
-          (c.model.n_embd / c.model.n_head != 64 || c.model.seq_len % 64 != 0))
-        fail("run.gpu_attention: flash needs head size model.n_embd/model.n_head = 64 and "
-             "model.seq_len a multiple of 64, got head size {} and seq_len {} (use auto or "
-             "cublas)",
-             c.model.n_embd / c.model.n_head, c.model.seq_len);
+      g_cuda_check(c);
     }
     const double need = c.model.training_bytes(c.train.batch_size);
     const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
@@ -421,7 +423,7 @@ void validate(const Config& c, const std::string& source) {
     for (double l : c.wan.unit_latency_ms) check_delay("wan.unit_latency_ms", l);
     if (c.wan.block > (1 << 24)) fail("wan.block: must be ≤ {}, got {}", 1 << 24, c.wan.block);
     if (!(c.wan.burst_kb <= 1 << 20)) fail("wan.burst_kb: must be ≤ {} KiB, got {}", 1 << 20, c.wan.burst_kb);
-    if (c.mode == Mode::single && wan::emulated(c))
+    if (c.mode == Mode::single && c.wan.emulated(M))
       fail("wan: links join learner units to the syncer and to each other; mode single has none "
            "(choose mode ddp, diloco, streaming or decoupled, or leave wan.bandwidth_mbit_s, "
            "latency_ms and jitter_ms at 0)");
@@ -439,27 +441,7 @@ void validate(const Config& c, const std::string& source) {
       fail("outer.anchor: base measures a unit's progress from the Θ version it received, "
            "which needs outer.apply: overwrite or carry, got outer.apply: {} (use outer.anchor: current)",
            c.outer.apply);
-    for (const int u : c.chaos.units)
-      if (u >= M) fail("chaos.units: every unit must be < units.count = {}, got {}", M, u);
-    if (c.chaos.down_max_s < c.chaos.down_min_s)
-      fail("chaos.down_max_s: must be ≥ chaos.down_min_s = {}, got {}", c.chaos.down_min_s,
-           c.chaos.down_max_s);
-    if (c.chaos.enabled() && c.mode == Mode::single)
-      fail("chaos: faults are injected into learner units; mode single has none (choose mode "
-           "ddp, diloco, streaming or decoupled)");
-    if (c.chaos.enabled()) {
-      // Drawn or read now, so that a bad schedule file is refused before any rank starts
-      // (a kill's rank checked against its unit's ranks).
-      std::vector<int> unit_ranks;
-      for (int u = 0; u < M; ++u) unit_ranks.push_back(c.unit_ranks(u));
-      const chaos::Schedule schedule = chaos::Schedule::from_config(c.chaos, M, unit_ranks);
-      const bool crashes = std::any_of(schedule.faults.begin(), schedule.faults.end(),
-                                       [](const chaos::Fault& f) { return f.kind == chaos::FaultKind::crash; });
-      if (crashes && c.mode == Mode::streaming)
-        fail("chaos: crashes in mode streaming are not supported yet (a unit that crashes "
-             "between sending a fragment and applying its merge leaves the others waiting for a "
-             "merge it cannot complete); use mode diloco or decoupled, or slow and link faults only");
-    }
+    chaos::validate(c);
     if (c.launch.backoff_max_s < c.launch.backoff_s)
       fail("launch.backoff_max_s: must be ≥ launch.backoff_s = {}, got {}", c.launch.backoff_s,
            c.launch.backoff_max_s);

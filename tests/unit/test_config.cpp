@@ -105,7 +105,12 @@ TEST(Config, CudaDeviceChecksWithABackend) {
   EXPECT_EQ(error_of("", {"run.device=cuda", "run.gpu_attention=flash"}),
             "c.yaml with --set: run.gpu_attention: flash needs head size model.n_embd/model.n_head = 64 and "
             "model.seq_len a multiple of 64, got head size 32 and seq_len 128 (use auto or cublas)");
+  // The checks come with the backend (gpu::validate, installed as config's DeviceCheck) and
+  // go with it: without one, cuda is refused before them.
   gpu::register_unit_backend(nullptr);
+  EXPECT_EQ(error_of("", {"run.device=cuda", "mode=ddp"}),
+            "c.yaml with --set: run.device: cuda needs a ddiloco built with CUDA; build the cuda preset "
+            "(cmake --preset cuda && cmake --build --preset cuda)");
 }
 
 // auto = cublas (faster than the flash kernels on the H200; see resolve_attention).

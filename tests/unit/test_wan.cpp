@@ -101,6 +101,19 @@ TEST(WanConfig, PerUnitOverridesAndUnits) {
   EXPECT_DOUBLE_EQ(link_spec(c, 2).bandwidth_bytes_per_s, 0.0);
   EXPECT_TRUE(emulated(c));
   EXPECT_FALSE(emulated(Config{}));
+  {  // one unit's latency, or jitter alone, is a limited link; per-unit zeros are not
+    Config d = c;
+    d.wan.bandwidth_mbit_s = d.wan.latency_ms = 0;
+    d.wan.unit_bandwidth_mbit_s = {0, 0, 0};
+    EXPECT_FALSE(emulated(d));
+    d.wan.unit_latency_ms = {0, 0, 5};
+    EXPECT_TRUE(emulated(d));
+    EXPECT_DOUBLE_EQ(link_spec(d, 2).latency_s, 0.005);
+    EXPECT_FALSE(d.wan.emulated(2));  // units 0 and 1 only
+    d.wan.unit_latency_ms.clear();
+    d.wan.jitter_ms = 1;
+    EXPECT_TRUE(emulated(d));
+  }
   c.wan.unit_latency_ms = {1, 2};
   EXPECT_THROW(validate(c, "t.yaml"), Error);
   c.wan.unit_latency_ms.clear();

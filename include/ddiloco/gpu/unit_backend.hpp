@@ -7,8 +7,9 @@
 // implementation (src/gpu/gpu_unit.cpp, in ddiloco_cuda) is installed by the programs that link
 // ddiloco_cuda (the ddiloco binary of the cuda build, the GPU tests) with
 // install_cuda_unit_backend() before they load a configuration. "Built with CUDA" is thereby a
-// property of the binary: without a registered backend, run.device: cuda is refused at config
-// validation (src/util/config.cpp).
+// property of the binary: registering the backend also installs its configuration checks
+// (validate below) as config's DeviceCheck, and without a registered backend run.device: cuda
+// is refused at config validation (src/util/config.cpp).
 //
 // What the backend holds (one per learner rank, on the GPU select_device picks by node-local
 // rank): the GPU model (GptCuda: fp32 master weights, bf16 working copy, fp32 gradients and
@@ -30,7 +31,12 @@
 
 #include "ddiloco/config.hpp"
 #include "ddiloco/data_loader.hpp"
-#include "ddiloco/fragments.hpp"
+
+namespace ddiloco {
+// The sync layer's fragment plan (fragments.hpp), by reference only: this header, and through
+// trainer.hpp the training loop, do not depend on the protocol. The CUDA side includes it.
+class FragmentPlan;
+}  // namespace ddiloco
 
 namespace ddiloco::gpu {
 
@@ -120,6 +126,8 @@ using UnitBackendFactory = std::unique_ptr<UnitBackend> (*)(const Config& config
 /// Installs the CUDA backend's factory (src/gpu/gpu_unit.cpp, ddiloco_cuda only).
 void install_cuda_unit_backend();
 /// Sets the factory (nullptr: none); the CPU library's hook that install_cuda_unit_backend uses.
+/// With a factory, validate below becomes config's run.device: cuda check (set_cuda_check,
+/// config.hpp); without, that check is removed (run.device: cuda refused).
 void register_unit_backend(UnitBackendFactory factory);
 /// Is a GPU backend installed in this binary?
 bool unit_backend_available();
@@ -127,6 +135,12 @@ bool unit_backend_available();
 std::unique_ptr<UnitBackend> make_unit_backend(const Config& config, MPI_Comm unit_comm,
                                                MPI_Comm device_comm,
                                                std::span<const float> initial);
+
+/// What a GPU learner unit cannot run, checked by config's validate() at load time when
+/// run.device is cuda and a backend is registered: mode ddp (its gradient ring across units
+/// runs on host buffers), run.gpu_attention: flash without head size 64 and seq_len a multiple
+/// of 64. Throws Error (unprefixed: validate() names the source).
+void validate(const Config& config);
 
 /// Which attention path run.gpu_attention selects for a model ("flash" or "cublas"): auto →
 /// cublas, the faster one measured on an H200 (README, "Speed on an H200").
