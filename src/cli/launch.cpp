@@ -1,5 +1,6 @@
 // `ddiloco launch`: the syncer and every unit's MPI job as separate, supervised processes
 // (include/ddiloco/launch.hpp; the supervision itself is src/launch/supervisor.cpp).
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <cstdlib>
 #include <csignal>
 #include <filesystem>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -73,8 +75,22 @@ LaunchPlan plan_launch(const Config& config, const LaunchArgs& args) {
            "train`");
   }
   const std::string self = args.self.empty() ? self_exe() : args.self;
+  std::vector<std::string> overrides = args.overrides;
+  // run.threads: 0 means the cores this process may use ÷ the ranks on its node. A unit job
+  // sees only its own ranks, so on this one machine every job would take every core and
+  // oversubscribe it (measured: the 4-unit demo ran ~10× slower). Share them as one job
+  // would: cores ÷ (the syncer + every unit's ranks), at least 1.
+  if (config.run.threads == 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    int cores = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (cores <= 0) cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    int ranks = 1;
+    for (int u = 0; u < config.units.count; ++u) ranks += config.unit_ranks(u);
+    overrides.push_back(fmt::format("run.threads={}", std::max(1, cores / ranks)));
+  }
   std::vector<std::string> common = {"--config", args.config_path};
-  for (const std::string& o : args.overrides) {
+  for (const std::string& o : overrides) {
     common.push_back("--set");
     common.push_back(o);
   }
@@ -103,7 +119,7 @@ LaunchPlan plan_launch(const Config& config, const LaunchArgs& args) {
                                  std::string("unit"), std::string("--config"), args.config_path,
                                  std::string("--unit"), std::to_string(u)})
       unit.argv.push_back(a);
-    for (const std::string& o : args.overrides) {
+    for (const std::string& o : overrides) {
       unit.argv.push_back("--set");
       unit.argv.push_back(o);
     }

@@ -4,6 +4,8 @@
 // command lines `ddiloco launch` plans.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -486,7 +488,8 @@ TEST(Supervisor, ARealMpirunJobLosesARankIsRestartedAndItsRanksGetTheStopSignal)
 
 TEST(LaunchPlan, SyncerAndUnitCommandLines) {
   Config c = load_config("", {"mode=decoupled", "units.count=3", "units.ranks=[1, 2, 1]",
-                              "launch.mpirun=/opt/mpirun", "launch.mpirun_args=[--mca, x, y]"});
+                              "launch.mpirun=/opt/mpirun", "launch.mpirun_args=[--mca, x, y]",
+                              "run.threads=2"});
   const LaunchArgs args{.config_path = "c.yaml",
                         .overrides = {"units.count=3", "train.lr=1e-3"},
                         .resume = "runs/x/checkpoints/ckpt_00000002",
@@ -509,6 +512,16 @@ TEST(LaunchPlan, SyncerAndUnitCommandLines) {
                "units.count=3", "--set", "train.lr=1e-3"}));
   EXPECT_EQ(p.units[2].argv[9], "1");  // -np of unit 2
   EXPECT_TRUE(p.units[0].restart_argv.empty());  // a unit restarts as it started
+
+  // run.threads: 0 is shared out over the syncer and every unit's ranks, as in one job.
+  c.run.threads = 0;
+  const LaunchPlan shared = plan_launch(c, args);
+  for (const auto* argv : {&shared.syncer.argv, &shared.units[0].argv, &shared.units[1].argv}) {
+    const auto it = std::find_if(argv->begin(), argv->end(),
+                                 [](const std::string& a) { return a.starts_with("run.threads="); });
+    ASSERT_NE(it, argv->end());
+    EXPECT_GE(std::stoi(it->substr(12)), 1);
+  }
 
   for (const char* mode : {"ddp", "single"}) {
     Config m = load_config("", {std::string("mode=") + mode});
