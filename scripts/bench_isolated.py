@@ -3,6 +3,7 @@
 
     /usr/bin/python3 scripts/bench_isolated.py [--config configs/kjv_decoupled.yaml]
         [--steps 200] [--heal-steps 150] [--kill-at 30] [--out runs/bench_isolated]
+        [--parts steps,heal] [--set key=value ...]
 
 1. Step time, syncing on ÷ off. One learner unit of one rank with one thread (so that the syncer
    has the other core of a 2-core machine) trains `--steps` steps on the demo model three ways:
@@ -75,6 +76,7 @@ def main():
     ap.add_argument("--kill-at", type=float, default=30.0)
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_isolated"))
     ap.add_argument("--parts", default="steps,heal", help="steps, heal or both (comma-separated)")
+    ap.add_argument("--set", action="append", default=[], help="key=value for the synced runs")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     _, env = compare_modes.mpirun_train(args.config, [], 1)
@@ -83,7 +85,7 @@ def main():
     # The syncer's global evaluations (a background thread) are not syncing: off, so that the
     # syncer's core is left to merging and the ratio is the link's and the protocol's cost.
     one = ["units.count=1", "units.ranks=[1]", "units.slowdown=[]", "syncer.quorum=1",
-           "syncer.eval_every=1000000"]
+           "syncer.eval_every=1000000"] + args.set
 
     def flags(extra):
         return [a for s in sets + extra for a in ("--set", s)]
