@@ -403,7 +403,10 @@ void Syncer::unit_joined(int u, const sync::Hello& hello) {
     s = Slot{};
     s.data = std::move(keep);
   }
-  std::fill(headers_[u].words.begin(), headers_[u].words.end(), 0);
+  // What its window says now: zeros for a new process; for a live one that reconnects to this
+  // (restarted) syncer, the snapshots the previous syncer consumed stay consumed.
+  window_.poll(headers_);
+  for (int p = 0; p < fragments_.size(); ++p) slots_[u][p].acked = headers_[u].header(p, sync::kOutAck);
   heartbeat_[u] = -1;
   heard_at_[u] = now();
   silent_[u] = false;
