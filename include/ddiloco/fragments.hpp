@@ -35,6 +35,8 @@ class FragmentPlan {
   FragmentPlan(const ParameterLayout& layout, int fragments, int h);
 
   const std::vector<Fragment>& fragments() const { return fragments_; }
+  /// The parameter layout it splits (it must outlive the plan).
+  const ParameterLayout& layout() const { return *layout_; }
   int size() const { return static_cast<int>(fragments_.size()); }
   int h() const { return h_; }
   /// Is fragment p due after inner step t (t ≥ 1)?

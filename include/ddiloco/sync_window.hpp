@@ -228,6 +228,8 @@ class SyncerWindow {
   SyncerWindow& operator=(const SyncerWindow&) = delete;
   void close() { remote_->close(); }
   comm::RemoteMemory& remote() { return *remote_; }
+  const comm::RemoteMemory& remote() const { return *remote_; }
+  const WindowLayout& layout() const { return *layout_; }
 
   /// Forgets what was known of unit u's window (its references fall back to `version` of Θ,
   /// which the caller delivers raw): a new process of the unit has a new, zeroed window.

@@ -1,0 +1,217 @@
+// The syncer's decisions (paper_notes.md, "Syncer, for each fragment round"; README "Learner
+// units and the syncer"), apart from processes, files and the job's end: which snapshots are
+// read and when they count, when a fragment is merged (minimum quorum K, adaptive grace
+// window), with what token weights, what is delivered to whom under flow control, the order in
+// which a unit that rejoins is served, and which units are alive. It holds Θ and the outer
+// optimizer.
+//
+// It runs over the protocol of sync_window.hpp on any transport of remote_memory.hpp, with a
+// clock and an event sink given to it, so that its decisions are unit-tested through an
+// in-memory transport and a manual clock (tests/unit/test_syncer_core.cpp). The syncer process
+// (syncer.cpp) adds admission, evaluation, checkpoints, the stop and the report around it.
+//
+// One poll of the run loop, in this order:
+//   poll()                the units' control blocks and headers, one read per unit
+//   watch_liveness()      heartbeats: a unit silent past its timeout leaves every quorum
+//   observe_step_times()  the grace window's step times, the nominal fragment period
+//   serve_rejoins()       Θ into every inbox of a unit back from a crash
+//   collect()             new snapshots read, checked, acknowledged (after their link)
+//   merge_ready()         every fragment whose quorum (and grace) is met is merged
+//   deliver_pending()     merged fragments into the inboxes of the units owed one
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ddiloco/config.hpp"
+#include "ddiloco/fragments.hpp"
+#include "ddiloco/goodput.hpp"
+#include "ddiloco/grace.hpp"
+#include "ddiloco/merge.hpp"
+#include "ddiloco/runtime.hpp"
+#include "ddiloco/sync_window.hpp"
+#include "ddiloco/unit_links.hpp"
+
+namespace ddiloco::sync {
+
+/// What the syncer holds for one unit and fragment.
+struct Slot {
+  int64_t acked = 0;        ///< last sequence number consumed (the unit's outbox is free)
+  bool fresh = false;       ///< a snapshot waits to be merged ...
+  SnapshotMeta meta;        ///< ... its counters (c_steps, c_tok), step and base version
+  int64_t seq = 0;          ///< ... its sequence number
+  std::vector<float> data;  ///< ... θ_p, numel(p) floats
+  int64_t delivered = 0;    ///< last version written to the unit's inbox
+  /// The unit is owed a merged fragment: one that merged its snapshot (or the current one after
+  /// its snapshot was refused). Merges in between carry nothing of its own and would only be
+  /// superseded in its inbox: they are not sent, which keeps the down link to one fragment per
+  /// snapshot.
+  bool owed = false;
+  double arrives_at = 0;    ///< the snapshot counts from then on (its link's arrival), s
+  size_t wire_bytes = 0;    ///< ... bytes it took on the wire
+  /// The unit's link (unit_links.hpp): a snapshot read is acknowledged, freeing the unit's
+  /// outbox, only once its last byte has left the unit; a merged fragment lands in the inbox
+  /// on arrival.
+  int64_t unacked = 0;      ///< read, on its way: acknowledged at ack_at
+  double ack_at = 0;
+  std::vector<float> outgoing;  ///< Θ_p on its way down ...
+  int64_t outgoing_version = 0; ///< ... at this version (0: none)
+  double lands_at = 0;          ///< ... written into the inbox then
+};
+
+/// One fragment's current round: from its first fresh snapshot to its merge (seconds).
+struct Round {
+  double first_at = -1;   ///< when the round's first fresh snapshot arrived
+  double quorum_at = -1;  ///< when the quorum was reached
+};
+
+class SyncerCore {
+ public:
+  /// Seconds since the job's start on this syncer (monotonic).
+  using Clock = std::function<double()>;
+  /// Where the decisions' events go (metrics.jsonl): snapshot_rejected, unit_silent or
+  /// unit_lost (heartbeat), unit_back, rejoin, merge.
+  using EventSink = std::function<void(nlohmann::json)>;
+  /// Called after fragment p merged the snapshots of `units`, before the result is delivered
+  /// (the syncer asks for a checkpoint there, and logs heal times).
+  using MergeHook = std::function<void(int p, const std::vector<int>& units)>;
+
+  /// `window` and `links` must outlive the core. Θ starts as Θ₀, the units' common
+  /// initialisation (run.seed); every unit's wire reference is Θ₀ at version 0.
+  SyncerCore(const Config& config, const OuterPlan& plan, SyncerWindow& window,
+             const FragmentPlan& fragments, UnitLinks& links, Clock clock, EventSink sink);
+  void on_merge(MergeHook hook) { on_merge_ = std::move(hook); }
+  /// Units come and go (the isolated deployment): a unit silent past its heartbeat timeout is
+  /// then logged as lost (reason heartbeat), not only silent; it keeps its connection either way.
+  void set_isolated(bool isolated) { isolated_ = isolated; }
+
+  // One poll, in the order above. The bool results say whether anything happened (the loop
+  // backs off only when nothing did).
+  void poll();
+  void watch_liveness();
+  void observe_step_times();
+  void serve_rejoins();
+  bool collect();
+  bool merge_ready();
+  bool deliver_pending();
+  /// Decoupled: every unit's learning-rate schedule follows the job's tokens, written to the
+  /// units whenever they have moved by the smallest unit step since the last write.
+  void publish_progress(int64_t tokens);
+  /// ddp: unit 0's steps, each an update of Θ (global downtime counts their gaps).
+  void watch_ddp_steps();
+
+  /// The job is ending: every snapshot published is merged, whatever the quorum, and a unit
+  /// that connects is told to stop.
+  void set_stopping();
+  bool stopping() const { return stopping_; }
+
+  /// A new process of unit u connected (isolated deployment): what was known of the old
+  /// window goes (sequence numbers, references, rejoin count), its work stays counted, and it
+  /// is alive from now on. The acknowledgements are read from its window: a live unit that
+  /// reconnects to a restarted syncer keeps what the previous one consumed.
+  void unit_connected(int u);
+  /// Unit u's process or link died: weight 0 from now on; its unmerged snapshots are dropped
+  /// and deliveries on their way abandoned. Its tokens and steps stay counted.
+  void unit_lost(int u);
+
+  /// Resumes from a checkpoint: Θ, the outer momentum, the versions, the snapshot numbering
+  /// (per unit: the last sequence number in its file) and, per unit, its wire reference when
+  /// its file holds one at the checkpoint's version (`refs[u][p]` empty: none).
+  void restore(const checkpoint::SyncerState& state, const std::vector<std::vector<int64_t>>& unit_last_seq,
+               const std::vector<std::vector<std::vector<float>>>& refs);
+
+  // What the rest of the syncer reads.
+  int units() const { return M_; }
+  int fragments() const { return fragments_.size(); }
+  const UnitHeaders& headers(int u) const { return headers_[u]; }
+  bool unit_done(int u) const { return headers_[u].control(kState) == kDone; }
+  /// Connected, not done, and heard from within its heartbeat timeout: may be in a quorum.
+  bool unit_live(int u) const;
+  bool silent(int u) const { return silent_[u]; }
+  /// When unit u's heartbeat last moved, seconds.
+  double heard_at(int u) const { return heard_at_[u]; }
+  /// Tokens (steps) of every unit, its earlier processes' included.
+  int64_t tokens_total() const;
+  int64_t steps_total() const;
+  int64_t total_merges() const;
+  const std::vector<int64_t>& versions() const { return version_; }
+  std::span<const float> theta(int p) const { return theta_[p]; }
+  std::vector<float> flat_theta() const;
+  std::vector<float> flat_momentum();
+  /// [unit][fragment]: the last snapshot of it merged, in the numbering across jobs.
+  const std::vector<std::vector<int64_t>>& merged_seq() const { return merged_seq_; }
+  const GraceWindow& grace() const { return grace_; }
+  /// H inner steps at the units' median step time (ddp: one step): the nominal time between
+  /// two updates of a fragment, seconds (0 until a step time is known).
+  double nominal_period() const;
+  GlobalDowntime& downtime() { return downtime_; }
+  int64_t snapshots_rejected() const { return rejected_; }
+  int64_t snapshots_superseded() const { return superseded_; }
+  /// Snapshots read but not merged (on a WAN link when the job ended).
+  int64_t snapshots_unmerged() const;
+  int64_t rejoins_served() const;
+
+ private:
+  double now() const { return clock_(); }
+  bool snapshot_pending(int u, int p) const;
+  void hear(int u, int64_t beat);
+  double silence_after_s(int u) const;
+  std::string check_snapshot(int p, const SnapshotMeta& meta, const SyncerWindow::Fetched& got,
+                             int64_t seq) const;
+  void accept_snapshot(int u, int p, int64_t seq, const SnapshotMeta& meta, size_t wire_bytes);
+  void ack_arrived(int u, int p);
+  std::vector<int> ready_units(int p) const;
+  int quorum_needed(int p, int live, int done) const;
+  void merge(int p, const std::vector<int>& units);
+  double merge_share(const std::vector<int>& units) const;
+  void prune_history(int p);
+  void deliver(int u, int p);
+  int64_t tokens_per_step(int u) const { return config_.unit_tokens_per_step(u); }
+
+  const Config& config_;
+  const OuterPlan plan_;
+  const int M_;
+  const FragmentPlan& fragments_;
+  SyncerWindow& window_;
+  UnitLinks& links_;
+  Clock clock_;
+  EventSink log_;
+  MergeHook on_merge_;
+  OuterOptimizer outer_;
+  GraceWindow grace_;
+
+  std::vector<std::vector<float>> theta_;      // Θ, packed per fragment
+  std::vector<int64_t> version_;               // merges per fragment
+  std::vector<std::vector<Slot>> slots_;       // [unit][fragment]
+  std::vector<Round> rounds_;                  // per fragment
+  std::vector<std::vector<float>> incoming_;   // per fragment: a snapshot being read
+  // outer.anchor: base — the Θ versions some unit may still measure its progress from
+  // (from the oldest base version a live unit reported, to the current one).
+  const bool anchor_base_;
+  std::vector<std::map<int64_t, std::vector<float>>> history_;
+  std::vector<UnitHeaders> headers_;           // last poll
+  std::vector<int64_t> heartbeat_;             // last heartbeat seen per unit
+  std::vector<double> heard_at_;               // ... when it last moved
+  std::vector<bool> silent_;                   // heartbeat older than the timeout
+  std::vector<int64_t> rejoin_served_;
+  std::vector<int64_t> reads_started_;         // debug.crash_during_read
+  std::vector<int64_t> tokens_before_, steps_before_;  // per unit: its earlier processes' work
+  std::vector<std::vector<int64_t>> merged_seq_;  // [unit][fragment]: last snapshot merged
+  std::vector<std::vector<int64_t>> seq_base_;    // [unit][fragment]: added to window numbers
+  GlobalDowntime downtime_;
+  double median_step_s_ = 0;
+  int64_t ddp_steps_seen_ = 0;
+  int64_t progress_sent_ = 0;           // job tokens last written to the units
+  int64_t progress_step_ = INT64_MAX;   // ... refreshed after this many more: the smallest unit step
+  bool stopping_ = false;
+  bool isolated_ = false;
+  int64_t rejected_ = 0, superseded_ = 0;
+};
+
+}  // namespace ddiloco::sync

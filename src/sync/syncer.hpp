@@ -1,0 +1,90 @@
+// The syncer process's parts around its decisions (syncer_core.hpp): admission of units in
+// the isolated deployment, global evaluation, checkpoints, the stop, and the job's report.
+//   syncer.cpp            construction, the run loop, admission, the stop
+//   syncer_checkpoints.*  the syncer's side of a checkpoint
+//   syncer_report.cpp     the end: time books, links, the final evaluation, the done event
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddiloco/config.hpp"
+#include "ddiloco/fragments.hpp"
+#include "ddiloco/membership.hpp"
+#include "ddiloco/metrics.hpp"
+#include "ddiloco/model.hpp"
+#include "ddiloco/runtime.hpp"
+#include "ddiloco/sync_window.hpp"
+#include "ddiloco/syncer_core.hpp"
+#include "ddiloco/topology.hpp"
+#include "ddiloco/unit_links.hpp"
+#include "sync/global_eval.hpp"
+#include "sync/syncer_checkpoints.hpp"
+
+namespace ddiloco {
+
+class Syncer {
+ public:
+  Syncer(const Config& config, const OuterPlan& plan, const Topology& topo, const ValidationSet& val,
+         const checkpoint::SyncerState* resumed, const std::filesystem::path& resumed_dir,
+         const SyncerLink& link);
+  /// Runs the job to its end; returns the stop signal that ended it early, or 0.
+  int run();
+
+ private:
+  double now() const { return wall_.seconds(); }
+  // Merges between two global evaluations: eval_every outer rounds of P merges; in ddp every
+  // θ unit 0 ships (it ships at the evaluation cadence).
+  int64_t eval_stride() const;
+  void start();
+  bool poll_once();  // one iteration of the run loop; true if anything happened
+  void check_stop();
+  void admit_units();
+  void unit_joined(int u, const sync::Hello& hello);
+  void unit_lost(int u, const std::string& reason);
+  void after_merge(int p, const std::vector<int>& units);
+  // Finished, or (isolated, once the job is ending) absent: nothing more to wait for.
+  bool unit_finished(int u) const;
+  void maybe_evaluate();
+  void log_eval_results();
+  // The end (syncer_report.cpp).
+  void finish();
+  std::vector<TimeBook> time_books();
+  std::vector<wan::LinkCounters> link_counters();
+  void report(double train_end, const std::vector<TimeBook>& books,
+              const std::vector<wan::LinkCounters>& links, uint64_t window_bytes, int64_t unmerged);
+
+  const Config& config_;
+  const OuterPlan plan_;
+  const int M_;
+  const Topology& topo_;
+  const ParameterLayout parameters_;
+  const FragmentPlan fragments_;
+  const sync::WindowLayout layout_;
+  comm::RemoteMemory& remote_;
+  // The isolated deployment: where units join and leave (null in the one-job deployment, where
+  // every unit is present from the start to the end).
+  comm::UnitListener* door_;
+  std::unique_ptr<sync::Membership> members_;
+  sync::SyncerWindow window_;
+  sync::UnitLinks links_;
+  Stopwatch wall_;
+  JsonlWriter log_;
+  ProgressBar bar_{config_.run.progress};
+  sync::SyncerCore core_;
+  sync::SyncerCheckpoints checkpoints_;
+  const ValidationSet& val_;
+  std::unique_ptr<GlobalEvaluator> evaluator_;
+  int64_t budget_ = 0;
+  int64_t next_eval_ = 0;
+  int interrupted_by_ = 0;
+  int64_t stop_after_version_ = 0;  // diloco, interrupted: the round every unit ends on
+  double resumed_elapsed_s_ = 0;    // wall time of the runs this one resumes
+  std::string resumed_from_;        // the checkpoint this run resumed from ("" = none)
+  int64_t resumed_tokens_ = 0;
+  int64_t resumed_next_eval_ = 0;
+};
+
+}  // namespace ddiloco

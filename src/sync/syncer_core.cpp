@@ -1,0 +1,590 @@
+// The syncer's decisions (syncer_core.hpp): reading snapshots, quorum and grace, merging,
+// delivering under flow control, rejoins and liveness.
+#include "ddiloco/syncer_core.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+#include <thread>
+
+#include "ddiloco/checkpoint.hpp"
+#include "ddiloco/error.hpp"
+#include "ddiloco/model.hpp"
+
+namespace ddiloco::sync {
+
+SyncerCore::SyncerCore(const Config& config, const OuterPlan& plan, SyncerWindow& window,
+                       const FragmentPlan& fragments, UnitLinks& links, Clock clock, EventSink sink)
+    : config_(config),
+      plan_(plan),
+      M_(config.units.count),
+      fragments_(fragments),
+      window_(window),
+      links_(links),
+      clock_(std::move(clock)),
+      log_(std::move(sink)),
+      outer_(fragments, config.outer.lr, config.outer.momentum, parse_merge_rule(config.outer.merge)),
+      grace_(config.syncer.grace_gamma, config.syncer.grace_cap_steps, plan.overlap),
+      anchor_base_(config.outer.anchor == "base") {
+  const int P = fragments_.size();
+  // Θ₀ is the units' common initialisation (same seed).
+  Gpt<float> model(config.model);
+  model.init_weights(static_cast<uint64_t>(config.run.seed));
+  theta_.resize(P);
+  incoming_.resize(P);
+  for (int p = 0; p < P; ++p) {
+    theta_[p].resize(window_.layout().numel(p));
+    fragments_.pack(p, model.parameters(), theta_[p]);
+    incoming_[p].resize(theta_[p].size());
+  }
+  version_.assign(P, 0);
+  rounds_.assign(P, Round{});
+  slots_.assign(M_, std::vector<Slot>(P));
+  for (auto& unit : slots_)
+    for (int p = 0; p < P; ++p) unit[p].data.resize(theta_[p].size());
+  if (anchor_base_) {
+    history_.resize(P);
+    for (int p = 0; p < P; ++p) history_[p].emplace(0, theta_[p]);
+  }
+  headers_.resize(M_);
+  for (auto& h : headers_) h.words.assign(window_.layout().header_block_bytes() / sizeof(int64_t), 0);
+  heartbeat_.assign(M_, -1);
+  heard_at_.assign(M_, 0.0);
+  silent_.assign(M_, false);
+  rejoin_served_.assign(M_, 0);
+  reads_started_.assign(M_, 0);
+  tokens_before_.assign(M_, 0);
+  steps_before_.assign(M_, 0);
+  merged_seq_.assign(M_, std::vector<int64_t>(P, 0));
+  seq_base_.assign(M_, std::vector<int64_t>(P, 0));
+  for (int u = 0; u < M_; ++u) progress_step_ = std::min(progress_step_, tokens_per_step(u));
+  // The wire format's references (sync_window.hpp): Θ₀ (the units set the same).
+  for (int u = 0; u < M_ && plan.outer_steps; ++u)
+    for (int p = 0; p < P; ++p) window_.set_reference(u, p, 0, theta_[p]);
+}
+
+bool SyncerCore::unit_live(int u) const {
+  return window_.remote().connected(u) && !unit_done(u) && !silent_[u];
+}
+
+int64_t SyncerCore::tokens_total() const {
+  int64_t t = std::accumulate(tokens_before_.begin(), tokens_before_.end(), int64_t{0});
+  for (const auto& h : headers_) t += h.control(kTokensDone);
+  return t;
+}
+
+int64_t SyncerCore::steps_total() const {
+  int64_t s = std::accumulate(steps_before_.begin(), steps_before_.end(), int64_t{0});
+  for (const auto& h : headers_) s += h.control(kStepsDone);
+  return s;
+}
+
+int64_t SyncerCore::total_merges() const {
+  return std::accumulate(version_.begin(), version_.end(), int64_t{0});
+}
+
+double SyncerCore::nominal_period() const { return (plan_.outer_steps ? plan_.h : 1.0) * median_step_s_; }
+
+std::vector<float> SyncerCore::flat_theta() const {
+  std::vector<float> flat(fragments_.layout().size());
+  for (int p = 0; p < fragments_.size(); ++p) fragments_.unpack(p, theta_[p], flat);
+  return flat;
+}
+
+std::vector<float> SyncerCore::flat_momentum() {
+  std::vector<float> flat(fragments_.layout().size());
+  for (int p = 0; p < fragments_.size(); ++p) fragments_.unpack(p, outer_.momentum(p), flat);
+  return flat;
+}
+
+int64_t SyncerCore::snapshots_unmerged() const {
+  int64_t n = 0;
+  for (const auto& unit : slots_)
+    for (const Slot& s : unit) n += s.fresh;
+  return n;
+}
+
+int64_t SyncerCore::rejoins_served() const {
+  return std::accumulate(rejoin_served_.begin(), rejoin_served_.end(), int64_t{0});
+}
+
+// Unit u has a snapshot of fragment p the syncer has not merged: read (or on its way), or
+// still unread in its outbox.
+bool SyncerCore::snapshot_pending(int u, int p) const {
+  const Slot& s = slots_[u][p];
+  return s.fresh || headers_[u].header(p, kOutSeq) > std::max(s.acked, s.unacked);
+}
+
+void SyncerCore::poll() { window_.poll(headers_); }
+
+void SyncerCore::set_stopping() {
+  stopping_ = true;
+  for (int u = 0; u < M_; ++u) window_.request_stop(u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Membership: units that come and go (isolated deployment).
+
+void SyncerCore::unit_connected(int u) {
+  window_.reset_unit(u);
+  for (int p = 0; p < fragments_.size(); ++p) {
+    Slot& s = slots_[u][p];
+    seq_base_[u][p] = std::max(seq_base_[u][p] + std::max(s.acked, s.seq), merged_seq_[u][p]);
+    std::vector<float> keep = std::move(s.data);
+    s = Slot{};
+    s.data = std::move(keep);
+  }
+  // What its window says now: zeros for a new process; for a live one that reconnects to this
+  // (restarted) syncer, the snapshots the previous syncer consumed stay consumed.
+  window_.poll(headers_);
+  for (int p = 0; p < fragments_.size(); ++p) slots_[u][p].acked = headers_[u].header(p, kOutAck);
+  heartbeat_[u] = -1;
+  heard_at_[u] = now();
+  silent_[u] = false;
+  rejoin_served_[u] = 0;
+  reads_started_[u] = 0;
+  if (plan_.mode == Mode::decoupled) window_.set_job_tokens(u, progress_sent_);
+  if (stopping_) window_.request_stop(u);
+}
+
+void SyncerCore::unit_lost(int u) {
+  tokens_before_[u] += headers_[u].control(kTokensDone);
+  steps_before_[u] += headers_[u].control(kStepsDone);
+  std::fill(headers_[u].words.begin(), headers_[u].words.end(), 0);
+  for (Slot& s : slots_[u]) {
+    s.fresh = false;
+    s.owed = false;
+    s.outgoing_version = 0;
+    s.unacked = 0;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Liveness and step times.
+
+void SyncerCore::observe_step_times() {
+  std::vector<double> steps;
+  for (int u = 0; u < M_; ++u)
+    if (unit_live(u) && headers_[u].control(kStepTimeNs) > 0)
+      steps.push_back(headers_[u].control(kStepTimeNs) * 1e-9);
+  if (steps.empty()) return;
+  std::sort(steps.begin(), steps.end());
+  median_step_s_ = steps[steps.size() / 2];
+  grace_.observe_steps(steps.back(), median_step_s_);
+}
+
+// A heartbeat moves once per inner step: a unit whose steps are slow (a straggler, a large
+// model, the first step) is not silent before three of its steps have passed.
+double SyncerCore::silence_after_s(int u) const {
+  const double step_s = static_cast<double>(headers_[u].control(kStepTimeNs)) * 1e-9;
+  return std::max(config_.syncer.heartbeat_timeout_s, 3 * step_s);
+}
+
+void SyncerCore::hear(int u, int64_t beat) {
+  heartbeat_[u] = beat;
+  heard_at_[u] = now();
+  if (!silent_[u]) return;
+  silent_[u] = false;
+  log_({{"event", "unit_back"}, {"unit", u}, {"tokens", tokens_total()}, {"elapsed_s", now()}});
+}
+
+void SyncerCore::watch_liveness() {
+  // ddp has no quorum to leave a unit out of, and its healthy units sit in the all-reduce
+  // without a heartbeat while a crashed one is down: nothing to watch.
+  if (!plan_.outer_steps) return;
+  for (int u = 0; u < M_; ++u) {
+    if (unit_done(u) || !window_.remote().connected(u)) continue;
+    const int64_t beat = headers_[u].control(kHeartbeat);
+    if (beat != heartbeat_[u]) {
+      hear(u, beat);
+    } else if (!silent_[u] && now() - heard_at_[u] > silence_after_s(u)) {
+      // Weight 0 and out of every quorum until it beats again (unit_back). Isolated, this is
+      // one of the two ways to lose a unit (the other: its endpoint fails); its connection
+      // stays, so that a slow process (a first step under load) is not made to start over.
+      silent_[u] = true;
+      log_({{"event", isolated_ ? "unit_lost" : "unit_silent"}, {"unit", u}, {"last_heard_s", heard_at_[u]},
+            {"last_seen_s", heard_at_[u]},
+            {"reason", fmt::format("heartbeat: silent for {:.1f} s", now() - heard_at_[u])},
+            {"tokens", tokens_total()}, {"elapsed_s", now()}});
+    }
+  }
+}
+
+void SyncerCore::watch_ddp_steps() {
+  if (plan_.outer_steps || headers_[0].control(kStepsDone) <= ddp_steps_seen_) return;
+  ddp_steps_seen_ = headers_[0].control(kStepsDone);  // ddp: Θ moved a step
+  downtime_.update(now(), nominal_period());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rejoins.
+
+// A unit back from a crash asks for Θ: every fragment goes into its inbox at the current
+// version, whatever it held (it discarded its state and reads nothing until served; its
+// acknowledgements read −1 until it has taken these, so no delivery overwrites them). A unit
+// that asks is alive: it is heard now, and its next outer gradients are measured from the
+// versions served, which the syncer keeps (outer.anchor: base).
+void SyncerCore::serve_rejoins() {
+  if (!plan_.outer_steps) return;
+  for (int u = 0; u < M_; ++u) {
+    const int64_t request = headers_[u].control(kRejoinRequest);
+    if (request <= rejoin_served_[u] || unit_done(u) || !window_.remote().connected(u)) continue;
+    hear(u, headers_[u].control(kHeartbeat));  // a unit that asks is alive
+    // Synchronous modes count rounds: a snapshot the unit sent before it crashed and that
+    // waits to be merged completes its round first (the request makes the unit heard, so the
+    // round merges now); the rejoin then serves that round's Θ. Served before, the unit would
+    // count the pending round as its next and stay one round behind.
+    bool pending_round = false;
+    for (int p = 0; p < fragments_.size(); ++p) pending_round |= slots_[u][p].fresh;
+    if (pending_round && plan_.mode != Mode::decoupled) continue;
+    const double start = now();
+    const uint64_t before = window_.bytes_written();
+    for (int p = 0; p < fragments_.size(); ++p) {
+      // Raw fp32: the unit lost its reference. (Served at once: the unit waits for it; its
+      // bytes are counted on its link.)
+      links_.served(u, window_.deliver(u, p, version_[p], theta_[p], /*raw=*/true), now());
+      Slot& s = slots_[u][p];
+      s.outgoing_version = 0;  // a delivery on its way is superseded
+      s.delivered = version_[p];
+      if (!s.fresh) s.meta.base_version = version_[p];
+    }
+    window_.set_control(u, kRejoinServed, request);
+    rejoin_served_[u] = request;
+    log_({{"event", "rejoin"}, {"unit", u}, {"request", request}, {"versions", version_},
+          {"bytes_out", window_.bytes_written() - before}, {"serve_s", now() - start},
+          {"tokens", tokens_total()}, {"elapsed_s", now()}});
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collecting snapshots.
+
+// Why a snapshot just read is refused ("" = it is accepted).
+std::string SyncerCore::check_snapshot(int p, const SnapshotMeta& meta, const SyncerWindow::Fetched& got,
+                                       int64_t seq) const {
+  if (got.seq_after != seq) return fmt::format("torn: sequence {} became {} during the read", seq, got.seq_after);
+  if (!got.problem.empty()) return got.problem;
+  const std::vector<float>& x = incoming_[p];
+  if (!std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); })) return "non-finite values";
+  if (meta.base_version < 0 || meta.base_version > version_[p])
+    return fmt::format("base version {} outside 0..{}", meta.base_version, version_[p]);
+  if (anchor_base_ && !history_[p].contains(meta.base_version))
+    return fmt::format("base version {} is no longer held (oldest {})", meta.base_version,
+                       history_[p].begin()->first);
+  return "";
+}
+
+// The snapshot crosses the unit's up link (ddp's θ for evaluation is not WAN traffic): it
+// counts from its arrival, and the outbox stays busy (the unit skips publishing) until its last
+// byte has left. Without wan.* the link is unlimited and a chaos degradation delays the arrival
+// instead; a snapshot that supersedes one not merged yet then arrives when that one would have
+// (a unit that publishes faster than its degraded link carries still gets merged). Over an
+// emulated link it cannot outrun its own transfer.
+void SyncerCore::accept_snapshot(int u, int p, int64_t seq, const SnapshotMeta& meta, size_t wire_bytes) {
+  Slot& s = slots_[u][p];
+  std::swap(s.data, incoming_[p]);
+  s.wire_bytes = wire_bytes;
+  if (s.fresh) ++superseded_;
+  if (plan_.outer_steps) {
+    const wan::Transfer t = links_.snapshot(u, wire_bytes, s.data.size() * sizeof(float), now());
+    if (!s.fresh) s.arrives_at = t.arrive_s;
+    else if (links_.emulated()) s.arrives_at = std::max(s.arrives_at, t.arrive_s);
+    if (t.left_s > now()) {
+      s.unacked = seq;
+      s.ack_at = t.left_s;
+    }
+  }
+  s.fresh = true;
+  s.meta = meta;
+  s.seq = seq;
+  if (s.unacked == 0) {
+    window_.ack(u, p, seq);
+    s.acked = seq;
+  }
+  if (rounds_[p].first_at < 0) rounds_[p].first_at = now();
+}
+
+bool SyncerCore::collect() {
+  bool any = false;
+  for (int u = 0; u < M_; ++u) {
+    if (!window_.remote().connected(u)) continue;
+    for (int p = 0; p < fragments_.size(); ++p) {
+      Slot& s = slots_[u][p];
+      if (s.unacked > 0) {  // the last one is still leaving the unit over its link
+        if (now() < s.ack_at) continue;
+        window_.ack(u, p, s.unacked);
+        s.acked = s.unacked;
+        s.unacked = 0;
+        any = true;
+      }
+      const int64_t seq = headers_[u].header(p, kOutSeq);
+      if (seq <= s.acked) continue;
+      const SnapshotMeta meta{headers_[u].header(p, kOutSteps), headers_[u].header(p, kOutTokens),
+                              headers_[u].header(p, kOutStep), headers_[u].header(p, kOutBaseVersion)};
+      if (config_.debug.crash_during_read)  // test hook: tells the unit a read has begun
+        window_.set_control(u, kReadsStarted, ++reads_started_[u]);
+      if (config_.debug.syncer_read_delay_ms > 0)  // test hook: a syncer slower than learners
+        std::this_thread::sleep_for(std::chrono::milliseconds(config_.debug.syncer_read_delay_ms));
+      // Read beside the slot: a refused snapshot leaves an earlier one that waits intact.
+      const SyncerWindow::Fetched got = window_.fetch(u, p, headers_[u], incoming_[p]);
+      if (!window_.remote().connected(u)) break;  // lost mid-read: abandoned, unit_lost follows
+      any = true;
+      if (const std::string problem = check_snapshot(p, meta, got, seq); !problem.empty()) {
+        ++rejected_;
+        log_({{"event", "snapshot_rejected"}, {"unit", u}, {"fragment", p}, {"seq", seq},
+              {"reason", problem}, {"elapsed_s", now()}, {"tokens", tokens_total()}});
+        if (got.seq_after != seq) continue;  // re-read the newer snapshot next poll
+        window_.ack(u, p, seq);
+        s.acked = seq;
+        s.owed = true;  // a unit waiting for a merge gets the current one
+        continue;
+      }
+      accept_snapshot(u, p, seq, meta, got.wire_bytes);
+    }
+  }
+  return any;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quorum, grace and the merge.
+
+// The units whose snapshot of fragment p may go into a merge now. A silent unit is out of
+// every quorum until it reports again; its last snapshot waits. The final flush takes what has
+// arrived: over an emulated WAN, a snapshot still on its way when the job ends never reaches
+// the syncer (without one, a degraded link's delay is waived then).
+std::vector<int> SyncerCore::ready_units(int p) const {
+  std::vector<int> ready;
+  for (int u = 0; u < M_; ++u) {
+    const Slot& s = slots_[u][p];
+    if (s.fresh && (!silent_[u] || stopping_) && (s.arrives_at <= now() || (stopping_ && !links_.emulated())))
+      ready.push_back(u);
+  }
+  return ready;
+}
+
+// Synchronous modes need every unit but those finished with nothing left to merge (all finish
+// on the same round; one that finished early must not hold the rest forever); decoupled needs
+// K (fewer if fewer are still alive). Once the job is ending, whatever was published is
+// merged: that is the final flush.
+int SyncerCore::quorum_needed(int p, int live, int done) const {
+  if (stopping_ || done == M_) return 1;
+  if (plan_.mode == Mode::decoupled) return std::min(plan_.quorum, std::max(live, 1));
+  int finished = 0;
+  for (int u = 0; u < M_; ++u) finished += unit_done(u) && !snapshot_pending(u, p);
+  return M_ - finished;
+}
+
+bool SyncerCore::merge_ready() {
+  if (!plan_.outer_steps) {
+    // ddp: unit 0 ships θ for evaluation; Θ simply becomes it.
+    Slot& s = slots_[0][0];
+    if (!s.fresh) return false;
+    theta_[0] = s.data;
+    s.fresh = false;
+    ++version_[0];
+    return true;
+  }
+  bool any = false;
+  int live = 0, done = 0;
+  for (int u = 0; u < M_; ++u) {
+    live += unit_live(u);
+    done += unit_done(u);
+  }
+  for (int p = 0; p < fragments_.size(); ++p) {
+    const std::vector<int> ready = ready_units(p);
+    if (static_cast<int>(ready.size()) < quorum_needed(p, live, done)) continue;
+    Round& r = rounds_[p];
+    if (r.quorum_at < 0) {
+      r.quorum_at = now();
+      grace_.observe_quorum(r.quorum_at - r.first_at);
+    }
+    // Everyone alive has reported: nobody left to wait for.
+    const bool everyone = static_cast<int>(ready.size()) >= live || stopping_;
+    const double grace = plan_.mode == Mode::decoupled ? grace_.seconds() : 0.0;
+    if (!everyone && now() < r.quorum_at + grace) continue;
+    merge(p, ready);
+    any = true;
+  }
+  return any;
+}
+
+void SyncerCore::merge(int p, const std::vector<int>& units) {
+  const double start = now();
+  const Round round = rounds_[p];
+  std::vector<Contribution> contributions;
+  std::vector<double> w(M_, 0.0);
+  nlohmann::json staleness = nlohmann::json::array(), base_versions = nlohmann::json::array(),
+                 steps = nlohmann::json::array(), tokens = nlohmann::json::array(),
+                 at_steps = nlohmann::json::array();
+  uint64_t bytes_in = 0;
+  for (int u : units) {
+    const Slot& s = slots_[u][p];
+    w[u] = token_weight(s.meta.c_tok, s.meta.c_steps);
+    contributions.push_back({s.data, w[u],
+                             anchor_base_ ? std::span<const float>(history_[p].at(s.meta.base_version))
+                                          : std::span<const float>()});
+    bytes_in += s.wire_bytes;
+    staleness.push_back(version_[p] - s.meta.base_version);
+    base_versions.push_back(s.meta.base_version);
+    steps.push_back(s.meta.c_steps);
+    tokens.push_back(s.meta.c_tok);
+    at_steps.push_back(s.meta.step);
+  }
+  const double share = config_.outer.share_steps ? merge_share(units) : 1.0;
+  const bool merged = outer_.step(p, theta_[p], contributions, share);
+  for (int u : units) slots_[u][p].fresh = false;
+  rounds_[p] = Round{};
+  if (!merged) return;  // every weight zero: nothing learned, nothing to send
+  ++version_[p];
+  for (int u : units) {
+    merged_seq_[u][p] = seq_base_[u][p] + slots_[u][p].seq;
+    slots_[u][p].owed = true;
+  }
+  if (on_merge_) on_merge_(p, units);
+  if (anchor_base_) {
+    history_[p].emplace(version_[p], theta_[p]);
+    prune_history(p);
+  }
+  downtime_.update(now(), nominal_period());
+  const uint64_t bytes_out_before = links_.down_bytes();
+  deliver_pending();
+  for (int u = 0; u < M_; ++u)
+    if (!unit_done(u)) window_.set_global_version(u, total_merges());
+  const double sync_s = now() - start;
+  grace_.observe_sync(sync_s);
+  log_({{"event", "merge"},
+        {"fragment", p},
+        {"version", version_[p]},
+        {"global_version", total_merges()},
+        {"units", units},
+        {"weights", w},
+        {"staleness", staleness},
+        {"share", share},
+        {"period_s", nominal_period()},
+        {"base_versions", base_versions},
+        {"inner_steps", steps},
+        {"inner_tokens", tokens},
+        {"at_steps", at_steps},
+        {"quorum_wait_s", round.quorum_at - round.first_at},
+        {"grace_wait_s", start - round.quorum_at},
+        {"grace_window_s", plan_.mode == Mode::decoupled ? grace_.seconds() : 0.0},
+        {"merge_s", sync_s},
+        {"bytes_in", bytes_in},
+        {"bytes_out", links_.down_bytes() - bytes_out_before},  // sent now (lands later over a WAN)
+        {"tokens", tokens_total()},
+        {"elapsed_s", now()}});
+}
+
+// The merged units' share of the tokens per step of every live unit (and of the merged ones,
+// which may have just finished): a merge of k of M equal units is k/M of a round; a crashed or
+// silent unit is not part of the round.
+double SyncerCore::merge_share(const std::vector<int>& units) const {
+  double merged = 0, all = 0;
+  for (int u = 0; u < M_; ++u) {
+    const bool in = std::find(units.begin(), units.end(), u) != units.end();
+    if (in) merged += static_cast<double>(tokens_per_step(u));
+    if (in || unit_live(u)) all += static_cast<double>(tokens_per_step(u));
+  }
+  return all > 0 ? std::min(1.0, merged / all) : 1.0;
+}
+
+// A unit's next snapshot is measured from the version it applies next, never an older one than
+// its last snapshot's base; a unit that finished still counts while its last snapshot waits,
+// and a silent one keeps its base (it may only be slow). A crashed unit releases its old base
+// when it rejoins: the serve moves its base to the versions served.
+void SyncerCore::prune_history(int p) {
+  int64_t oldest = version_[p];
+  for (int u = 0; u < M_; ++u) {
+    const Slot& s = slots_[u][p];
+    if (!unit_done(u) || s.fresh) oldest = std::min(oldest, s.meta.base_version);
+  }
+  auto& h = history_[p];
+  h.erase(h.begin(), h.lower_bound(oldest));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Delivering merged fragments.
+
+// Θ_p goes to unit u now; over a link that takes time it lands later (the next waits for it).
+void SyncerCore::deliver(int u, int p) {
+  Slot& s = slots_[u][p];
+  const double lands = links_.merged(u, window_.delivery_bytes(u, p), theta_[p].size() * sizeof(float), now());
+  if (lands <= now()) {
+    window_.deliver(u, p, version_[p], theta_[p]);
+    s.delivered = version_[p];
+  } else {
+    s.outgoing = theta_[p];
+    s.outgoing_version = version_[p];
+    s.lands_at = lands;
+  }
+}
+
+bool SyncerCore::deliver_pending() {
+  bool any = false;
+  for (int u = 0; u < M_; ++u) {
+    if (!unit_live(u) || !plan_.outer_steps) continue;
+    for (int p = 0; p < fragments_.size(); ++p) {
+      Slot& s = slots_[u][p];
+      // Θ_p as it was when sent lands on arrival over the unit's down link (an unlimited link,
+      // unless wan.* limits it or a chaos degradation slows it); the next waits for it.
+      if (s.outgoing_version > 0) {
+        if (now() < s.lands_at) continue;
+        window_.deliver(u, p, s.outgoing_version, s.outgoing);
+        s.delivered = s.outgoing_version;
+        s.outgoing_version = 0;
+        any = true;
+      }
+      // Owed a merge, and (flow control) the unit took what we delivered before.
+      if (!s.owed || s.delivered >= version_[p] || headers_[u].header(p, kInAck) != s.delivered) continue;
+      s.owed = false;
+      any = true;
+      deliver(u, p);
+    }
+  }
+  return any;
+}
+
+void SyncerCore::publish_progress(int64_t tokens) {
+  if (plan_.mode != Mode::decoupled) return;
+  if (tokens - progress_sent_ < progress_step_) return;
+  for (int u = 0; u < M_; ++u)
+    if (!unit_done(u)) window_.set_job_tokens(u, tokens);
+  progress_sent_ = tokens;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resuming.
+
+void SyncerCore::restore(const checkpoint::SyncerState& c, const std::vector<std::vector<int64_t>>& unit_last_seq,
+                         const std::vector<std::vector<std::vector<float>>>& refs) {
+  const int P = fragments_.size();
+  for (int p = 0; p < P; ++p) {
+    fragments_.pack(p, c.theta, theta_[p]);
+    fragments_.pack(p, c.momentum, outer_.momentum(p));
+    version_[p] = c.versions[p];
+    if (anchor_base_) history_[p] = {{version_[p], theta_[p]}};
+    for (int u = 0; u < M_; ++u) {
+      // Wire-format references: the unit's own from its file when at the checkpoint's version
+      // (the unit applies the same rule, checkpoint::has_reference), else the checkpoint's Θ.
+      const bool own = static_cast<size_t>(u) < refs.size() && static_cast<size_t>(p) < refs[u].size() &&
+                       !refs[u][p].empty();
+      window_.set_reference(u, p, version_[p], own ? std::span<const float>(refs[u][p]) : theta_[p]);
+      // The units resume holding Θ_p at this version (they read it from the checkpoint).
+      slots_[u][p].delivered = version_[p];
+      slots_[u][p].meta.base_version = version_[p];
+    }
+  }
+  grace_.restore(c.grace);
+  // Snapshot numbers go on across jobs: the new job's window counts from 1 again, after a base
+  // above every number used before, the larger of the unit's last and the last merged (the
+  // learner computes the same). A unit file linked from an earlier job then still compares
+  // with merged_seq_ in one numbering.
+  for (int u = 0; u < M_; ++u)
+    for (int p = 0; p < P; ++p) {
+      merged_seq_[u][p] = c.merged_seq[static_cast<size_t>(u) * P + p];
+      seq_base_[u][p] = std::max(unit_last_seq[u][p], merged_seq_[u][p]);
+    }
+}
+
+}  // namespace ddiloco::sync

@@ -1,0 +1,402 @@
+// The syncer's decisions (syncer_core.hpp) through the in-memory transport (local_link.hpp) and
+// a manual clock: minimum quorum, adaptive grace window, token weights, flow control of
+// deliveries, the order of a rejoin in a synchronous mode, liveness, a lost unit and its new
+// process, staleness, and a snapshot that counts only from its arrival over a slow link. The
+// learners are their windows (sync_window.hpp), driven by hand as a leader would drive them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+
+#include "ddiloco/merge.hpp"
+#include "ddiloco/runtime.hpp"
+#include "ddiloco/syncer_core.hpp"
+#include "local_link.hpp"
+
+namespace ddiloco {
+namespace {
+
+using nlohmann::json;
+
+Config small_config(Mode mode, int units, int quorum) {
+  Config c;
+  c.mode = mode;
+  c.model = GptConfig{16, 4, 1, 2, 8};
+  c.units.count = units;
+  c.train.batch_size = 2;
+  c.outer.fragments = 2;
+  c.outer.h = 4;
+  c.outer.overlap = 1;
+  c.syncer.quorum = quorum;
+  c.syncer.grace_gamma = 0;  // no grace unless a test asks for it
+  c.syncer.heartbeat_timeout_s = 5;
+  c.wan.format = "fp32";     // exact values: the wire formats are test_window_protocol's
+  return c;
+}
+
+// A syncer core over M in-memory windows, each driven by a fake leader, on a manual clock.
+struct Harness {
+  Config config;
+  OuterPlan plan;
+  ParameterLayout parameters;
+  FragmentPlan fragments;
+  sync::WindowLayout layout;
+  test::LocalRemote remote;
+  std::vector<std::unique_ptr<test::LocalExposed>> memory;
+  std::vector<std::unique_ptr<sync::LearnerWindow>> learners;
+  sync::SyncerWindow window;
+  sync::UnitLinks links;
+  double clock = 0;
+  std::vector<json> events;
+  sync::SyncerCore core;
+
+  explicit Harness(const Config& c)
+      : config(c),
+        plan(OuterPlan::from(config)),
+        parameters(ParameterLayout::gpt2(config.model)),
+        fragments(parameters, plan.fragments, plan.h),
+        layout(fragments, wire::parse_format(config.wan.format), static_cast<size_t>(config.wan.block)),
+        remote(config.units.count),
+        window(remote, layout),
+        links(config, config.units.count),
+        core(config, plan, window, fragments, links, [this] { return clock; },
+             [this](json e) { events.push_back(std::move(e)); }) {
+    for (int u = 0; u < config.units.count; ++u) attach(u);
+  }
+
+  // A new process of unit u: a fresh, zeroed window (its first leader does the same).
+  void attach(int u) {
+    if (learners.size() <= static_cast<size_t>(u)) {
+      learners.resize(u + 1);
+      memory.resize(u + 1);
+    }
+    learners[u].reset();
+    memory[u] = std::make_unique<test::LocalExposed>(layout.bytes());
+    remote.attach(u, memory[u].get());
+    learners[u] = std::make_unique<sync::LearnerWindow>(*memory[u], layout);
+    learners[u]->set_control(sync::kState, sync::kRunning);
+  }
+  sync::LearnerWindow& unit(int u) { return *learners[u]; }
+
+  // One poll of the syncer's run loop, in its order.
+  void tick() {
+    core.poll();
+    core.watch_liveness();
+    core.observe_step_times();
+    core.serve_rejoins();
+    core.collect();
+    core.merge_ready();
+    core.deliver_pending();
+  }
+  // Unit u publishes fragment p: values `value`, counters (c_steps, c_tok), base version.
+  void publish(int u, int p, float value, int64_t c_steps, int64_t c_tok, int64_t base = 0) {
+    ASSERT_TRUE(unit(u).outbox_free(p)) << "unit " << u << " fragment " << p;
+    const std::vector<float> theta(layout.numel(p), value);
+    unit(u).publish(p, theta, {c_steps, c_tok, c_steps, base});
+  }
+  void beat(int u) { unit(u).set_control(sync::kHeartbeat, unit(u).control(sync::kHeartbeat) + 1); }
+  void step_time(int u, double seconds) {
+    unit(u).set_control(sync::kStepTimeNs, static_cast<int64_t>(seconds * 1e9));
+  }
+  std::vector<json> named(const std::string& name) const {
+    std::vector<json> out;
+    for (const auto& e : events)
+      if (e["event"] == name) out.push_back(e);
+    return out;
+  }
+  std::vector<json> merges(int p) const {
+    std::vector<json> out;
+    for (const auto& e : named("merge"))
+      if (e["fragment"] == p) out.push_back(e);
+    return out;
+  }
+};
+
+TEST(SyncerCore, MergesOnceTheQuorumOfKUnitsHasReported) {
+  Harness h(small_config(Mode::decoupled, 3, 2));
+  h.publish(0, 0, 1.0f, 4, 400);
+  h.tick();
+  EXPECT_TRUE(h.merges(0).empty()) << "one snapshot of a quorum of two was merged";
+  EXPECT_TRUE(h.unit(0).outbox_free(0)) << "the snapshot read is acknowledged";
+  h.publish(1, 0, 3.0f, 4, 400);
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 1u);
+  const json m = h.merges(0)[0];
+  EXPECT_EQ(m["units"], json({0, 1}));
+  EXPECT_EQ(m["version"], 1);
+  // Both reporters are owed the merge and get it; unit 2 sent nothing and gets nothing.
+  EXPECT_EQ(h.unit(0).inbox_version(0), 1);
+  EXPECT_EQ(h.unit(1).inbox_version(0), 1);
+  EXPECT_EQ(h.unit(2).inbox_version(0), 0);
+  EXPECT_EQ(h.core.versions(), (std::vector<int64_t>{1, 0}));
+}
+
+TEST(SyncerCore, TokenWeightsAreCTokSquaredOverCSteps) {
+  Harness h(small_config(Mode::decoupled, 2, 2));
+  h.publish(0, 1, 1.0f, 4, 400);
+  h.publish(1, 1, 1.0f, 8, 400);  // as many tokens in twice the steps: half the weight
+  h.tick();
+  ASSERT_EQ(h.merges(1).size(), 1u);
+  const json w = h.merges(1)[0]["weights"];
+  EXPECT_DOUBLE_EQ(w[0].get<double>(), token_weight(400, 4));
+  EXPECT_DOUBLE_EQ(w[1].get<double>(), token_weight(400, 8));
+  EXPECT_DOUBLE_EQ(w[0].get<double>(), 2 * w[1].get<double>());
+}
+
+TEST(SyncerCore, GraceWindowWaitsForAStragglerAndMergesWithoutItWhenItCloses) {
+  Config c = small_config(Mode::decoupled, 3, 2);
+  c.outer.overlap = 2;  // τ = 2 steps of slack for the grace window
+  c.syncer.grace_gamma = 1.0;
+  c.syncer.grace_cap_steps = 10;
+  Harness h(c);
+  for (int u = 0; u < 3; ++u) h.step_time(u, 1.0);  // g = γ·(τ·1 s − quorum − merge) = 2 s
+  h.tick();
+  h.publish(0, 0, 1.0f, 4, 400);
+  h.publish(1, 0, 1.0f, 4, 400);
+  h.tick();
+  EXPECT_TRUE(h.merges(0).empty()) << "merged at the quorum with a grace window open";
+  EXPECT_NEAR(h.core.grace().seconds(), 2.0, 1e-9);
+  h.clock = 1.0;
+  h.tick();
+  EXPECT_TRUE(h.merges(0).empty());
+  h.publish(2, 0, 1.0f, 4, 400);  // the straggler, within the window: merged at once
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 1u);
+  EXPECT_EQ(h.merges(0)[0]["units"], json({0, 1, 2}));
+  EXPECT_DOUBLE_EQ(h.merges(0)[0]["grace_wait_s"].get<double>(), 1.0);
+
+  // The next round: the straggler does not come; the window closes and the quorum merges.
+  h.clock = 2.0;
+  h.publish(0, 0, 1.0f, 4, 400, 1);
+  h.publish(1, 0, 1.0f, 4, 400, 1);
+  h.tick();
+  const double window = h.core.grace().seconds();
+  ASSERT_GT(window, 0.5);
+  h.clock = 2.0 + window - 0.01;
+  h.tick();
+  EXPECT_EQ(h.merges(0).size(), 1u) << "merged before the grace window closed";
+  h.clock = 2.0 + window + 0.01;
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 2u);
+  EXPECT_EQ(h.merges(0)[1]["units"], json({0, 1}));
+  EXPECT_NEAR(h.merges(0)[1]["grace_wait_s"].get<double>(), window + 0.01, 1e-9);
+}
+
+TEST(SyncerCore, ADeliveryWaitsUntilTheUnitTookThePreviousOne) {
+  Harness h(small_config(Mode::decoupled, 1, 1));
+  h.publish(0, 0, 1.0f, 4, 400);
+  h.tick();
+  ASSERT_EQ(h.unit(0).inbox_version(0), 1);
+  // A second snapshot merges into version 2, but the unit has not taken version 1: the inbox
+  // is not overwritten under it.
+  h.publish(0, 0, 2.0f, 4, 400);
+  h.tick();
+  EXPECT_EQ(h.core.versions()[0], 2);
+  EXPECT_EQ(h.unit(0).inbox_version(0), 1);
+  std::vector<float> got(h.layout.numel(0));
+  ASSERT_TRUE(h.unit(0).take_inbox(0, got));
+  h.tick();
+  EXPECT_EQ(h.unit(0).inbox_version(0), 2) << "taken: the owed merge is delivered";
+  ASSERT_TRUE(h.unit(0).take_inbox(0, got));
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], h.core.theta(0)[i]);
+  // The outbox side: a snapshot is acknowledged once read, never before.
+  h.publish(0, 1, 1.0f, 4, 400);
+  EXPECT_FALSE(h.unit(0).outbox_free(1));
+  h.tick();
+  EXPECT_TRUE(h.unit(0).outbox_free(1));
+}
+
+TEST(SyncerCore, ASilentUnitLeavesTheQuorumAndComesBackWhenItBeats) {
+  Harness h(small_config(Mode::decoupled, 2, 2));
+  h.beat(0);
+  h.beat(1);
+  h.tick();
+  h.clock = 6.0;  // past heartbeat_timeout_s = 5 for unit 1
+  h.beat(0);
+  h.tick();
+  ASSERT_EQ(h.named("unit_silent").size(), 1u);
+  EXPECT_EQ(h.named("unit_silent")[0]["unit"], 1);
+  EXPECT_FALSE(h.core.unit_live(1));
+  // Its snapshot waits; the quorum is what is alive.
+  h.publish(1, 0, 5.0f, 4, 400);
+  h.publish(0, 0, 1.0f, 4, 400);
+  h.beat(0);
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 1u);
+  EXPECT_EQ(h.merges(0)[0]["units"], json({0}));
+  h.clock = 7.0;
+  h.beat(0);
+  h.beat(1);
+  h.tick();
+  ASSERT_EQ(h.named("unit_back").size(), 1u);
+  EXPECT_TRUE(h.core.unit_live(1));
+  // Back: its waiting snapshot joins the next merge.
+  h.publish(0, 0, 1.0f, 4, 400, 1);
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 2u);
+  EXPECT_EQ(h.merges(0)[1]["units"], json({0, 1}));
+  EXPECT_EQ(h.merges(0)[1]["staleness"], json({0, 1})) << "unit 1's snapshot was against version 0";
+}
+
+TEST(SyncerCore, ASlowStepIsNotSilence) {
+  Harness h(small_config(Mode::decoupled, 1, 1));
+  h.step_time(0, 4.0);  // three steps of 4 s: silent only after 12 s
+  h.beat(0);
+  h.tick();
+  h.clock = 11.0;
+  h.tick();
+  EXPECT_TRUE(h.named("unit_silent").empty());
+  h.clock = 12.5;
+  h.tick();
+  EXPECT_EQ(h.named("unit_silent").size(), 1u);
+}
+
+TEST(SyncerCore, IsolatedASilentUnitIsLostForTheHeartbeat) {
+  Harness h(small_config(Mode::decoupled, 2, 1));
+  h.core.set_isolated(true);
+  h.beat(0);
+  h.beat(1);
+  h.tick();
+  h.clock = 6.0;
+  h.beat(0);
+  h.tick();
+  ASSERT_EQ(h.named("unit_lost").size(), 1u);
+  EXPECT_EQ(h.named("unit_lost")[0]["unit"], 1);
+  EXPECT_EQ(h.named("unit_lost")[0]["reason"].get<std::string>().rfind("heartbeat", 0), 0u);
+}
+
+TEST(SyncerCore, SynchronousRejoinCompletesThePendingRoundBeforeServingTheta) {
+  Config c = small_config(Mode::diloco, 2, 2);
+  c.outer.overlap = 0;
+  Harness h(c);
+  // Unit 1 sent its round-1 snapshot, then crashed and asks for Θ.
+  h.publish(1, 0, 3.0f, 4, 400);
+  h.tick();
+  h.unit(1).lose_outboxes();
+  h.unit(1).set_control(sync::kRejoinRequest, 1);
+  h.tick();
+  EXPECT_EQ(h.unit(1).control(sync::kRejoinServed), 0) << "served before its pending round merged";
+  // Unit 0's snapshot completes the round; the rejoin is then served that round's Θ.
+  h.publish(0, 0, 1.0f, 4, 400);
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 1u);
+  EXPECT_EQ(h.merges(0)[0]["units"], json({0, 1}));
+  h.tick();
+  EXPECT_EQ(h.unit(1).control(sync::kRejoinServed), 1);
+  ASSERT_EQ(h.named("rejoin").size(), 1u);
+  EXPECT_EQ(h.named("rejoin")[0]["versions"], json({1}));
+  EXPECT_EQ(h.unit(1).inbox_version(0), 1);
+}
+
+TEST(SyncerCore, DecoupledRejoinIsServedAtOnce) {
+  Harness h(small_config(Mode::decoupled, 2, 2));
+  h.publish(1, 0, 3.0f, 4, 400);
+  h.tick();
+  h.unit(1).lose_outboxes();
+  h.unit(1).set_control(sync::kRejoinRequest, 1);
+  h.tick();
+  EXPECT_EQ(h.unit(1).control(sync::kRejoinServed), 1);
+  EXPECT_EQ(h.named("rejoin")[0]["versions"], json({0, 0}));
+  // Θ raw in every inbox: the unit takes it whatever it held.
+  std::vector<float> got(h.layout.numel(1));
+  ASSERT_TRUE(h.unit(1).take_inbox(1, got));
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], h.core.theta(1)[i]);
+}
+
+TEST(SyncerCore, ALostUnitWeighsNothingAndItsNewProcessIsServedThetaAndMergedAgain) {
+  Harness h(small_config(Mode::decoupled, 2, 2));
+  h.core.set_isolated(true);
+  h.unit(0).set_control(sync::kTokensDone, 1000);
+  h.publish(0, 0, 9.0f, 4, 400);  // read, then the unit dies: dropped with it
+  h.tick();
+  h.remote.detach(0);
+  h.core.unit_lost(0);
+  EXPECT_FALSE(h.core.unit_live(0));
+  EXPECT_EQ(h.core.tokens_total(), 1000) << "a lost unit's tokens stay counted";
+  h.publish(1, 0, 1.0f, 4, 400);
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 1u);
+  EXPECT_EQ(h.merges(0)[0]["units"], json({1})) << "the quorum is what is alive";
+
+  h.attach(0);  // a new process: zeroed window, restart 1
+  h.core.unit_connected(0);
+  EXPECT_TRUE(h.core.unit_live(0));
+  h.unit(0).set_control(sync::kRejoinRequest, 1);
+  h.tick();
+  EXPECT_EQ(h.unit(0).control(sync::kRejoinServed), 1);
+  EXPECT_EQ(h.unit(0).inbox_version(0), 1);
+  std::vector<float> got(h.layout.numel(0));
+  ASSERT_TRUE(h.unit(0).take_inbox(0, got));
+  EXPECT_EQ(got[0], h.core.theta(0)[0]);
+  // Its first snapshot, against the version served, merges with unit 1's.
+  h.publish(0, 0, 2.0f, 4, 400, 1);
+  h.publish(1, 0, 2.0f, 4, 400, 1);
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 2u);
+  EXPECT_EQ(h.merges(0)[1]["units"], json({0, 1}));
+  EXPECT_EQ(h.core.tokens_total(), 1000);
+}
+
+TEST(SyncerCore, AStaleSnapshotIsMergedWithItsStalenessAndBaseVersion) {
+  Harness h(small_config(Mode::decoupled, 2, 1));
+  // Unit 1 is slow: it reports once, against version 0, after unit 0 moved Θ_0 three times.
+  for (int k = 0; k < 3; ++k) {
+    h.publish(0, 0, 1.0f + k, 4, 400, k);
+    h.tick();
+  }
+  ASSERT_EQ(h.core.versions()[0], 3);
+  h.publish(1, 0, 5.0f, 12, 1200, 0);
+  h.tick();
+  const json m = h.merges(0).back();
+  EXPECT_EQ(m["units"], json({1}));
+  EXPECT_EQ(m["staleness"], json({3}));
+  EXPECT_EQ(m["base_versions"], json({0}));
+}
+
+TEST(SyncerCore, ANonFiniteSnapshotIsRefusedAndNeverMerged) {
+  Harness h(small_config(Mode::decoupled, 1, 1));
+  std::vector<float> bad(h.layout.numel(0), 1.0f);
+  bad[3] = std::numeric_limits<float>::quiet_NaN();
+  h.unit(0).publish(0, bad, {4, 400, 4, 0});
+  h.tick();
+  ASSERT_EQ(h.named("snapshot_rejected").size(), 1u);
+  EXPECT_EQ(h.named("snapshot_rejected")[0]["reason"], "non-finite values");
+  EXPECT_TRUE(h.merges(0).empty());
+  EXPECT_TRUE(h.unit(0).outbox_free(0)) << "a refused snapshot frees the outbox";
+  for (float x : h.core.theta(0)) ASSERT_TRUE(std::isfinite(x));
+}
+
+TEST(SyncerCore, ASnapshotCountsFromItsArrivalOverASlowLink) {
+  Config c = small_config(Mode::decoupled, 1, 1);
+  const double bytes = static_cast<double>(Harness(c).layout.wire_bytes(0));
+  c.wan.bandwidth_mbit_s = 8.0 * bytes / 1e6;  // a fragment takes one second to cross
+  c.wan.burst_kb = 0.001;
+  Harness h(c);
+  h.publish(0, 0, 1.0f, 4, 400);
+  h.tick();
+  EXPECT_TRUE(h.merges(0).empty()) << "merged before it arrived";
+  EXPECT_FALSE(h.unit(0).outbox_free(0)) << "acknowledged before its last byte left the unit";
+  h.clock = 0.5;
+  h.tick();
+  EXPECT_TRUE(h.merges(0).empty());
+  h.clock = 1.01;
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 1u);
+  EXPECT_TRUE(h.unit(0).outbox_free(0));
+}
+
+TEST(SyncerCore, StoppingFlushesWhateverWasPublishedAndTellsEveryUnit) {
+  Harness h(small_config(Mode::decoupled, 3, 3));
+  h.publish(2, 1, 1.0f, 4, 400);
+  h.tick();
+  EXPECT_TRUE(h.merges(1).empty());
+  h.core.set_stopping();
+  h.tick();
+  ASSERT_EQ(h.merges(1).size(), 1u);
+  EXPECT_EQ(h.merges(1)[0]["units"], json({2}));
+  for (int u = 0; u < 3; ++u) EXPECT_EQ(h.unit(u).control(sync::kStop), 1) << u;
+}
+
+}  // namespace
+}  // namespace ddiloco
