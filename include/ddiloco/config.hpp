@@ -98,7 +98,7 @@ struct SyncerConfig {
   double grace_gamma = 0.5;     ///< γ of the adaptive grace window
   double grace_cap_steps = 1.0; ///< grace window cap, in (median) inner-step times
   int eval_every = 2;           ///< outer rounds (H inner steps) between global evaluations
-  int poll_max_us = 1000;       ///< longest sleep between polls when nothing happens
+  int poll_max_us = 20000;      ///< longest sleep between idle polls (they also stay ≤ step/16)
   double heartbeat_timeout_s = 5;  ///< silent this long (or 3 of its steps) → out of quorums
   /// Isolated deployment (`ddiloco syncer` / `ddiloco unit`, README "Fault isolation"):
   std::string listen = "127.0.0.1:0";  ///< syncer: IPv4 address:port to listen on (0 = any port)

@@ -3,6 +3,8 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+
 #include <climits>
 #include <new>
 #include <optional>
@@ -64,6 +66,8 @@ class Backoff {
   void idle();
   /// Call when a poll found work.
   void reset() { spins_ = 0; sleep_us_ = 20; }
+  /// The longest sleep from now on, microseconds (≥ 1).
+  void set_max_us(int max_us) { max_us_ = std::max(1, max_us); sleep_us_ = std::min(sleep_us_, max_us_); }
 
  private:
   int max_us_;

@@ -40,6 +40,7 @@ class Syncer {
   int64_t eval_stride() const;
   void start();
   bool poll_once();  // one iteration of the run loop; true if anything happened
+  int idle_poll_us() const;
   void check_stop();
   void admit_units();
   void unit_joined(int u, const sync::Hello& hello);
@@ -85,6 +86,7 @@ class Syncer {
   std::string resumed_from_;        // the checkpoint this run resumed from ("" = none)
   int64_t resumed_tokens_ = 0;
   int64_t resumed_next_eval_ = 0;
+  double train_cpu_s_ = 0;          // the syncer's CPU seconds at the end of training
 };
 
 }  // namespace ddiloco

@@ -19,6 +19,7 @@ void Syncer::finish() {
     checkpoints_.try_complete(true, resumed_elapsed_s_ + now(), next_eval_);
   }
   const double train_end = now();
+  train_cpu_s_ = process_cpu_seconds();  // before the final evaluation and the model file
   const int64_t unmerged = core_.snapshots_unmerged();
   std::vector<TimeBook> books = time_books();
   const uint64_t window_bytes = window_.bytes_read() + window_.bytes_written();
@@ -125,6 +126,9 @@ void Syncer::report(double train_end, const std::vector<TimeBook>& books,
               {"snapshots_in_flight", unmerged},  // on a WAN link when the job ended: not merged
               {"interrupted", interrupted_by_ != 0},
               {"syncer_cpu_s", process_cpu_seconds()},
+              // What the syncer took from the learners' cores while they trained: its CPU
+              // seconds up to the end of training (set-up included), ÷ train_s for a share.
+              {"syncer_train_cpu_s", train_cpu_s_},
               // Over the learner ranks: useful compute ÷ allocated rank-time.
               {"goodput", learners.goodput()},
               {"time", learners.to_json()},

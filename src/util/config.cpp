@@ -187,7 +187,8 @@ const std::vector<Entry<Config>>& entries() {
                     "outer rounds (H inner steps) between global evaluations of Θ",
                     positive<int>()),
       DDILOCO_FIELD(int, "syncer.poll_max_us", syncer.poll_max_us,
-                    "longest sleep between polls when idle, microseconds", positive<int>()),
+                    "longest sleep between polls when idle, microseconds; the syncer also sleeps at most "
+                    "1/16 of the units' median inner step (not below 1000 µs)", positive<int>()),
       DDILOCO_FIELD(double, "syncer.heartbeat_timeout_s", syncer.heartbeat_timeout_s,
                     "a unit whose heartbeat has not moved for this long, seconds (or for three "
                     "of its inner steps, if longer), is out of every quorum until it reports again",
