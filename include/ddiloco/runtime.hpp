@@ -99,6 +99,10 @@ struct LearnerLink {
   /// Called on every rank once the unit is admitted and its ranks start training.
   std::function<void()> started;
   int64_t restart = 0;  ///< restarts of this unit before this process (DDILOCO_RESTART)
+  /// Every rank's host and pid (Topology::unit_processes(), at the leader; empty elsewhere),
+  /// for the unit's `start` event and the isolated deployment's handshake. The deployment
+  /// gathers it once, on every rank of the unit before run_learner (it is collective).
+  nlohmann::json processes;
 };
 
 /// The two roles; called by run_job once set-up succeeded everywhere.

@@ -203,8 +203,8 @@ int run_unit_process(const Config& config, int unit) {
   if (learners != MPI_COMM_NULL) MPI_Comm_free(&learners);
   install_stop_signals();
 
-  const nlohmann::json processes = topology.unit_processes();  // for the syncer's log
   LearnerLink link;
+  link.processes = topology.unit_processes();  // collective over the unit: every rank
   link.restart = restart_count();
   comm::UcxUnitLink* ucx = nullptr;  // owned by run_learner as its window memory
   std::unique_ptr<Reconnector> reconnector;
@@ -219,7 +219,7 @@ int run_unit_process(const Config& config, int unit) {
     hello.host = host_name();
     hello.pid = ::getpid();
     hello.window_bytes = bytes;
-    hello.processes = processes;
+    hello.processes = link.processes;  // for the syncer's log
     join_syncer(*memory, config, hello);
     ucx = memory.get();
     reconnector = std::make_unique<Reconnector>(*ucx, config, hello);

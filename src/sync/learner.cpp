@@ -134,7 +134,6 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
   const sync::WindowLayout layout(fragments, plan.outer_steps ? wire::parse_format(config.wan.format)
                                                               : wire::Format::fp32,
                                   static_cast<size_t>(config.wan.block));
-  const nlohmann::json processes = topo.unit_processes();  // every rank's host and pid
   std::unique_ptr<comm::ExposedMemory> memory;
   std::optional<sync::LearnerWindow> window;
   if (topo.leader) {
@@ -196,7 +195,7 @@ TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology
     log.write({{"event", "start"}, {"step", 0}, {"tokens", 0}, {"elapsed_s", 0.0},
                {"unit", u}, {"ranks", topo.unit_size}, {"threads_per_rank", threads},
                {"host", host_name()}, {"pid", static_cast<int64_t>(::getpid())}, {"restart", restart},
-               {"processes", processes},
+               {"processes", sync_link.processes},
                {"slowdown", base_slowdown}, {"mode", mode_name(plan.mode)}});
     if (gpu) log.write({{"event", "device"}, {"unit", u}, {"step", 0}, {"tokens", 0},
                         {"elapsed_s", 0.0}, {"device", gpu->describe()}});

@@ -163,6 +163,7 @@ int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::str
   install_stop_signals();
   wan::LinkCounters link;
   LearnerLink window_link;  // the one-job deployment: an MPI window over the sync communicator
+  window_link.processes = topology.unit_processes();  // collective over the unit: every rank
   window_link.expose = [&](size_t bytes) -> std::unique_ptr<comm::ExposedMemory> {
     return std::make_unique<comm::MpiExposedMemory>(topology.sync_comm, bytes);
   };
