@@ -1,0 +1,71 @@
+// What a unit's leader decides after each inner step, and how the unit hears it. The leader
+// alone reads and writes the window (sync_window.hpp), with local loads and stores that never
+// block on the network; the rest of the unit follows its Actions.
+#include "sync/learner.hpp"
+
+#include "ddiloco/signals.hpp"
+
+namespace ddiloco {
+
+// The order matters: the leader publishes before it takes merges (a synchronous merge may
+// need this step's snapshot), and decides the stop before the checkpoint it writes at a stop.
+Actions Learner::decide(int64_t t, const StepStats& s, double step_s, bool non_finite) {
+  Actions actions(P_);
+  report_progress(t, step_s);
+  if (gpu_) publish_landed();
+  stall_hook(t);
+  publish_due(t, non_finite, actions);
+  const bool crash_ready = take_merges(t, actions);  // a crash came due while waiting
+  actions.stop = decide_stop(actions, t);
+  if (checkpoints_) actions.checkpoint = decide_checkpoint(actions.stop);
+  if (plan_.mode == Mode::decoupled)
+    actions.schedule_step = window_->control(sync::kJobTokens) / job_step_tokens_;
+  decide_crash(actions, t, s, non_finite, crash_ready);
+  if (actions.crash) {
+    actions.apply.clear();  // the unit starts over from Θ
+    actions.checkpoint = 0;  // ... and writes its file once it is back
+  } else if (gpu_ && (actions.stop || actions.checkpoint > 0)) {
+    publish_all();  // the last snapshots reach the syncer; the checkpoint counts them sent
+  }
+  return actions;
+}
+
+// What the syncer reads of us every poll: alive, how far, how fast (its grace window and
+// liveness timeout scale with our step time).
+void Learner::report_progress(int64_t t, double step_s) {
+  step_ema_ = step_ema_ == 0 ? step_s : 0.9 * step_ema_ + 0.1 * step_s;
+  beat();
+  window_->set_control(sync::kStepsDone, t);
+  window_->set_control(sync::kTokensDone, tokens_);
+  window_->set_control(sync::kStepTimeNs, static_cast<int64_t>(step_ema_ * 1e9));
+}
+
+bool Learner::decide_stop(const Actions& actions, int64_t t) {
+  bool stop = (plan_.mode == Mode::ddp ? ddp_stop_->agreed : stop_requested()) || t >= max_steps_;
+  // diloco stops on the round the syncer named, so that every unit ends on the same merge.
+  if (const int64_t last_round = window_->control(sync::kStopAfterVersion); last_round > 0) {
+    int64_t round = frag_[0].applied;  // diloco (P = 1): the round this step ends on
+    for (const auto& [p, version] : actions.apply) round = std::max(round, version);
+    stop |= round >= last_round;
+  }
+  return stop;
+}
+
+void Learner::broadcast(Actions& actions) {
+  if (topo_.unit_size <= 1) return;
+  auto words = actions.encode(P_);
+  mpi::broadcast_patient(words, 0, topo_.unit_comm);
+  actions = Actions::decode(words, P_);
+}
+
+// Told to stop: by the syncer (token budget, or it was interrupted) or by a signal. A diloco
+// unit that receives a signal tells the syncer, which names the round every unit ends on.
+bool Learner::stop_requested() {
+  if (stop_signal() != 0) window_->set_control(sync::kSignal, stop_signal());
+  return window_->control(sync::kStop) != 0 || (stop_signal() != 0 && plan_.mode != Mode::diloco);
+}
+
+// Alive: only a crashed or hung process stops its heartbeat, so every wait beats too.
+void Learner::beat() { window_->set_control(sync::kHeartbeat, window_->control(sync::kHeartbeat) + 1); }
+
+}  // namespace ddiloco
