@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <atomic>
 #include <condition_variable>
+#include <exception>
 #include <mutex>
 #include <thread>
 
@@ -53,6 +54,36 @@ std::optional<sync::Rendezvous> find_syncer(const Config& config) {
   return r;
 }
 
+// One attempt to be admitted by the syncer that the rendezvous file names now (a restarted
+// syncer may listen elsewhere), presenting that file's run id and secret in `hello`.
+struct Admission {
+  bool admitted = false;
+  std::string address;         // admitted: the syncer's address
+  std::string error;           // not admitted: why (empty: no rendezvous file to try yet)
+  std::exception_ptr refusal;  // the syncer refused us on anything but the run id
+};
+
+Admission connect_once(comm::UcxUnitLink& link, const Config& config, sync::Hello& hello, double timeout_s) {
+  Admission a;
+  const auto r = find_syncer(config);
+  if (!r) return a;
+  hello.run_id = r->run_id;
+  hello.secret = r->secret;
+  try {
+    link.connect(r->address, hello.to_json().dump(), timeout_s);
+    a.admitted = true;
+    a.address = r->address;
+  } catch (const comm::LinkRefused& e) {
+    a.error = e.what();
+    // A stale rendezvous file (an earlier run's syncer) names another run: read it again.
+    // Any other refusal names what differs, which trying again does not change.
+    if (e.reason().find("run id") == std::string::npos) a.refusal = std::current_exception();
+  } catch (const Error& e) {
+    a.error = e.what();
+  }
+  return a;
+}
+
 // Connects to the syncer and is admitted, retrying with backoff (0.1 s doubling to 5 s) while
 // the syncer is not there yet or does not answer, for up to syncer.connect_wait_s. A refusal
 // is final: it names what differs.
@@ -62,23 +93,15 @@ void join_syncer(comm::UcxUnitLink& link, const Config& config, sync::Hello hell
   std::string last = "no rendezvous file " + sync::Rendezvous::addr_file(config.run.dir).string() + " yet";
   for (int attempt = 1;; ++attempt) {
     if (stop_signal() != 0) fail("unit {}: stopped by signal {} while waiting for the syncer", hello.unit, stop_signal());
-    if (const auto r = find_syncer(config)) {
-      hello.run_id = r->run_id;
-      hello.secret = r->secret;
-      const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
-      try {
-        link.connect(r->address, hello.to_json().dump(), std::clamp(left, 0.5, 10.0));
-        if (attempt > 1) std::printf("unit %d: connected to the syncer at %s after %d attempts\n", hello.unit,
-                                     r->address.c_str(), attempt);
-        return;
-      } catch (const comm::LinkRefused& e) {
-        // A stale rendezvous file (an earlier run's syncer) names another run: read it again.
-        if (e.reason().find("run id") == std::string::npos) throw;
-        last = e.what();
-      } catch (const Error& e) {
-        last = e.what();
-      }
+    const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    const Admission a = connect_once(link, config, hello, std::clamp(left, 0.5, 10.0));
+    if (a.refusal) std::rethrow_exception(a.refusal);
+    if (a.admitted) {
+      if (attempt > 1) std::printf("unit %d: connected to the syncer at %s after %d attempts\n", hello.unit,
+                                   a.address.c_str(), attempt);
+      return;
     }
+    if (!a.error.empty()) last = a.error;
     if (Clock::now() + std::chrono::duration<double>(pause) > deadline)
       fail("unit {}: no syncer admitted us within syncer.connect_wait_s = {} s (last: {})", hello.unit,
            config.syncer.connect_wait_s, last);
@@ -125,19 +148,13 @@ class Reconnector {
       double pause = 0.2;
       while (sleep(pause)) {
         pause = std::min(pause * 2, 5.0);
-        const auto r = find_syncer(config_);
-        if (!r) continue;
-        hello_.run_id = r->run_id;
-        hello_.secret = r->secret;
-        try {
-          link_.connect(r->address, hello_.to_json().dump(), 5.0);
-        } catch (const Error& e) {
-          continue;  // not back yet, or a stale rendezvous file
-        }
+        // Not back yet, or a stale rendezvous file: every failure, a refusal too, is retried.
+        const Admission a = connect_once(link_, config_, hello_, 5.0);
+        if (!a.admitted) continue;
         const double gap = std::chrono::duration<double>(Clock::now() - lost_at).count();
         last_gap_s_.store(gap);
         std::printf("unit %d: reconnected to the syncer at %s after %.1f s\n", hello_.unit,
-                    r->address.c_str(), gap);
+                    a.address.c_str(), gap);
         std::fflush(stdout);
         generation_.fetch_add(1);
         break;
