@@ -350,7 +350,10 @@ size_t SyncerWindow::deliver(int u, int p, int64_t version, std::span<const floa
   std::span<const std::byte> bytes;
   if (raw) {
     bytes = std::as_bytes(data);
-    if (lossy) refs = {{version, std::vector<float>(data.begin(), data.end())}};
+    // The unit's reference becomes what it takes here. Older ones stay until prune_references
+    // finds no unread snapshot naming them: a unit that starts over from Θ with its memory
+    // intact (non-finite parameters) left snapshots against them for us to read.
+    if (lossy) refs[version] = std::vector<float>(data.begin(), data.end());
   } else {
     // Θ_p − R against the newest reference (the version the unit took last: the caller checked
     // in_ack); the unit's R then moves by exactly what it decodes, and ours with it.

@@ -124,6 +124,39 @@ TEST(WindowProtocol, ALostUnitIsSkippedAndANewProcessStartsFromRawTheta) {
   EXPECT_EQ(again.problem, "");
 }
 
+// A unit whose parameters went non-finite starts over from Θ with its memory intact: the
+// snapshots it published before stay for the syncer. Served raw Θ at its rejoin before one of
+// them was read, the syncer must still hold the reference that snapshot was taken against.
+TEST(WindowProtocol, ASnapshotPublishedBeforeARejoinIsStillDecodedAfterTheServe) {
+  Fixture f;
+  sync::SyncerWindow syncer(f.remote, f.windows);
+  sync::LearnerWindow learner(*f.memory[0], f.windows);
+  const size_t n = f.windows.numel(0);
+  const auto theta0 = pattern(n, 0.1f);
+  learner.set_reference(0, 0, theta0);
+  syncer.set_reference(0, 0, 0, theta0);
+  const auto mine = pattern(n, 0.12f);
+  learner.publish(0, mine, {4, 40, 4, 0});  // against version 0, unread
+  learner.hold_inboxes();
+  syncer.deliver(0, 0, 3, pattern(n, 0.2f), /*raw=*/true);  // the rejoin's Θ at version 3
+  std::vector<float> taken(n);
+  ASSERT_TRUE(learner.take_inbox(0, taken));
+  std::vector<sync::UnitHeaders> h;
+  syncer.poll(h);
+  ASSERT_EQ(h[0].header(0, sync::kOutRef), 0);
+  std::vector<float> got(n);
+  const auto fetched = syncer.fetch(0, 0, h[0], got);
+  EXPECT_EQ(fetched.problem, "");
+  for (size_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], mine[i], 1e-3f) << i;
+  // Once read and acknowledged, the old reference goes (the unit names version 3 or later now).
+  syncer.ack(0, 0, h[0].header(0, sync::kOutSeq));
+  learner.publish(0, pattern(n, 0.21f), {1, 10, 5, 3});
+  syncer.poll(h);
+  EXPECT_EQ(syncer.fetch(0, 0, h[0], got).problem, "");
+  h[0].words[sync::kControlWords + sync::kOutRef] = 0;  // a snapshot naming version 0 now
+  EXPECT_NE(syncer.fetch(0, 0, h[0], got).problem, "");
+}
+
 TEST(WindowProtocol, TimeBookTravelsAsDoubles) {
   Fixture f;
   sync::SyncerWindow syncer(f.remote, f.windows);
