@@ -83,6 +83,8 @@ enum Control : int {
   kStopAfterVersion,  ///< syncer (diloco): stop once the merge of this round is applied
   kSignal,          ///< learner: the stop signal its leader received (0 = none)
   kReleased,        ///< syncer (isolated): 1 = done reading, the unit may close its window
+  kReadSeen,        ///< learner: the last kReadsStarted it answered (debug.crash_during_read:
+                    ///< a due crash lands before the answer, so the read finds it)
   kTimeBook,        ///< learner (isolated): its unit's TimeBook, TimeBook::kFields doubles
                     ///< (bit patterns) from here on, written before kState = kDone
   kControlWords = 32
@@ -267,6 +269,8 @@ class SyncerWindow {
   void set_job_tokens(int u, int64_t tokens);
   /// Writes one syncer-owned control word of unit u (kRejoinServed, ...).
   void set_control(int u, Control word, int64_t value);
+  /// Reads one control word of unit u now (not as of the last poll); false when it is absent.
+  bool fetch_control(int u, Control word, int64_t& value);
 
   uint64_t bytes_read() const { return bytes_read_; }
   uint64_t bytes_written() const { return bytes_written_; }

@@ -164,6 +164,7 @@ class SyncerCore {
   double silence_after_s(int u) const;
   std::string check_snapshot(int p, const SnapshotMeta& meta, const SyncerWindow::Fetched& got,
                              int64_t seq) const;
+  void await_read_answer(int u);
   void accept_snapshot(int u, int p, int64_t seq, const SnapshotMeta& meta, size_t wire_bytes);
   void ack_arrived(int u, int p);
   std::vector<int> ready_units(int p) const;

@@ -162,6 +162,7 @@ class Learner {
   void take_chaos_crash(Actions& actions);
   bool crash_now();
   bool syncer_reading();
+  void answer_reads();
   bool any_unread() const;
   bool crash(const Actions& actions, int64_t& t);
   bool crash_and_rejoin(const Actions& actions, int64_t& t, bool joining = false);

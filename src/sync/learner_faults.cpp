@@ -62,17 +62,26 @@ void Learner::take_chaos_crash(Actions& actions) {
 
 // Leader: a crash is due and is taken now (debug.crash_during_read: once it lands in a read).
 bool Learner::crash_now() {
-  if (!faults_.crash_pending(job_time())) return false;
+  if (!faults_.crash_pending(job_time())) {
+    answer_reads();
+    return false;
+  }
   return !config_.debug.crash_during_read || !plan_.outer_steps || syncer_reading();
 }
 
-// Test hook: hold a due crash until the syncer begins to read one of our snapshots (it then
-// pauses syncer_read_delay_ms before the data), so the crash lands mid-read. False when no
-// snapshot is left unread: the crash then waits for a later step.
+// Test hook (debug.crash_during_read): the syncer announces every read of one of our snapshots
+// and waits until we answer. Without a crash due we answer at once (every step boundary).
+void Learner::answer_reads() {
+  if (config_.debug.crash_during_read && plan_.outer_steps)
+    window_->set_control(sync::kReadSeen, window_->control(sync::kReadsStarted));
+}
+
+// Test hook: hold a due crash until the syncer announces a read of one of our snapshots; the
+// read waits for our answer, given after the crash took our memory (go_down), so it finds
+// garbage. False when no snapshot is left unread: the crash then waits for a later step.
 bool Learner::syncer_reading() {
-  const int64_t reads = window_->control(sync::kReadsStarted);
   while (any_unread() && !stop_requested()) {
-    if (window_->control(sync::kReadsStarted) != reads) return true;
+    if (window_->control(sync::kReadsStarted) > window_->control(sync::kReadSeen)) return true;
     std::this_thread::sleep_for(std::chrono::microseconds(200));
     beat();
   }
@@ -150,18 +159,25 @@ void Learner::drop_unsent_work(const Actions& a) {
 void Learner::go_down(const Actions& a, int64_t t, bool joining) {
   if (plan_.outer_steps && crash_cause_ == "chaos" && !joining) window_->lose_outboxes();
   else if (plan_.outer_steps) window_->hold_inboxes();
+  answer_reads();  // a read waiting for us now finds what the crash left
   if (!joining)
     log_.write({{"event", "crash"}, {"unit", u_}, {"step", t}, {"tokens", tokens_},
                 {"elapsed_s", wall_.seconds()}, {"down_s", a.down_ms / 1e3}, {"late_s", crash_late_s_},
                 {"cause", crash_cause_},
                 {"lost_snapshots", std::count(a.lost.begin(), a.lost.end(), 1)}});
+  // Down: no heartbeat. (Reads of the other garbage snapshots are answered meanwhile.)
   const double back_at = wall_.seconds() + a.down_ms / 1e3;
-  while (wall_.seconds() < back_at && !stop_while_down())  // down: no heartbeat
+  while (wall_.seconds() < back_at && !stop_while_down()) {
+    answer_reads();
     std::this_thread::sleep_for(std::chrono::duration<double>(
         std::min(0.05, std::max(0.0, back_at - wall_.seconds()))));
+  }
   if (plan_.outer_steps && !stop_requested()) {
     window_->set_control(sync::kRejoinRequest, ++rejoins_);
-    while (window_->control(sync::kRejoinServed) < rejoins_ && !stop_requested()) backoff_.idle();
+    while (window_->control(sync::kRejoinServed) < rejoins_ && !stop_requested()) {
+      answer_reads();
+      backoff_.idle();
+    }
     backoff_.reset();
   }
 }

@@ -12,6 +12,7 @@ namespace ddiloco {
 Actions Learner::decide(int64_t t, const StepStats& s, double step_s, bool non_finite) {
   Actions actions(P_);
   report_progress(t, step_s);
+  if (!faults_.crash_pending(job_time())) answer_reads();  // a due crash answers when it lands
   if (gpu_) publish_landed();
   stall_hook(t);
   publish_due(t, non_finite, actions);

@@ -390,6 +390,10 @@ void SyncerWindow::set_job_tokens(int u, int64_t tokens) {
   put_word(u, kJobTokens * sizeof(int64_t), tokens);
 }
 
+bool SyncerWindow::fetch_control(int u, Control word, int64_t& value) {
+  return remote_->fetch_word(u, static_cast<size_t>(word) * sizeof(int64_t), value);
+}
+
 void SyncerWindow::set_control(int u, Control word, int64_t value) {
   put_word(u, static_cast<size_t>(word) * sizeof(int64_t), value);
 }

@@ -11,6 +11,7 @@
 #include "ddiloco/checkpoint.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/model.hpp"
+#include "ddiloco/mpi.hpp"
 
 namespace ddiloco::sync {
 
@@ -322,8 +323,7 @@ bool SyncerCore::collect() {
       if (seq <= s.acked) continue;
       const SnapshotMeta meta{headers_[u].header(p, kOutSteps), headers_[u].header(p, kOutTokens),
                               headers_[u].header(p, kOutStep), headers_[u].header(p, kOutBaseVersion)};
-      if (config_.debug.crash_during_read)  // test hook: tells the unit a read has begun
-        window_.set_control(u, kReadsStarted, ++reads_started_[u]);
+      if (config_.debug.crash_during_read && plan_.outer_steps) await_read_answer(u);
       if (config_.debug.syncer_read_delay_ms > 0)  // test hook: a syncer slower than learners
         std::this_thread::sleep_for(std::chrono::milliseconds(config_.debug.syncer_read_delay_ms));
       // Read beside the slot: a refused snapshot leaves an earlier one that waits intact.
@@ -344,6 +344,21 @@ bool SyncerCore::collect() {
     }
   }
   return any;
+}
+
+// Test hook (debug.crash_during_read): every read of a unit's snapshot is announced, and waits
+// until the unit has answered it at a step boundary; a unit with a crash due takes it before it
+// answers, so the read finds its memory gone, whatever the machine's load. A unit that has
+// finished or is gone answers nothing and is not waited for.
+void SyncerCore::await_read_answer(int u) {
+  const int64_t n = ++reads_started_[u];
+  window_.set_control(u, kReadsStarted, n);
+  mpi::Backoff backoff(1000);
+  for (int64_t seen = 0, state = 0;;) {
+    if (!window_.fetch_control(u, kReadSeen, seen) || seen >= n) return;
+    if (!window_.fetch_control(u, kState, state) || state == kDone) return;
+    backoff.idle();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

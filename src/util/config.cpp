@@ -317,8 +317,9 @@ const std::vector<Entry<Config>>& entries() {
                     "test hook: ... before its first snapshot published from this step on",
                     at_least<int64_t>(0)),
       DDILOCO_FIELD(bool, "debug.crash_during_read", debug.crash_during_read,
-                    "test hook: a due crash waits until the syncer begins reading one of the "
-                    "unit's snapshots (with syncer_read_delay_ms it lands inside that read)"),
+                    "test hook: the syncer announces each read of a unit's snapshot and waits for "
+                    "the unit's answer at a step boundary; a due crash waits for such a read and "
+                    "lands before the answer, so the read finds the unit's memory gone"),
       DDILOCO_FIELD(int, "debug.checkpoint_write_delay_ms", debug.checkpoint_write_delay_ms,
                     "test hook: the syncer pauses this long inside the write of its checkpoint "
                     "file, from the second checkpoint of the run on (a kill then lands mid-write)", at_least(0)),
