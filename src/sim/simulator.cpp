@@ -26,8 +26,10 @@ constexpr double kHour = 3600.0;
 
 // Chip failures and recoveries, a function of the seed and the chips.* keys only: the same
 // trace for every strategy. Failures of the N − f healthy chips form a Poisson process of
-// rate λ·(N − f); after any change of f the next failure is redrawn (memorylessness makes
-// that exact). The failed chip is uniform over the healthy ones.
+// rate λ·(N − f); after a failure the next one is drawn afresh, and after a recovery the time
+// left to it is scaled by the ratio of the rates (by memorylessness, a residual Exp(a) scaled
+// by a/b is an Exp(b), independent of the past: exact, and one logarithm fewer per failure).
+// The failed chip is uniform over the healthy ones.
 class FaultTrace {
  public:
   FaultTrace(const SimConfig& c, uint64_t seed)
@@ -65,19 +67,26 @@ class FaultTrace {
     }
     const auto [t, chip] = recoveries_.top();
     recoveries_.pop();
+    const double healthy_before = healthy();
     failed_.erase(chip);
-    draw_next_failure(t);
+    if (std::isfinite(next_failure_) && healthy_before > 0)
+      next_failure_ = t + (next_failure_ - t) * (healthy_before / healthy());
+    else
+      draw_next_failure(t);
     return {t, false, chip};
   }
 
  private:
+  double healthy() const {
+    return static_cast<double>(chips_ - static_cast<int64_t>(failed_.size()));
+  }
+
   void draw_next_failure(double now) {
-    const double healthy = static_cast<double>(chips_ - static_cast<int64_t>(failed_.size()));
-    if (rate_ <= 0 || healthy <= 0) {
+    if (rate_ <= 0 || healthy() <= 0) {
       next_failure_ = kNever;
       return;
     }
-    next_failure_ = now - std::log1p(-rng_.uniform()) / (rate_ * healthy);
+    next_failure_ = now - std::log1p(-rng_.uniform()) / (rate_ * healthy());
   }
 
   double draw_recovery() {
@@ -166,7 +175,6 @@ struct Group {
   double slow = 1;        // step-time factor of the slowest chip
   int64_t slow_chip = -1;
   double t = 0;           // chip-time accounted up to here
-  double next = kNever;   // its next event (end of a pause or restart, a publish)
   double seg = 0;         // steps since the last save point (= seg_steps while writing)
   double seg_steps = kNever;  // steps between two save points
   double write_left = 0;  // > 0: writing a checkpoint, seconds left
@@ -204,7 +212,7 @@ class Simulation {
       g.hi = c.chips * (m + 1) / M;
       rescan_slowest(g);
       set_segment(g);
-      g.next = next_event(g);
+      next_.push_back(next_event(g));
       if (g.computing()) ++computing_;
     }
     // A unit that goes down restarts from Θ: it keeps no checkpoint of its own.
@@ -221,9 +229,9 @@ class Simulation {
       const double t_fault = trace_.next_time();
       double t_group = kNever;
       size_t g_next = 0;
-      for (size_t i = 0; i < groups_.size(); ++i)
-        if (groups_[i].next < t_group) {
-          t_group = groups_[i].next;
+      for (size_t i = 0; i < next_.size(); ++i)
+        if (next_[i] < t_group) {
+          t_group = next_[i];
           g_next = i;
         }
       const double t = std::min({t_fault, t_group, grace_deadline_});
@@ -430,7 +438,7 @@ class Simulation {
     const bool was_computing = g.computing();
     change(g);
     computing_ += (g.computing() ? 1 : 0) - (was_computing ? 1 : 0);
-    g.next = next_event(g);
+    next_[m] = next_event(g);
   }
 
   void fault_event(const FaultTrace::Event& e) {
@@ -603,6 +611,7 @@ class Simulation {
   double interval_s_ = kNever;  // compute (wall) seconds between checkpoints, reported
   int computing_ = 0;           // groups computing (Group::computing), for the uptime
   std::vector<Group> groups_;
+  std::vector<double> next_;  // each group's next event (end of a pause or restart, a publish)
   std::vector<bool> fresh_;
   int fresh_count_ = 0;
   double first_fresh_ = 0;
