@@ -76,7 +76,7 @@ struct SimConfig {
   /// Mean time until a failed chip is back (repaired, or a hot spare swapped in), minutes.
   /// Fitted with dp.checkpoint_seconds to the paper's dp goodput at 150k and 1.2M chips
   /// (README "Goodput simulator", calibration).
-  double recovery_minutes = 0.485;
+  double recovery_minutes = 0.02947;
   double recovery_sigma = 0.5;         ///< lognormal: σ of log(recovery time)
   double speed_sigma = 0;              ///< σ of a chip's log step-time factor; 0 = all equal
   // train
@@ -84,17 +84,17 @@ struct SimConfig {
   // dp
   double checkpoint_minutes = 0;    ///< compute between checkpoints; 0 = Young–Daly optimum
   /// Writing one checkpoint, seconds (every chip paused). Fitted with chips.recovery_minutes.
-  double checkpoint_seconds = 2;
+  double checkpoint_seconds = 7.082;
   double restart_seconds = 10;      ///< restart from a checkpoint once every chip is back
   // elastic (elastic_dp, and decoupled units with on_chip_failure: elastic)
   /// Every chip of the group paused when a chip leaves or rejoins, seconds. Fitted with
   /// elastic.checkpoint_seconds to the paper's elastic dp goodput at 150k and 1.2M chips.
-  double rescale_seconds = 12.1;
+  double rescale_seconds = 5.085;
   /// Writing one in-memory checkpoint of an elastic group's state, seconds (every chip of the
   /// group paused); a failure rolls the survivors back to the last one, as Pathways' elastic
   /// training does with its snapshots. Fitted with elastic.rescale_seconds. 0 (with
   /// elastic_checkpoint_minutes 0): the survivors keep the state of the last completed step.
-  double elastic_checkpoint_seconds = 0;
+  double elastic_checkpoint_seconds = 0.9212;
   /// Compute between an elastic group's in-memory checkpoints, minutes; 0 = Young–Daly.
   double elastic_checkpoint_minutes = 0;
   // decoupled
