@@ -178,9 +178,9 @@ TwoPointFit fit_two_points(const SimConfig& c, Strategy strategy,
     }
   }
   if (!reached)
-    fail("{}: [{}, {}] cannot be reached by fitting {} and {}: no {} up to {} s lifts the "
-         "second column to it",
-         key, targets[0], targets[1], a_name, b_name, a_name, hi);
+    fail("{}: [{}, {}] cannot be reached by fitting {} and {}: the first column is reached "
+         "only up to {} = {:.4g} s, and there the second column is still below it",
+         key, targets[0], targets[1], a_name, b_name, a_name, lo);
   return fit;
 }
 
