@@ -34,6 +34,28 @@ SimConfig small_config() {
 
 double relative(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-300); }
 
+// For the closed-form comparisons: 1000 chips over ten simulated years, so that the
+// estimate's noise is well under 1 %, and the closed form at that failure rate.
+SimConfig ten_years() {
+  SimConfig c = small_config();
+  c.chips = 1000;
+  c.days = 3650;
+  return c;
+}
+// Simulates `strategy` on `c` and expects dp_goodput_closed_form with these times within 1 %.
+SimResult expect_closed_form(const SimConfig& c, Strategy strategy, double recovery_s,
+                             double restart_s, double interval_s, double checkpoint_s) {
+  const double lambda = static_cast<double>(c.chips) / (c.mtbi_hours * 3600);
+  const double expected =
+      dp_goodput_closed_form(lambda, recovery_s, restart_s, interval_s, checkpoint_s);
+  const SimResult r = simulate(c, strategy);
+  EXPECT_LT(relative(r.goodput, expected), 0.01)
+      << strategy_name(strategy) << ", " << c.recovery << " recovery " << recovery_s
+      << " s, restart or pause " << restart_s << " s: simulated " << r.goodput
+      << ", closed form " << expected;
+  return r;
+}
+
 TEST(Simulate, NoFailuresMeansFullGoodputForEveryStrategy) {
   SimConfig c = small_config();
   c.failures = false;
@@ -57,20 +79,13 @@ TEST(Simulate, DataParallelMatchesTheClosedForm) {
   for (const auto& [recovery_min, restart_s, interval_min, ckpt_s] :
        std::vector<std::tuple<double, double, double, double>>{
            {6, 180, 20, 60}, {30, 600, 10, 30}, {1, 30, 60, 120}}) {
-    SimConfig c = small_config();
-    c.chips = 1000;
-    c.days = 3650;
+    SimConfig c = ten_years();
     c.recovery_minutes = recovery_min;
     c.restart_seconds = restart_s;
     c.checkpoint_minutes = interval_min;
     c.checkpoint_seconds = ckpt_s;
-    const SimResult r = simulate(c, Strategy::dp);
-    const double lambda = static_cast<double>(c.chips) / (c.mtbi_hours * 3600);
-    const double expected = dp_goodput_closed_form(lambda, recovery_min * 60, restart_s,
-                                                   interval_min * 60, ckpt_s);
-    EXPECT_LT(relative(r.goodput, expected), 0.01)
-        << "recovery " << recovery_min << " min: simulated " << r.goodput << ", closed form "
-        << expected;
+    const SimResult r = expect_closed_form(c, Strategy::dp, recovery_min * 60, restart_s,
+                                           interval_min * 60, ckpt_s);
     EXPECT_GT(r.failures, 50'000);
   }
 }
@@ -80,20 +95,14 @@ TEST(Simulate, DataParallelIsInsensitiveToTheRecoveryDistribution) {
   // (e^{Λ·E[R]} − 1)/Λ depends on the recovery time R only through its mean (Takács), so the
   // closed form for a fixed R holds for exponential and lognormal recoveries too.
   for (const char* recovery : {"exponential", "lognormal"}) {
-    SimConfig c = small_config();
-    c.chips = 1000;
-    c.days = 3650;
+    SimConfig c = ten_years();
     c.recovery = recovery;
     c.recovery_sigma = 1.0;
     c.recovery_minutes = 6;
     c.restart_seconds = 180;
     c.checkpoint_minutes = 20;
     c.checkpoint_seconds = 60;
-    const SimResult r = simulate(c, Strategy::dp);
-    const double lambda = static_cast<double>(c.chips) / (c.mtbi_hours * 3600);
-    const double expected = dp_goodput_closed_form(lambda, 360, 180, 1200, 60);
-    EXPECT_LT(relative(r.goodput, expected), 0.01)
-        << recovery << ": simulated " << r.goodput << ", closed form " << expected;
+    expect_closed_form(c, Strategy::dp, 360, 180, 1200, 60);
   }
 }
 
@@ -106,20 +115,13 @@ TEST(Simulate, ElasticRollsBackToItsLastCheckpoint) {
   for (const auto& [recovery_min, rescale_s, interval_min, ckpt_s] :
        std::vector<std::tuple<double, double, double, double>>{
            {1, 180, 20, 60}, {0.5, 600, 10, 30}, {2, 150, 60, 120}}) {
-    SimConfig c = small_config();
-    c.chips = 1000;
-    c.days = 3650;
+    SimConfig c = ten_years();
     c.recovery_minutes = recovery_min;
     c.rescale_seconds = rescale_s;
     c.elastic_checkpoint_minutes = interval_min;
     c.elastic_checkpoint_seconds = ckpt_s;
-    const SimResult r = simulate(c, Strategy::elastic_dp);
-    const double lambda = static_cast<double>(c.chips) / (c.mtbi_hours * 3600);
-    const double expected = dp_goodput_closed_form(lambda, recovery_min * 60, rescale_s,
-                                                   interval_min * 60, ckpt_s);
-    EXPECT_LT(relative(r.goodput, expected), 0.01)
-        << "rescale " << rescale_s << " s: simulated " << r.goodput << ", closed form "
-        << expected;
+    const SimResult r = expect_closed_form(c, Strategy::elastic_dp, recovery_min * 60, rescale_s,
+                                           interval_min * 60, ckpt_s);
     EXPECT_GT(r.checkpoints, 0);
     EXPECT_DOUBLE_EQ(r.checkpoint_interval_s, interval_min * 60);
   }
