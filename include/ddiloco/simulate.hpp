@@ -206,7 +206,11 @@ nlohmann::json to_json(const SimResult& r);
 /// possible while down and while restarting: downtime per failure
 ///   D = ((e^{ΛR} − 1) + (1 − e^{−ΛS})) / (Λ·e^{−ΛS}),
 /// expected wall time per checkpointed segment E = (e^{Λ(τ+δ)} − 1)·(1/Λ + D), goodput τ/E.
-/// (Renewal argument as in Daly 2006, with failures during recovery.)
+/// (Renewal argument as in Daly 2006, with failures during recovery.) D depends on R and S
+/// only through e^{Λ(R+S)}, and on the recovery distribution only through its mean (the
+/// M/G/∞ busy period, Takács). The same form holds for elastic dp with in-memory
+/// checkpoints and R < the re-scale pause s, with s in place of S: its pause ends R + s after
+/// the last failure of a chain, every chip back.
 double dp_goodput_closed_form(double lambda_per_s, double recovery_s, double restart_s,
                               double interval_s, double checkpoint_s);
 
