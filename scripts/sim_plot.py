@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """The goodput simulator's grid as a PNG: goodput against chip count, one line per strategy,
-with the paper's 150k-chip column (the calibration targets) marked.
+with the paper's published values marked: the two fitted columns (dp and elastic dp at
+calibration.chips) and the compared decoupled values.
 
     /usr/bin/python3 scripts/sim_plot.py [--config configs/sim/paper.yaml]
         [--ddiloco build/ddiloco] [--out docs/sim_goodput.png] [--set key=value ...]
@@ -36,7 +37,7 @@ def main():
     with open(args.config) as f:
         config = yaml.safe_load(f) or {}
     calibration = config.get("calibration", {})
-    calib_chips = config.get("chips", {}).get("count")
+    calib_chips = calibration.get("chips", [])
     learners_list = config.get("sweep", {}).get("learners", [])
 
     lines = {}
@@ -58,15 +59,22 @@ def main():
     for name, pts in lines.items():
         xs, ys = zip(*sorted(pts))
         ax.plot(xs, [100 * y for y in ys], marker="o", label=name)
-    paper = []
-    if "dp" in calibration:
-        paper.append(calibration["dp"])
-    if "elastic_dp" in calibration:
-        paper.append(calibration["elastic_dp"])
-    paper += list(calibration.get("decoupled", []))[: len(learners_list)]
-    if calib_chips and paper:
-        ax.scatter([calib_chips] * len(paper), [100 * p for p in paper], marker="x", s=60,
-                   color="black", zorder=5, label="calibration targets (the config's)")
+    # (chips, goodput) of each published value: dp and elastic dp at both fitted columns,
+    # decoupled per sweep.learners at the first and calibration.headline_learners at the
+    # second (those two only compared).
+    fitted, compared = [], []
+    for key in ("dp", "elastic_dp"):
+        fitted += list(zip(calib_chips, calibration.get(key, [])))
+    if calib_chips:
+        compared += [(calib_chips[0], g)
+                     for g in list(calibration.get("decoupled", []))[: len(learners_list)]]
+    if len(calib_chips) > 1 and "headline_decoupled" in calibration:
+        compared.append((calib_chips[1], calibration["headline_decoupled"]))
+    for points, marker, label in ((fitted, "x", "paper, fitted (dp, elastic dp)"),
+                                  (compared, "+", "paper, compared (decoupled)")):
+        if points:
+            ax.scatter([c for c, _ in points], [100 * g for _, g in points], marker=marker,
+                       s=70, color="black", zorder=5, label=label)
     ax.set_xscale("log")
     ax.set_xticks(chips)
     ax.set_xticklabels([f"{c / 1e6:g}M" if c >= 1e6 else f"{c / 1e3:g}k" for c in chips])

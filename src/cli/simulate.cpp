@@ -1,5 +1,5 @@
 // `ddiloco simulate` and `ddiloco bench simulate`: the goodput simulator's front end
-// (tables, JSON, the sweep grid, calibration against the paper's 150k-chip column).
+// (tables, JSON, the sweep grid, calibration against the paper's 150k and 1.2M columns).
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -60,9 +60,11 @@ void print_table(const std::vector<SimResult>& results) {
                 r.strategy == Strategy::decoupled ? std::to_string(r.merges).c_str() : "-");
   }
   for (const auto& r : results) {
-    if (r.strategy == Strategy::dp && std::isfinite(r.checkpoint_interval_s))
-      std::printf("dp checkpoints every %.4g s of compute (%lld written)\n",
-                  r.checkpoint_interval_s, static_cast<long long>(r.checkpoints));
+    if (r.checkpoints > 0)
+      std::printf("%s checkpoints every %.4g s of compute%s (%lld written)\n",
+                  row_name(r).c_str(), r.checkpoint_interval_s,
+                  r.strategy == Strategy::dp ? "" : ", in memory",
+                  static_cast<long long>(r.checkpoints));
     if (r.strategy != Strategy::decoupled || r.merges == 0) continue;
     std::string line;
     for (size_t k = 1; k < r.quorum_sizes.size(); ++k)
@@ -103,15 +105,15 @@ void print_grid(const SimConfig& c, const std::vector<SimResult>& results, const
 }
 
 // Bisection for the value of `knob` in [lo, hi] at which `goodput(value)` (decreasing in it)
-// equals `target`; geometric when lo > 0.
+// equals `target`; geometric when lo > 0. Stops when the bracket is within `rel` of itself.
 template <typename F>
 double fit_decreasing(F goodput, double target, double lo, double hi, const char* key,
-                      const char* knob) {
+                      const char* knob, double rel = 1e-6) {
   const double at_lo = goodput(lo), at_hi = goodput(hi);
   if (!(at_lo >= target && target >= at_hi))
     fail("{}: {} cannot be reached by fitting {}: goodput is {:.4f} at {} and {:.4f} at {}", key,
          target, knob, at_lo, lo, at_hi, hi);
-  for (int i = 0; i < 50; ++i) {
+  for (int i = 0; i < 60 && hi - lo > rel * hi; ++i) {
     const double mid = lo > 0 ? std::sqrt(lo * hi) : 0.5 * (lo + hi);
     if (goodput(mid) > target)
       lo = mid;
@@ -121,50 +123,134 @@ double fit_decreasing(F goodput, double target, double lo, double hi, const char
   return 0.5 * (lo + hi);
 }
 
+// The two knobs of one strategy fitted to its goodput at two chip counts: for each value of
+// the save cost `a` (a checkpoint's seconds), `b` (the per-failure downtime) is fitted to the
+// first column; `a` is then bisected until the second column matches too. A costlier save
+// moves loss from downtime, which grows as the failure rate, to checkpointing and rework,
+// which grow as its square root, so the second column's goodput rises with `a`.
+struct TwoPointFit {
+  double a = 0, b = 0;
+};
+TwoPointFit fit_two_points(const SimConfig& c, Strategy strategy,
+                           const std::vector<double>& targets, const char* key,
+                           double SimConfig::*a_knob, const char* a_name,
+                           double SimConfig::*b_knob, const char* b_name, double b_lo,
+                           double b_hi) {
+  SimConfig first = c, second = c;
+  first.chips = c.calibration_chips[0];
+  second.chips = c.calibration_chips[1];
+  // b fitted to the first column for a given a; NaN when no b reaches it.
+  const auto fit_b = [&](double a) {
+    SimConfig t = first;
+    t.*a_knob = a;
+    const auto goodput = [&](double b) {
+      t.*b_knob = b;
+      return sim::simulate(t, strategy).goodput;
+    };
+    if (goodput(b_lo) < targets[0]) return std::nan("");
+    return fit_decreasing(goodput, targets[0], b_lo, b_hi, key, b_name);
+  };
+  const auto at_second = [&](double a, double b) {
+    SimConfig t = second;
+    t.*a_knob = a;
+    t.*b_knob = b;
+    return sim::simulate(t, strategy).goodput;
+  };
+  double lo = 1e-3, hi = 1e3;  // seconds
+  const double b_at_lo = fit_b(lo);
+  if (std::isnan(b_at_lo) || at_second(lo, b_at_lo) > targets[1])
+    fail("{}: [{}, {}] cannot be reached by fitting {} and {}: with {} = {} the second "
+         "column is already above it",
+         key, targets[0], targets[1], a_name, b_name, a_name, lo);
+  TwoPointFit fit{lo, b_at_lo};
+  bool reached = false;
+  for (int i = 0; i < 60 && hi - lo > 1e-5 * hi; ++i) {
+    const double mid = std::sqrt(lo * hi);
+    const double b = fit_b(mid);
+    if (std::isnan(b) || at_second(mid, b) > targets[1]) {
+      hi = mid;
+      if (!std::isnan(b)) {
+        fit = {mid, b};
+        reached = true;
+      }
+    } else {
+      lo = mid;
+    }
+  }
+  if (!reached)
+    fail("{}: [{}, {}] cannot be reached by fitting {} and {}: the first column is reached "
+         "only up to {} = {:.4g} s, and there the second column is still below it",
+         key, targets[0], targets[1], a_name, b_name, a_name, lo);
+  return fit;
+}
+
 int calibrate(SimConfig c, const std::string& source) {
+  if (c.calibration_chips.size() != 2)
+    fail("{}: calibration.chips: must list the two fitted chip counts, got {}", source,
+         c.calibration_chips.size());
+  for (const auto& [key, list] : {std::pair{"calibration.dp", &c.calibration_dp},
+                                  std::pair{"calibration.elastic_dp", &c.calibration_elastic_dp}})
+    if (list->size() != 2)
+      fail("{}: {}: must list one goodput per calibration.chips (2 values), got {}", source, key,
+           list->size());
   if (c.calibration_decoupled.size() != c.sweep_learners.size())
     fail("{}: calibration.decoupled: must list one goodput per sweep.learners ({} values), "
          "got {}",
          source, c.sweep_learners.size(), c.calibration_decoupled.size());
   if (!c.failures) fail("{}: chips.failures: --calibrate needs failures, got false", source);
   for (int m : c.sweep_learners)
-    if (m > c.chips)
-      fail("{}: sweep.learners: --calibrate runs each M on chips.count = {} chips, got M = {}",
-           source, c.chips, m);
-  std::printf("calibrating on %lld chips, %.3g days × %d runs (seed %lld)\n",
-              static_cast<long long>(c.chips), c.days, c.repeats,
+    if (m > c.calibration_chips[0])
+      fail("{}: sweep.learners: --calibrate runs each M on calibration.chips[0] = {} chips, got "
+           "M = {}",
+           source, c.calibration_chips[0], m);
+  if (c.calibration_headline_learners > c.calibration_chips[1])
+    fail("{}: calibration.headline_learners: must be ≤ calibration.chips[1] = {}, got {}", source,
+         c.calibration_chips[1], c.calibration_headline_learners);
+  std::printf("calibrating on %lld and %lld chips, %.3g days × %d runs (seed %lld)\n",
+              static_cast<long long>(c.calibration_chips[0]),
+              static_cast<long long>(c.calibration_chips[1]), c.days, c.repeats,
               static_cast<long long>(c.seed));
-  // dp does not depend on the re-scale pause; elastic_dp barely on the recovery time (the
-  // failed chips' own idle time), so the two fits are done in that order.
-  c.recovery_minutes = fit_decreasing(
-      [&](double minutes) {
-        SimConfig t = c;
-        t.recovery_minutes = minutes;
-        return sim::simulate(t, Strategy::dp).goodput;
-      },
-      c.calibration_dp, 1e-4, 1e4, "calibration.dp", "chips.recovery_minutes");
-  c.rescale_seconds = fit_decreasing(
-      [&](double seconds) {
-        SimConfig t = c;
-        t.rescale_seconds = seconds;
-        return sim::simulate(t, Strategy::elastic_dp).goodput;
-      },
-      c.calibration_elastic_dp, 0, 1e5, "calibration.elastic_dp", "elastic.rescale_seconds");
-  std::printf("fitted: chips.recovery_minutes: %.4g   elastic.rescale_seconds: %.4g\n",
-              c.recovery_minutes, c.rescale_seconds);
-  std::printf("%-16s %9s %9s %9s\n", "strategy", "paper", "simulated", "residual");
-  auto line = [](const std::string& name, double paper, double simulated) {
-    std::printf("%-16s %9s %9s %+8.1f pt\n", name.c_str(), percent(paper).c_str(),
-                percent(simulated).c_str(), 100 * (simulated - paper));
-  };
-  line("dp", c.calibration_dp, sim::simulate(c, Strategy::dp).goodput);
-  line("elastic_dp", c.calibration_elastic_dp, sim::simulate(c, Strategy::elastic_dp).goodput);
-  for (size_t i = 0; i < c.sweep_learners.size(); ++i) {
+  // dp does not depend on the elastic keys; elastic_dp depends on chips.recovery_minutes
+  // (when a recovered chip rejoins), so dp is fitted first.
+  const TwoPointFit dp = fit_two_points(
+      c, Strategy::dp, c.calibration_dp, "calibration.dp", &SimConfig::checkpoint_seconds,
+      "dp.checkpoint_seconds", &SimConfig::recovery_minutes, "chips.recovery_minutes", 1e-4, 1e4);
+  c.checkpoint_seconds = dp.a;
+  c.recovery_minutes = dp.b;
+  const TwoPointFit elastic = fit_two_points(
+      c, Strategy::elastic_dp, c.calibration_elastic_dp, "calibration.elastic_dp",
+      &SimConfig::elastic_checkpoint_seconds, "elastic.checkpoint_seconds",
+      &SimConfig::rescale_seconds, "elastic.rescale_seconds", 0, 1e5);
+  c.elastic_checkpoint_seconds = elastic.a;
+  c.rescale_seconds = elastic.b;
+  std::printf("fitted: dp.checkpoint_seconds: %.4g   chips.recovery_minutes: %.4g\n"
+              "        elastic.checkpoint_seconds: %.4g   elastic.rescale_seconds: %.4g\n",
+              c.checkpoint_seconds, c.recovery_minutes, c.elastic_checkpoint_seconds,
+              c.rescale_seconds);
+  std::printf("%-9s %-16s %9s %9s %9s\n", "chips", "strategy", "paper", "simulated",
+              "residual");
+  auto line = [&](int64_t chips, Strategy s, int learners, double paper) {
     SimConfig t = c;
-    t.learners = c.sweep_learners[i];
-    t.quorum = std::min(c.quorum, t.learners);
-    line(fmt::format("decoupled M={}", t.learners), c.calibration_decoupled[i],
-         sim::simulate(t, Strategy::decoupled).goodput);
+    t.chips = chips;
+    t.learners = learners;
+    t.quorum = std::min(c.quorum, learners);
+    const SimResult r = sim::simulate(t, s);
+    std::printf("%-9s %-16s %9s %9s %+8.1f pt\n", chips_label(chips).c_str(),
+                (s == Strategy::decoupled ? fmt::format("decoupled M={}", learners)
+                                          : std::string(strategy_name(s)))
+                    .c_str(),
+                percent(paper).c_str(), percent(r.goodput).c_str(), 100 * (r.goodput - paper));
+  };
+  for (size_t col = 0; col < 2; ++col) {
+    const int64_t n = c.calibration_chips[col];
+    line(n, Strategy::dp, 1, c.calibration_dp[col]);
+    line(n, Strategy::elastic_dp, 1, c.calibration_elastic_dp[col]);
+    if (col == 0)
+      for (size_t i = 0; i < c.sweep_learners.size(); ++i)
+        line(n, Strategy::decoupled, c.sweep_learners[i], c.calibration_decoupled[i]);
+    else
+      line(n, Strategy::decoupled, c.calibration_headline_learners,
+           c.calibration_headline_decoupled);
   }
   return 0;
 }

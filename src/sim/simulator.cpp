@@ -2,9 +2,11 @@
 // groups of chips that train synchronously (the dp job, the elastic job, or each learner
 // unit), and for decoupled the syncer's quorum and grace window. Model: simulate.hpp.
 //
-// Time advances from event to event; between events every group's chip-time accrues at
-// constant rates (chips up, chips failed, its slowest chip), so a month on millions of chips
-// costs a few hundred thousand events, not per-step work.
+// Time advances from event to event; between events every group runs with constant chips
+// up, chips failed and slowest chip, so its compute / checkpoint cycle is periodic and its
+// chip-time is accounted in closed form, lazily, when an event touches it. A month on
+// millions of chips costs a few hundred thousand events, not per-step or per-checkpoint work,
+// and an event costs O(1) but for the scan of the M groups' next events.
 #include "ddiloco/simulate.hpp"
 
 #include <algorithm>
@@ -26,8 +28,10 @@ constexpr double kHour = 3600.0;
 
 // Chip failures and recoveries, a function of the seed and the chips.* keys only: the same
 // trace for every strategy. Failures of the N − f healthy chips form a Poisson process of
-// rate λ·(N − f); after any change of f the next failure is redrawn (memorylessness makes
-// that exact). The failed chip is uniform over the healthy ones.
+// rate λ·(N − f); after a failure the next one is drawn afresh, and after a recovery the time
+// left to it is scaled by the ratio of the rates (by memorylessness, a residual Exp(a) scaled
+// by a/b is an Exp(b), independent of the past: exact, and one logarithm fewer per failure).
+// The failed chip is uniform over the healthy ones.
 class FaultTrace {
  public:
   FaultTrace(const SimConfig& c, uint64_t seed)
@@ -65,19 +69,26 @@ class FaultTrace {
     }
     const auto [t, chip] = recoveries_.top();
     recoveries_.pop();
+    const double healthy_before = healthy();
     failed_.erase(chip);
-    draw_next_failure(t);
+    if (std::isfinite(next_failure_) && healthy_before > 0)
+      next_failure_ = t + (next_failure_ - t) * (healthy_before / healthy());
+    else
+      draw_next_failure(t);
     return {t, false, chip};
   }
 
  private:
+  double healthy() const {
+    return static_cast<double>(chips_ - static_cast<int64_t>(failed_.size()));
+  }
+
   void draw_next_failure(double now) {
-    const double healthy = static_cast<double>(chips_ - static_cast<int64_t>(failed_.size()));
-    if (rate_ <= 0 || healthy <= 0) {
+    if (rate_ <= 0 || healthy() <= 0) {
       next_failure_ = kNever;
       return;
     }
-    next_failure_ = now - std::log1p(-rng_.uniform()) / (rate_ * healthy);
+    next_failure_ = now - std::log1p(-rng_.uniform()) / (rate_ * healthy());
   }
 
   double draw_recovery() {
@@ -131,47 +142,52 @@ class ChipSpeeds {
   std::vector<float> factor_;
 };
 
-// How a group's work becomes useful.
+// How a group's saved work becomes useful.
 enum class Commit {
-  continuous,  // elastic_dp: as it is done (only a step in progress can be lost)
-  checkpoint,  // dp: when a checkpoint completes
-  merge,       // decoupled: when the syncer merges the snapshot that holds it
+  save,   // dp and elastic_dp: when the checkpoint that holds it is written
+  merge,  // decoupled: when the syncer merges the snapshot that holds it
 };
 // What a failed chip does to its group.
 enum class OnFailure {
   restart,  // every chip stops until all are back, then a restart (state since the last
             // checkpoint or merge is lost)
-  elastic,  // the step in progress is lost, a re-scale pause, then the survivors go on
+  elastic,  // the survivors roll back to their last checkpoint, pause to re-scale, go on
 };
-enum class State { running, writing, paused, down, restarting };
+enum class Mode { running, paused, down, restarting };
 
 // Chip-time of work not yet useful; moved to ChipTime::useful (and straggler, checkpoint)
 // when committed, or to ChipTime::lost.
 struct AtRisk {
   double compute = 0, straggler = 0, checkpoint = 0;
-  void add(const AtRisk& o) {
-    compute += o.compute;
-    straggler += o.straggler;
-    checkpoint += o.checkpoint;
+  void add(const AtRisk& o, double times = 1) {
+    compute += times * o.compute;
+    straggler += times * o.straggler;
+    checkpoint += times * o.checkpoint;
   }
 };
 
-// Chips [lo, hi) training synchronously.
+// Chips [lo, hi) training synchronously. While running it cycles through `seg_steps` steps
+// of compute and the write of a checkpoint (none when seg_steps is infinite); its chip-time
+// is accounted lazily, up to `t`, whenever an event touches it.
 struct Group {
   int64_t lo = 0, hi = 0;
   int64_t failed = 0;
-  State state = State::running;
-  double until = kNever;  // end of a pause, restart or checkpoint write
+  Mode mode = Mode::running;
+  double until = kNever;  // end of a pause or restart
   double slow = 1;        // step-time factor of the slowest chip
   int64_t slow_chip = -1;
-  double steps = 0;       // inner steps since the segment or round began (fractional)
-  double segment_steps = 0;  // dp: steps of this checkpoint segment, set when it begins
-  AtRisk unpublished;     // merge: since the last snapshot; checkpoint: since the last one
+  double t = 0;           // chip-time accounted up to here
+  double seg = 0;         // steps since the last save point (= seg_steps while writing)
+  double seg_steps = kNever;  // steps between two save points
+  double write_left = 0;  // > 0: writing a checkpoint, seconds left
+  double round = 0;       // merge: steps since the unit's last publish
+  AtRisk unsaved;         // since the last save point: what a failure loses
+  AtRisk saved;           // merge: checkpointed, not yet published
   AtRisk published;       // merge: in a snapshot the syncer has not merged yet
   int64_t size() const { return hi - lo; }
   int64_t up() const { return hi - lo - failed; }
-  bool computing() const { return state == State::running && up() > 0; }
-  bool live() const { return state != State::down && state != State::restarting; }
+  bool computing() const { return mode == Mode::running && up() > 0; }
+  bool live() const { return mode != Mode::down && mode != Mode::restarting; }
 };
 
 class Simulation {
@@ -180,23 +196,32 @@ class Simulation {
       : c_(c), trace_(c, seed), speeds_(c, seed) {
     const int M = s == Strategy::decoupled ? c.learners : 1;
     quorum_ = s == Strategy::decoupled ? c.quorum : 1;
-    commit_ = s == Strategy::dp ? Commit::checkpoint
-              : s == Strategy::elastic_dp ? Commit::continuous
-                                          : Commit::merge;
+    commit_ = s == Strategy::decoupled ? Commit::merge : Commit::save;
     on_failure_ = s == Strategy::dp ? OnFailure::restart
                   : s == Strategy::elastic_dp ? OnFailure::elastic
                   : c.on_chip_failure == "down" ? OnFailure::restart
                                                 : OnFailure::elastic;
     restart_s_ = s == Strategy::dp ? c.restart_seconds : c.rejoin_seconds;
-    interval_s_ = s == Strategy::dp ? c.checkpoint_interval_s() : kNever;
+    save_s_ = s == Strategy::dp ? c.checkpoint_seconds : c.elastic_checkpoint_seconds;
+    // Without in-memory checkpoints an elastic group keeps every completed step: a save
+    // point per step, not a checkpoint.
+    checkpointing_ = s == Strategy::dp ||
+                     c.elastic_checkpoint_seconds > 0 || c.elastic_checkpoint_minutes > 0;
     groups_.resize(static_cast<size_t>(M));
     for (int m = 0; m < M; ++m) {
       Group& g = groups_[m];
       g.lo = c.chips * m / M;
       g.hi = c.chips * (m + 1) / M;
       rescan_slowest(g);
-      begin_segment(g);
+      set_segment(g);
+      next_.push_back(next_event(g));
+      if (g.computing()) ++computing_;
     }
+    // A unit that goes down restarts from Θ: it keeps no checkpoint of its own.
+    if (s == Strategy::dp)
+      interval_s_ = c.checkpoint_interval_s();
+    else if (on_failure_ == OnFailure::elastic)
+      interval_s_ = c.elastic_checkpoint_interval_s(groups_[0].size());
     fresh_.assign(static_cast<size_t>(M), false);
     result_.quorum_sizes.assign(static_cast<size_t>(M + 1), 0);
   }
@@ -207,17 +232,15 @@ class Simulation {
       const double t_fault = trace_.next_time();
       double t_group = kNever;
       size_t g_next = 0;
-      for (size_t i = 0; i < groups_.size(); ++i) {
-        const double t = next_event(groups_[i]);
-        if (t < t_group) {
-          t_group = t;
+      for (size_t i = 0; i < next_.size(); ++i)
+        if (next_[i] < t_group) {
+          t_group = next_[i];
           g_next = i;
         }
-      }
       const double t = std::min({t_fault, t_group, grace_deadline_});
       if (t >= horizon) break;
       ++result_.events;
-      advance_all(t);
+      advance_uptime(t);
       if (t_group <= t_fault && t_group <= grace_deadline_)
         group_event(g_next, t);
       else if (grace_deadline_ <= t_fault)
@@ -225,22 +248,26 @@ class Simulation {
       else
         fault_event(trace_.pop());
     }
-    advance_all(horizon);
-    // The end of the job. dp's work since its last checkpoint is in the model (only at risk
-    // until then). Units' work reaches the global model in a last merge of the live units,
-    // as the runtime's final flush does, if they make a quorum; otherwise it stays pending:
-    // a model that stopped merging shows in goodput instead of being credited at the end.
+    advance_uptime(horizon);
+    for (Group& g : groups_) advance(g, horizon);
+    // The end of the job. dp's and elastic dp's work since their last checkpoint is in the
+    // model (only at risk until then). Units' work reaches the global model in a last merge
+    // of the live units, as the runtime's final flush does, if they make a quorum; otherwise
+    // it stays pending: a model that stopped merging shows in goodput instead of being
+    // credited at the end.
     int live = 0;
     for (const Group& g : groups_) live += g.live() ? 1 : 0;
     const bool final_merge = commit_ != Commit::merge || live >= quorum_;
     for (Group& g : groups_) {
-      g.unpublished.add(g.published);
-      g.published = AtRisk{};
+      g.unsaved.add(g.saved);
+      g.unsaved.add(g.published);
+      g.saved = g.published = AtRisk{};
       if (final_merge) {
-        commit(g.unpublished);
+        commit(g.unsaved);
       } else {
-        ct_.pending += g.unpublished.compute + g.unpublished.straggler;
-        g.unpublished = AtRisk{};
+        ct_.pending += g.unsaved.compute + g.unsaved.straggler;
+        ct_.checkpoint += g.unsaved.checkpoint;
+        g.unsaved = AtRisk{};
       }
     }
     result_.wall_seconds = horizon;
@@ -264,73 +291,135 @@ class Simulation {
 
   double step_wall(const Group& g) const { return c_.step_seconds * g.slow; }
 
-  // A new checkpoint segment (dp) or round: the interval is compute time, so it is counted in
-  // steps at the group's current speed.
-  void begin_segment(Group& g) const {
-    g.steps = 0;
-    g.segment_steps = std::isfinite(interval_s_)
-                          ? std::max(1.0, std::round(interval_s_ / step_wall(g)))
-                          : kNever;
+  // The save interval is compute time, so it is counted in steps at the group's current
+  // speed; it is set again whenever that speed changes.
+  void set_segment(Group& g) const {
+    const double interval_s =
+        on_failure_ == OnFailure::restart
+            ? (commit_ == Commit::merge ? kNever : c_.checkpoint_interval_s())
+            : c_.elastic_checkpoint_interval_s(g.size());
+    g.seg_steps = std::isfinite(interval_s)
+                      ? std::max(1.0, std::round(interval_s / step_wall(g)))
+                      : kNever;
+  }
+
+  // Seconds of wall time until a running unit has made `steps` more steps: the compute, the
+  // checkpoint being written and those that start before (one that would start exactly
+  // then does not: the publish is the save point).
+  double time_for_steps(const Group& g, double steps) const {
+    double time = g.write_left + steps * step_wall(g);
+    if (std::isfinite(g.seg_steps) && save_s_ > 0) {
+      const double first = g.write_left > 0 ? g.seg_steps : g.seg_steps - g.seg;
+      constexpr double kEps = 1e-9;  // steps
+      if (steps > first + kEps)
+        time += (std::floor((steps - first - kEps) / g.seg_steps) + 1) * save_s_;
+    }
+    return time;
   }
 
   double next_event(const Group& g) const {
-    switch (g.state) {
-      case State::writing:
-      case State::paused:
-      case State::restarting: return g.until;
-      case State::down: return kNever;
-      case State::running: {
-        if (g.up() <= 0) return kNever;
-        const double target = commit_ == Commit::merge        ? c_.h
-                              : commit_ == Commit::checkpoint ? g.segment_steps
-                                                              : kNever;
-        if (!std::isfinite(target)) return kNever;
-        return now_ + std::max(0.0, target - g.steps) * step_wall(g);
-      }
+    switch (g.mode) {
+      case Mode::paused:
+      case Mode::restarting: return g.until;
+      case Mode::down: return kNever;
+      case Mode::running:
+        if (commit_ != Commit::merge || g.up() <= 0) return kNever;
+        return g.t + time_for_steps(g, std::max(0.0, c_.h - g.round));
     }
     return kNever;
   }
 
-  // Accrues every group's chip-time and the model's uptime from now_ to t.
-  void advance_all(double t) {
-    const double dt = t - now_;
-    if (dt <= 0) return;
-    int computing = 0;
-    for (Group& g : groups_) {
-      const double up = static_cast<double>(g.up());
-      const double failed = static_cast<double>(g.failed);
-      switch (g.state) {
-        case State::running:
-          if (g.up() > 0) {
-            g.unpublished.compute += up * dt / g.slow;
-            g.unpublished.straggler += up * dt * (1 - 1 / g.slow);
-            g.steps += dt / step_wall(g);
-            ++computing;
-          }
-          ct_.down += failed * dt;
-          break;
-        case State::writing:
-          g.unpublished.checkpoint += up * dt;
-          ct_.down += failed * dt;
-          break;
-        case State::paused:
-          ct_.paused += up * dt;
-          ct_.down += failed * dt;
-          break;
-        case State::down:
-        case State::restarting: ct_.down += static_cast<double>(g.size()) * dt; break;
-      }
-      if (commit_ == Commit::continuous) commit(g.unpublished);
-    }
-    if (computing >= quorum_) uptime_s_ += dt;
+  void advance_uptime(double t) {
+    if (computing_ >= quorum_) uptime_s_ += t - now_;
     now_ = t;
   }
 
+  // Accounts `g`'s chip-time up to t: at constant rates while paused or down, and through
+  // its compute / checkpoint cycle while running (whole cycles in closed form).
+  void advance(Group& g, double t) {
+    double dt = t - g.t;
+    if (dt <= 0) return;
+    g.t = t;
+    const double up = static_cast<double>(g.up());
+    ct_.down += static_cast<double>(g.failed) * dt;
+    if (g.mode == Mode::paused) {
+      ct_.paused += up * dt;
+      return;
+    }
+    if (g.mode != Mode::running) {
+      ct_.down += up * dt;
+      return;
+    }
+    if (g.up() <= 0) return;
+    const double wall = step_wall(g);
+    const auto compute = [&](double seconds) {
+      g.unsaved.compute += up * seconds / g.slow;
+      g.unsaved.straggler += up * seconds * (1 - 1 / g.slow);
+      g.seg += seconds / wall;
+      g.round += seconds / wall;
+    };
+    while (dt > 0) {
+      if (g.write_left > 0) {
+        const double w = std::min(dt, g.write_left);
+        g.unsaved.checkpoint += up * w;
+        dt -= w;
+        g.write_left = w < g.write_left ? g.write_left - w : 0;
+        if (g.write_left > 0) return;
+        save_point(g);
+      } else {
+        const double to_end = std::max(0.0, g.seg_steps - g.seg) * wall;  // inf: no saves
+        if (dt < to_end) {
+          compute(dt);
+          return;
+        }
+        compute(to_end);
+        g.seg = std::max(g.seg, g.seg_steps);
+        dt -= to_end;
+        if (save_s_ > 0) {
+          g.write_left = save_s_;
+          continue;
+        }
+        save_point(g);
+      }
+      // At a save point: whole cycles of compute and checkpoint at once.
+      const double cycle_s = g.seg_steps * wall + save_s_;
+      const double cycles = std::floor(dt / cycle_s);
+      if (cycles >= 1) {
+        const AtRisk one{up * g.seg_steps * wall / g.slow,
+                         up * g.seg_steps * wall * (1 - 1 / g.slow), up * save_s_};
+        if (commit_ == Commit::save)
+          commit_times(one, cycles);
+        else
+          g.saved.add(one, cycles);
+        if (checkpointing_) result_.checkpoints += static_cast<int64_t>(cycles);
+        g.round += cycles * g.seg_steps;
+        dt -= cycles * cycle_s;
+      }
+    }
+  }
+
+  // The checkpoint just written (or, without a write, the step just completed) holds the
+  // segment's work.
+  void save_point(Group& g) {
+    g.seg = 0;
+    g.write_left = 0;
+    if (checkpointing_) ++result_.checkpoints;
+    if (commit_ == Commit::save) {
+      commit(g.unsaved);
+    } else {
+      g.saved.add(g.unsaved);
+      g.unsaved = AtRisk{};
+    }
+  }
+
   void commit(AtRisk& w) {
-    ct_.useful += w.compute;
-    ct_.straggler += w.straggler;
-    ct_.checkpoint += w.checkpoint;
+    commit_times(w, 1);
     w = AtRisk{};
+  }
+  void commit_times(const AtRisk& w, double times) {
+    ct_.useful += times * w.compute;
+    ct_.straggler += times * w.straggler;
+    ct_.checkpoint += times * w.checkpoint;
   }
   void lose(AtRisk& w) {
     ct_.lost += w.compute + w.straggler + w.checkpoint;
@@ -338,114 +427,110 @@ class Simulation {
   }
 
   void pause(Group& g, double t) {
-    g.until = g.state == State::paused ? std::max(g.until, t + c_.rescale_seconds)
-                                       : t + c_.rescale_seconds;
-    g.state = State::paused;
+    g.until = g.mode == Mode::paused ? std::max(g.until, t + c_.rescale_seconds)
+                                     : t + c_.rescale_seconds;
+    g.mode = Mode::paused;
+  }
+
+  // Applies `change` to group m at time t (its chip-time accounted first), then refreshes
+  // its next event and the count of computing groups.
+  template <typename F>
+  void touch(size_t m, double t, F change) {
+    Group& g = groups_[m];
+    advance(g, t);
+    const bool was_computing = g.computing();
+    change(g);
+    computing_ += (g.computing() ? 1 : 0) - (was_computing ? 1 : 0);
+    next_[m] = next_event(g);
   }
 
   void fault_event(const FaultTrace::Event& e) {
     const size_t m = group_of(e.chip);
-    Group& g = groups_[m];
     const double t = e.time;
     if (e.failure) {
       ++result_.failures;
-      // A step is in progress while running, and also through a pause for a rejoin.
-      const bool in_step = (g.state == State::running || g.state == State::paused) && g.up() > 0;
-      ++g.failed;
-      if (on_failure_ == OnFailure::restart) {
-        if (g.state == State::down) return;
-        if (g.live()) {
-          // The state since the last checkpoint or merge is gone, and so is a snapshot
-          // the syncer has not merged yet.
-          lose(g.unpublished);
-          lose(g.published);
-          g.steps = 0;
-          unit_lost(m, t);
-        }
-        g.state = State::down;
-        g.until = kNever;
-        return;
-      }
-      // Elastic: the step in progress is aborted on every chip that was computing it. Its
-      // chip-time is taken at the current chip count and speed, which a rejoin or a speed
-      // change earlier in the same step makes slightly off (by at most one step of the
-      // chips that changed); the totals stay exact.
-      if (in_step) {
-        const double partial = g.steps - std::floor(g.steps);
-        const double up_before = static_cast<double>(g.up() + 1);
-        const double wall = partial * step_wall(g);
-        AtRisk step{up_before * wall / g.slow, up_before * wall * (1 - 1 / g.slow), 0};
-        if (commit_ == Commit::continuous) {
-          ct_.useful -= step.compute;
-          ct_.straggler -= step.straggler;
-        } else {
-          g.unpublished.compute -= step.compute;
-          g.unpublished.straggler -= step.straggler;
-        }
-        ct_.lost += step.compute + step.straggler;
-        g.steps = std::floor(g.steps);
-      }
-      if (g.state == State::running || g.state == State::paused) pause(g, t);
+      touch(m, t, [&](Group& g) { chip_failed(m, g, t); });
       return;
     }
     // Recovery: the chip (or its replacement) is back, with a new speed.
-    --g.failed;
-    const double f = speeds_.replace(e.chip);
-    if (speeds_.varied()) {
-      if (e.chip == g.slow_chip)
-        rescan_slowest(g);
-      else if (f > g.slow) {
-        g.slow = f;
-        g.slow_chip = e.chip;
+    touch(m, t, [&](Group& g) {
+      --g.failed;
+      const double f = speeds_.replace(e.chip);
+      if (speeds_.varied()) {
+        const double before = g.slow;
+        if (e.chip == g.slow_chip)
+          rescan_slowest(g);
+        else if (f > g.slow) {
+          g.slow = f;
+          g.slow_chip = e.chip;
+        }
+        if (g.slow != before) set_segment(g);
       }
-    }
+      if (on_failure_ == OnFailure::restart) {
+        if (g.mode == Mode::down && g.failed == 0) {
+          g.mode = Mode::restarting;
+          g.until = t + restart_s_;
+        }
+        return;
+      }
+      if (g.mode == Mode::running || g.mode == Mode::paused) pause(g, t);
+    });
+  }
+
+  void chip_failed(size_t m, Group& g, double t) {
+    ++g.failed;
     if (on_failure_ == OnFailure::restart) {
-      if (g.state == State::down && g.failed == 0) {
-        g.state = State::restarting;
-        g.until = t + restart_s_;
+      if (g.mode == Mode::down) return;
+      if (g.live()) {
+        // The state since the last checkpoint or merge is gone, and so is a snapshot the
+        // syncer has not merged yet.
+        lose(g.unsaved);
+        lose(g.saved);
+        lose(g.published);
+        g.seg = g.round = g.write_left = 0;
+        unit_lost(m, g.t);
       }
+      g.mode = Mode::down;
+      g.until = kNever;
       return;
     }
-    if (g.state == State::running || g.state == State::paused) pause(g, t);
+    // Elastic: the survivors roll back to their last checkpoint (without in-memory
+    // checkpoints, to the last completed step); a checkpoint being written is lost with the
+    // segment it was saving. (A failure during a failure's pause finds nothing to lose.)
+    lose(g.unsaved);
+    g.round = std::max(0.0, g.round - g.seg);
+    g.seg = g.write_left = 0;
+    pause(g, t);
   }
 
   void group_event(size_t m, double t) {
-    Group& g = groups_[m];
-    switch (g.state) {
-      case State::paused:
-        g.state = State::running;
-        g.until = kNever;
-        return;
-      case State::restarting:
-        g.state = State::running;
-        g.until = kNever;
-        begin_segment(g);  // from the last checkpoint, or (a unit) from Θ
-        return;
-      case State::writing:
-        commit(g.unpublished);
-        ++result_.checkpoints;
-        g.state = State::running;
-        g.until = kNever;
-        begin_segment(g);
-        return;
-      case State::running:
-        g.steps = 0;
-        if (commit_ == Commit::checkpoint) {
-          g.state = State::writing;
-          g.until = t + c_.checkpoint_seconds;
+    touch(m, t, [&](Group& g) {
+      switch (g.mode) {
+        case Mode::paused:
+          g.mode = Mode::running;
+          g.until = kNever;
           return;
-        }
-        publish(m, t);
-        return;
-      case State::down: return;
-    }
+        case Mode::restarting:
+          // From the last checkpoint, or (a unit) from Θ.
+          g.mode = Mode::running;
+          g.until = kNever;
+          g.seg = g.round = g.write_left = 0;
+          set_segment(g);
+          return;
+        case Mode::running: publish(m, t); return;
+        case Mode::down: return;
+      }
+    });
   }
 
   // ---- the syncer (decoupled) ----
+  // A unit's publish: its state is copied out for the syncer, which is also a save point.
   void publish(size_t m, double t) {
     Group& g = groups_[m];
-    g.published.add(g.unpublished);
-    g.unpublished = AtRisk{};
+    g.published.add(g.saved);
+    g.published.add(g.unsaved);
+    g.saved = g.unsaved = AtRisk{};
+    g.seg = g.round = g.write_left = 0;
     if (!fresh_[m]) {
       fresh_[m] = true;
       if (++fresh_count_ == 1) first_fresh_ = t;
@@ -520,12 +605,16 @@ class Simulation {
   const SimConfig& c_;
   FaultTrace trace_;
   ChipSpeeds speeds_;
-  Commit commit_ = Commit::continuous;
+  Commit commit_ = Commit::save;
   OnFailure on_failure_ = OnFailure::elastic;
   int quorum_ = 1;
   double restart_s_ = 0;
-  double interval_s_ = kNever;  // dp: compute (wall) seconds between checkpoints
+  double save_s_ = 0;           // writing one checkpoint (dp's, or an elastic group's)
+  bool checkpointing_ = true;   // save points are checkpoints (counted in the result)
+  double interval_s_ = kNever;  // compute (wall) seconds between checkpoints, reported
+  int computing_ = 0;           // groups computing (Group::computing), for the uptime
   std::vector<Group> groups_;
+  std::vector<double> next_;  // each group's next event (end of a pause or restart, a publish)
   std::vector<bool> fresh_;
   int fresh_count_ = 0;
   double first_fresh_ = 0;
@@ -535,7 +624,6 @@ class Simulation {
   ChipTime ct_;
   SimResult result_;
 };
-
 }  // namespace
 
 const char* strategy_name(Strategy s) {
@@ -663,13 +751,11 @@ nlohmann::json to_json(const SimResult& r) {
                     {"checkpoint", share(r.chip_time.checkpoint)},
                     {"straggler", share(r.chip_time.straggler)},
                     {"pending", share(r.chip_time.pending)}};
-  if (r.strategy == Strategy::dp) {
-    j["checkpoints"] = r.checkpoints;
-    if (std::isfinite(r.checkpoint_interval_s))
-      j["checkpoint_interval_s"] = r.checkpoint_interval_s;
-    else
-      j["checkpoint_interval_s"] = nullptr;
-  }
+  j["checkpoints"] = r.checkpoints;
+  if (std::isfinite(r.checkpoint_interval_s))
+    j["checkpoint_interval_s"] = r.checkpoint_interval_s;
+  else
+    j["checkpoint_interval_s"] = nullptr;
   if (r.strategy == Strategy::decoupled) {
     j["merges"] = r.merges;
     j["quorum_sizes"] = r.quorum_sizes;

@@ -40,6 +40,34 @@ assert g[("dp", 600000, 1)] < g[("dp", 150000, 1)], g
 print("PASS: JSON outputs", len(grid), "grid cells")
 PY
 
+# --calibrate fits two keys per strategy to its goodput at two chip counts: goodputs simulated
+# with known keys are fitted back to those keys.
+cal=(--config "$SRC/configs/sim/paper.yaml" --set sim.days=3 --set sim.repeats=2
+     --set "sweep.learners=[2]" --set "calibration.decoupled=[0.9]")
+known=(--set dp.checkpoint_seconds=5 --set chips.recovery_minutes=0.2
+       --set elastic.checkpoint_seconds=1.5 --set elastic.rescale_seconds=8)
+for n in 15000 120000; do
+  "$DDILOCO" simulate "${cal[@]}" "${known[@]}" --set chips.count=$n \
+    --set "sim.strategies=[dp, elastic_dp]" --json > "known_$n.json"
+done
+targets=$(/usr/bin/python3 - known_15000.json known_120000.json <<'PY'
+import json, sys
+g = [[r["goodput"] for r in json.load(open(f))["results"]] for f in sys.argv[1:]]
+print(f"calibration.dp=[{g[0][0]!r},{g[1][0]!r}] calibration.elastic_dp=[{g[0][1]!r},{g[1][1]!r}]")
+PY
+)
+read -r dp_targets elastic_targets <<< "$targets"
+"$DDILOCO" simulate "${cal[@]}" --calibrate --set "calibration.chips=[15000, 120000]" \
+  --set "$dp_targets" --set "$elastic_targets" > calibrate.txt
+cat calibrate.txt
+grep -q "fitted: dp.checkpoint_seconds: 5 *chips.recovery_minutes: 0.2$" calibrate.txt \
+  || fail "--calibrate did not find dp's keys back"
+grep -q "elastic.checkpoint_seconds: 1.5 *elastic.rescale_seconds: 8$" calibrate.txt \
+  || fail "--calibrate did not find elastic's keys back"
+expect_error "calibration.dp: [0.5, 0.9] cannot be reached by fitting dp.checkpoint_seconds" \
+  "$DDILOCO" simulate "${cal[@]}" --calibrate --set "calibration.chips=[15000, 120000]" \
+  --set "calibration.dp=[0.5, 0.9]"
+
 "$DDILOCO" simulate --config "$SRC/configs/sim/planning.yaml" "${short[@]}" > /dev/null
 "$DDILOCO" simulate --list | grep -q "^chips.mtbi_hours" || fail "--list lacks chips.mtbi_hours"
 

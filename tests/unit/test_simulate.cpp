@@ -25,10 +25,36 @@ SimConfig small_config() {
   c.learners = 4;
   c.quorum = 2;
   c.h = 20;
+  // The tests written before in-memory checkpoints pin their model: an elastic group keeps
+  // every completed step. The tests of the checkpoints turn them on themselves.
+  c.elastic_checkpoint_seconds = 0;
+  c.elastic_checkpoint_minutes = 0;
   return c;
 }
 
 double relative(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-300); }
+
+// For the closed-form comparisons: 1000 chips over ten simulated years, so that the
+// estimate's noise is well under 1 %, and the closed form at that failure rate.
+SimConfig ten_years() {
+  SimConfig c = small_config();
+  c.chips = 1000;
+  c.days = 3650;
+  return c;
+}
+// Simulates `strategy` on `c` and expects dp_goodput_closed_form with these times within 1 %.
+SimResult expect_closed_form(const SimConfig& c, Strategy strategy, double recovery_s,
+                             double restart_s, double interval_s, double checkpoint_s) {
+  const double lambda = static_cast<double>(c.chips) / (c.mtbi_hours * 3600);
+  const double expected =
+      dp_goodput_closed_form(lambda, recovery_s, restart_s, interval_s, checkpoint_s);
+  const SimResult r = simulate(c, strategy);
+  EXPECT_LT(relative(r.goodput, expected), 0.01)
+      << strategy_name(strategy) << ", " << c.recovery << " recovery " << recovery_s
+      << " s, restart or pause " << restart_s << " s: simulated " << r.goodput
+      << ", closed form " << expected;
+  return r;
+}
 
 TEST(Simulate, NoFailuresMeansFullGoodputForEveryStrategy) {
   SimConfig c = small_config();
@@ -53,22 +79,112 @@ TEST(Simulate, DataParallelMatchesTheClosedForm) {
   for (const auto& [recovery_min, restart_s, interval_min, ckpt_s] :
        std::vector<std::tuple<double, double, double, double>>{
            {6, 180, 20, 60}, {30, 600, 10, 30}, {1, 30, 60, 120}}) {
-    SimConfig c = small_config();
-    c.chips = 1000;
-    c.days = 3650;
+    SimConfig c = ten_years();
     c.recovery_minutes = recovery_min;
     c.restart_seconds = restart_s;
     c.checkpoint_minutes = interval_min;
     c.checkpoint_seconds = ckpt_s;
-    const SimResult r = simulate(c, Strategy::dp);
-    const double lambda = static_cast<double>(c.chips) / (c.mtbi_hours * 3600);
-    const double expected = dp_goodput_closed_form(lambda, recovery_min * 60, restart_s,
-                                                   interval_min * 60, ckpt_s);
-    EXPECT_LT(relative(r.goodput, expected), 0.01)
-        << "recovery " << recovery_min << " min: simulated " << r.goodput << ", closed form "
-        << expected;
+    const SimResult r = expect_closed_form(c, Strategy::dp, recovery_min * 60, restart_s,
+                                           interval_min * 60, ckpt_s);
     EXPECT_GT(r.failures, 50'000);
   }
+}
+
+TEST(Simulate, DataParallelIsInsensitiveToTheRecoveryDistribution) {
+  // dp is down for the busy period of an M/G/∞ queue of failed chips, whose mean
+  // (e^{Λ·E[R]} − 1)/Λ depends on the recovery time R only through its mean (Takács), so the
+  // closed form for a fixed R holds for exponential and lognormal recoveries too.
+  for (const char* recovery : {"exponential", "lognormal"}) {
+    SimConfig c = ten_years();
+    c.recovery = recovery;
+    c.recovery_sigma = 1.0;
+    c.recovery_minutes = 6;
+    c.restart_seconds = 180;
+    c.checkpoint_minutes = 20;
+    c.checkpoint_seconds = 60;
+    expect_closed_form(c, Strategy::dp, 360, 180, 1200, 60);
+  }
+}
+
+TEST(Simulate, ElasticRollsBackToItsLastCheckpoint) {
+  // An elastic group with in-memory checkpoints every τ (costing δ), a re-scale pause s and
+  // chips back after R < s: a failure loses the work since the last checkpoint, and the pause
+  // ends R + s after the last failure of a chain of failures each within R + s of the one
+  // before (every chip is back before it ends). That is dp's renewal with recovery R and an
+  // interruptible restart s: the same closed form (dp_goodput_closed_form).
+  for (const auto& [recovery_min, rescale_s, interval_min, ckpt_s] :
+       std::vector<std::tuple<double, double, double, double>>{
+           {1, 180, 20, 60}, {0.5, 600, 10, 30}, {2, 150, 60, 120}}) {
+    SimConfig c = ten_years();
+    c.recovery_minutes = recovery_min;
+    c.rescale_seconds = rescale_s;
+    c.elastic_checkpoint_minutes = interval_min;
+    c.elastic_checkpoint_seconds = ckpt_s;
+    const SimResult r = expect_closed_form(c, Strategy::elastic_dp, recovery_min * 60, rescale_s,
+                                           interval_min * 60, ckpt_s);
+    EXPECT_GT(r.checkpoints, 0);
+    EXPECT_DOUBLE_EQ(r.checkpoint_interval_s, interval_min * 60);
+  }
+}
+
+TEST(Simulate, ElasticCheckpointIntervalIsTheGroupsYoungDaly) {
+  SimConfig c = small_config();
+  c.elastic_checkpoint_seconds = 2;
+  const double mtbi_s = c.mtbi_hours * 3600;
+  EXPECT_DOUBLE_EQ(c.elastic_checkpoint_interval_s(300), std::sqrt(2 * 2 * mtbi_s / 300));
+  // A unit checkpoints at the failure rate of its own N/M chips, elastic dp at the job's.
+  EXPECT_DOUBLE_EQ(simulate(c, Strategy::decoupled).checkpoint_interval_s,
+                   c.elastic_checkpoint_interval_s(c.chips / c.learners));
+  EXPECT_DOUBLE_EQ(simulate(c, Strategy::elastic_dp).checkpoint_interval_s,
+                   c.elastic_checkpoint_interval_s(c.chips));
+  // And it does checkpoint at that interval (in whole steps): with rare failures and no
+  // publishes, each of the 4 units writes one checkpoint per interval + δ of a 60-day run.
+  SimConfig rare = c;
+  rare.mtbi_hours = 1e6;
+  rare.h = 1'000'000;
+  rare.quorum = 1;
+  const double steps = std::round(rare.elastic_checkpoint_interval_s(300) / rare.step_seconds);
+  const double per_unit = std::floor(rare.days * 86400 / (steps * rare.step_seconds + 2));
+  EXPECT_LT(relative(static_cast<double>(simulate(rare, Strategy::decoupled).checkpoints),
+                     4 * per_unit),
+            0.01);
+  c.elastic_checkpoint_minutes = 7;
+  EXPECT_DOUBLE_EQ(c.elastic_checkpoint_interval_s(300), 420);
+  c.elastic_checkpoint_minutes = 0;
+  c.elastic_checkpoint_seconds = 0;  // every completed step is kept
+  EXPECT_DOUBLE_EQ(c.elastic_checkpoint_interval_s(300), 0);
+  EXPECT_EQ(simulate(c, Strategy::elastic_dp).checkpoints, 0);
+  c.elastic_checkpoint_seconds = 2;
+  c.failures = false;
+  EXPECT_TRUE(std::isinf(c.elastic_checkpoint_interval_s(300)));
+}
+
+TEST(Simulate, CheckpointsAndPublishesHandTrace) {
+  // One unit, no failures: steps of 5 s, an in-memory checkpoint every 3 steps costing 1 s,
+  // a publish every 9 steps. The publish is itself a save point, so no checkpoint is written
+  // at step 9: a round is 2 × (15 s + 1 s) + 15 s = 47 s with 2 checkpoints. A day holds
+  // 1838 rounds (86386 s), then 14 s of compute. Elastic dp (no publishes): a cycle is 16 s,
+  // 5400 in a day.
+  SimConfig c = small_config();
+  c.failures = false;
+  c.days = 1;
+  c.learners = 1;
+  c.quorum = 1;
+  c.h = 9;
+  c.elastic_checkpoint_minutes = 15.0 / 60;
+  c.elastic_checkpoint_seconds = 1;
+  const SimResult unit = simulate(c, Strategy::decoupled);
+  EXPECT_EQ(unit.merges, 1838);
+  EXPECT_EQ(unit.checkpoints, 2 * 1838);
+  EXPECT_NEAR(unit.goodput, 1 - 3676.0 / 86400, 1e-9);
+  const double allocated = static_cast<double>(c.chips) * 86400;
+  EXPECT_NEAR(unit.chip_time.checkpoint / allocated, 3676.0 / 86400, 1e-9);
+  const SimResult elastic = simulate(c, Strategy::elastic_dp);
+  EXPECT_EQ(elastic.checkpoints, 5400);
+  EXPECT_NEAR(elastic.goodput, 1 - 5400.0 / 86400, 1e-9);
+  // The uptime counts a routine checkpoint as up: no failure stalled anything.
+  EXPECT_NEAR(unit.uptime, 1.0, 1e-12);
+  EXPECT_NEAR(elastic.uptime, 1.0, 1e-12);
 }
 
 TEST(Simulate, ClosedFormLimits) {
