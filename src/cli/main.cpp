@@ -447,7 +447,9 @@ int main(int argc, char** argv) {
   simulate->add_flag("--list", sim_opts.list, "print every simulator key, default and meaning");
   simulate->add_flag("--markdown", sim_opts.markdown, "with --list: a Markdown table");
   simulate->add_flag("--calibrate", sim_opts.calibrate,
-                     "fit chips.recovery_minutes and elastic.rescale_seconds to calibration.*");
+                     "fit dp's and elastic dp's keys (dp.checkpoint_seconds, chips.recovery_minutes, "
+                     "elastic.checkpoint_seconds, elastic.rescale_seconds) to the two columns of "
+                     "calibration.*");
 
   ConfigArgs chaos_args;
   std::string chaos_out;
