@@ -20,17 +20,21 @@ struct DataCursor {
 
 /// One of `stream_count` disjoint streams of training batches over a set of shards.
 ///
-/// Each shard is cut into chunks of B·T+1 tokens at stride B·T (llm.c's DataLoader: inputs are
-/// tokens [0, B·T), targets [1, B·T]). An epoch visits every chunk of every shard once, in an
-/// order fixed by (seed, epoch): shards permuted, then chunks within each shard permuted (or
-/// in file order when shuffle is off). Chunk g of that order belongs to stream g mod
-/// stream_count, so streams never share a batch, and each stream's sequence depends only on
-/// (files, B, T, seed, stream_index, stream_count). Tokens left over at the end of a shard
-/// (fewer than B·T+1) are not used.
+/// Each shard is cut into sequences of T+1 tokens at stride T (inputs are a sequence's first T
+/// tokens, targets its last T; llm.c's shard format). An epoch visits every sequence of every
+/// shard once, in an order fixed by (seed, epoch): shards permuted, then the sequences within
+/// each shard permuted (or in file order when shuffle is off). Sequence g of that order
+/// belongs to stream g mod stream_count, so streams never share a sequence; a batch is the
+/// stream's next B sequences, B independent draws of the shuffled order rather than one
+/// contiguous span of B·T+1 tokens (whose B rows, 4 KB of one passage, were so correlated that
+/// one rank's batch of 32 trained 11 % worse than four ranks' batches of 8 on the same tokens:
+/// README, "Batches"). A stream's batches per epoch are its sequences ÷ B; the few left over at
+/// an epoch's end are not used. Each stream's batches depend only on (files, B, T, seed,
+/// stream_index, stream_count).
 class TrainStream {
  public:
   /// Validates every shard now (header, size, every token < vocab_size). Throws Error naming
-  /// the file, or when the shards hold fewer chunks than there are streams.
+  /// the file, or when the shards hold fewer than B sequences per stream.
   TrainStream(std::vector<std::filesystem::path> shards, int vocab_size, int B, int T,
               int stream_index, int stream_count, uint64_t seed, bool shuffle);
 
@@ -39,7 +43,10 @@ class TrainStream {
 
   DataCursor cursor() const { return cursor_; }
   void seek(const DataCursor& cursor) { cursor_ = cursor; }
-  int64_t chunks_per_epoch() const { return total_chunks_; }
+  /// Sequences of T+1 tokens in one epoch, over all streams.
+  int64_t sequences_per_epoch() const { return total_chunks_; }
+  /// Batches this stream takes per epoch.
+  int64_t batches_per_epoch() const { return batches_; }
   int64_t tokens_per_batch() const { return static_cast<int64_t>(B_) * T_; }
 
  private:
@@ -47,11 +54,12 @@ class TrainStream {
   std::pair<int, int64_t> locate(int64_t epoch, int64_t g);
 
   std::vector<std::filesystem::path> files_;
-  std::vector<int64_t> chunks_;  // per shard, in file order
+  std::vector<int64_t> chunks_;  // sequences per shard, in file order
   int vocab_size_, B_, T_, stream_index_, stream_count_;
   uint64_t seed_;
   bool shuffle_;
-  int64_t total_chunks_ = 0;
+  int64_t total_chunks_ = 0;  // sequences, over all shards
+  int64_t batches_ = 0;       // this stream's per epoch
   DataCursor cursor_;
 
   // Caches: the shard visiting order of one epoch, and the chunk order + mapping of one shard.

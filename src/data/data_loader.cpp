@@ -30,18 +30,21 @@ TrainStream::TrainStream(std::vector<fs::path> shards, int vocab_size, int B, in
   if (B < 1 || T < 1) fail("data: batch size and sequence length must be ≥ 1");
   if (stream_count < 1 || stream_index < 0 || stream_index >= stream_count)
     fail("data: stream {} of {} does not exist", stream_index, stream_count);
-  const int64_t chunk = static_cast<int64_t>(B) * T;
   for (const auto& f : files_) {
     // Full validation (every token < vocab) now, so that bad data stops the job before it
     // writes anything, not hours in when the shard is first read.
     const int64_t n = static_cast<int64_t>(Shard::open(f, vocab_size).tokens().size());
-    chunks_.push_back(n > chunk ? (n - 1) / chunk : 0);
+    chunks_.push_back(n > T ? (n - 1) / T : 0);
     total_chunks_ += chunks_.back();
   }
-  if (total_chunks_ < stream_count)
-    fail("data.train: the {} shard(s) hold {} batches of B×T+1 = {} tokens, fewer than the {} "
-         "data streams (ranks); use more data or a smaller train.batch_size / model.seq_len",
-         files_.size(), total_chunks_, chunk + 1, stream_count);
+  // Positions stream_index, stream_index + stream_count, ... of the epoch's order.
+  const int64_t mine = total_chunks_ > stream_index ? (total_chunks_ - stream_index + stream_count - 1) / stream_count : 0;
+  batches_ = mine / B;
+  if (total_chunks_ / stream_count < B)
+    fail("data.train: the {} shard(s) hold {} sequences of T+1 = {} tokens, fewer than a batch of "
+         "{} for each of the {} data streams (ranks); use more data or a smaller "
+         "train.batch_size / model.seq_len",
+         files_.size(), total_chunks_, T + 1, B, stream_count);
 }
 
 std::pair<int, int64_t> TrainStream::locate(int64_t epoch, int64_t g) {
@@ -80,23 +83,22 @@ std::pair<int, int64_t> TrainStream::locate(int64_t epoch, int64_t g) {
 }
 
 void TrainStream::next(int32_t* inputs, int32_t* targets) {
-  int64_t g = stream_index_ + cursor_.batch * stream_count_;
-  if (g >= total_chunks_) {
+  if (cursor_.batch >= batches_) {
     ++cursor_.epoch;
     cursor_.batch = 0;
-    g = stream_index_;
   }
-  const auto [shard, chunk] = locate(cursor_.epoch, g);
-  if (!open_ || open_->path() != files_[shard]) {
-    open_.reset();  // unmap the previous shard first: GPT-2 shards are 200 MB each
-    open_.emplace(Shard::open(files_[shard], vocab_size_));
-  }
-  const auto tokens = open_->tokens();
-  const int64_t n = static_cast<int64_t>(B_) * T_;
-  const uint16_t* src = tokens.data() + chunk * n;
-  for (int64_t i = 0; i < n; ++i) {
-    inputs[i] = src[i];
-    targets[i] = src[i + 1];
+  for (int b = 0; b < B_; ++b) {
+    const int64_t g = stream_index_ + stream_count_ * (cursor_.batch * B_ + b);
+    const auto [shard, sequence] = locate(cursor_.epoch, g);
+    if (!open_ || open_->path() != files_[shard]) {
+      open_.reset();  // unmap the previous shard first: GPT-2 shards are 200 MB each
+      open_.emplace(Shard::open(files_[shard], vocab_size_));
+    }
+    const uint16_t* src = open_->tokens().data() + sequence * T_;
+    for (int i = 0; i < T_; ++i) {
+      inputs[b * T_ + i] = src[i];
+      targets[b * T_ + i] = src[i + 1];
+    }
   }
   ++cursor_.batch;
 }

@@ -244,7 +244,7 @@ TrainResult train_single_unit(const Config& config, MPI_Comm world, bool overwri
     std::printf("model: %.2fM parameters, %d ranks x %d threads, %lld tokens/step, "
                 "train %lld batches/epoch/stream, val %lld sequences\n",
                 params / 1e6, ranks, threads, static_cast<long long>(trainer.tokens_per_step()),
-                static_cast<long long>(trainer.data()->chunks_per_epoch() / ranks),
+                static_cast<long long>(trainer.data()->batches_per_epoch()),
                 static_cast<long long>(val.sequences()));
     std::fflush(stdout);
     log.write({{"event", "start"},

@@ -93,7 +93,8 @@ TEST(Shard, RejectsEveryKindOfCorruption) {
 
 TEST(TrainStream, StreamsAreDisjointAndCoverTheEpoch) {
   TempDir dir;
-  // Two shards; batch B·T = 2·4 = 8 tokens → shard of 41 tokens = 5 chunks, 33 tokens = 4.
+  // Two shards; sequences of T+1 = 5 tokens at stride 4 → a shard of 41 tokens holds 10, one of
+  // 33 holds 8: 18 sequences, 6 per stream of 3, 3 batches of B = 2 each per epoch.
   write_shard(dir / "train_0.bin", iota_tokens(41, 256));
   std::vector<uint16_t> second(33);
   std::iota(second.begin(), second.end(), 100);
@@ -103,19 +104,54 @@ TEST(TrainStream, StreamsAreDisjointAndCoverTheEpoch) {
   std::multiset<int32_t> firsts;
   for (int s = 0; s < streams; ++s) {
     TrainStream stream(files, 256, 2, 4, s, streams, 7, true);
-    EXPECT_EQ(stream.chunks_per_epoch(), 9);
+    EXPECT_EQ(stream.sequences_per_epoch(), 18);
+    EXPECT_EQ(stream.batches_per_epoch(), 3);
     std::vector<int32_t> in(8), tgt(8);
-    for (int b = 0; b < 3; ++b) {  // 9 chunks / 3 streams = 3 batches each per epoch
+    for (int b = 0; b < 3; ++b) {
       stream.next(in.data(), tgt.data());
-      for (int i = 0; i < 7; ++i) EXPECT_EQ(tgt[i], in[i + 1]);  // targets are shifted inputs
-      firsts.insert(in[0]);
+      for (int row = 0; row < 2; ++row) {
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(tgt[row * 4 + i], in[row * 4 + i + 1]);  // shifted
+        EXPECT_EQ(tgt[row * 4 + 3], in[row * 4 + 3] + 1) << "a row's last target is the next token";
+        firsts.insert(in[row * 4]);
+      }
     }
     EXPECT_EQ(stream.cursor().epoch, 0);
     stream.next(in.data(), tgt.data());
     EXPECT_EQ(stream.cursor(), (DataCursor{1, 1}));  // wrapped into epoch 1
   }
-  // Every chunk of the epoch was read exactly once over all streams.
-  EXPECT_EQ(firsts, (std::multiset<int32_t>{0, 8, 16, 24, 32, 100, 108, 116, 124}));
+  // Every sequence of the epoch was read exactly once over all streams.
+  EXPECT_EQ(firsts, (std::multiset<int32_t>{0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 100, 104, 108, 112,
+                                            116, 120, 124, 128}));
+}
+
+// A batch is B independent draws of the epoch's shuffled order, not one span of B·T+1 tokens:
+// its rows come from all over the shard, and over an epoch every sequence is drawn once.
+TEST(TrainStream, ABatchIsBIndependentSequences) {
+  TempDir dir;
+  const int T = 4, B = 8, n = 64;  // 64 sequences: 8 batches of 8
+  std::vector<uint16_t> tokens(n * T + 1);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i);  // a token is its position
+  write_shard(dir / "t.bin", tokens);
+  TrainStream stream({dir / "t.bin"}, 1024, B, T, 0, 1, 3, true);
+  std::vector<int32_t> in(B * T), tgt(B * T);
+  std::set<int32_t> seen;
+  int contiguous = 0;
+  for (int b = 0; b < n / B; ++b) {
+    stream.next(in.data(), tgt.data());
+    bool spans = true;
+    for (int row = 0; row < B; ++row) {
+      EXPECT_EQ(in[row * T] % T, 0) << "a row starts on a sequence boundary";
+      EXPECT_TRUE(seen.insert(in[row * T]).second) << "sequence at " << in[row * T] << " drawn twice";
+      if (row > 0) spans &= in[row * T] == in[(row - 1) * T] + T;
+    }
+    contiguous += spans;
+  }
+  EXPECT_EQ(seen.size(), static_cast<size_t>(n));
+  EXPECT_EQ(contiguous, 0) << "batches were contiguous spans of the shard";
+  // Without shuffling the order is the file's, so the same code reads spans (and says so).
+  TrainStream ordered({dir / "t.bin"}, 1024, B, T, 0, 1, 3, false);
+  ordered.next(in.data(), tgt.data());
+  for (int row = 0; row < B; ++row) EXPECT_EQ(in[row * T], row * T);
 }
 
 TEST(TrainStream, SameSeedSameOrderAndSeekResumes) {
@@ -147,8 +183,9 @@ TEST(TrainStream, SameSeedSameOrderAndSeekResumes) {
 TEST(TrainStream, TooLittleDataForTheStreamsIsAnError) {
   TempDir dir;
   write_shard(dir / "t.bin", iota_tokens(20, 256));
+  // 20 tokens: 4 sequences of 5, one per stream of 4, less than a batch of 2.
   expect_error([&] { TrainStream({dir / "t.bin"}, 256, 2, 4, 0, 4, 1, true); },
-               {"data.train", "2 batches", "4 data streams"});
+               {"data.train", "4 sequences", "a batch of 2", "4 data streams"});
 }
 
 TEST(ValidationSet, FixedSequencesAcrossShards) {
