@@ -39,7 +39,8 @@ YAML
 launcher=$!
 show() { grep -v '^  ' launch.log | grep -v global_eval | tail -40; }
 # wait_event SECONDS PYTHON-CONDITION: until the condition over the syncer's events `ev` (and
-# `after_resume`, the restarted syncer's) holds; fails when the launcher ends or time runs out.
+# `after_resume`, the restarted syncer's; `back`, the units that logged syncer_back) holds;
+# fails when the launcher ends or time runs out.
 wait_event() {
   /usr/bin/python3 - "$launcher" "$1" "$2" <<'PY' || { show; fail "timed out waiting for: $2"; }
 import json, os, sys, time
@@ -50,6 +51,13 @@ while time.time() < deadline:
         ev = [json.loads(l) for l in open("run/metrics.jsonl") if l.endswith("\n")]
     except FileNotFoundError:
         ev = []
+    # The units' own events: a unit that reconnected says so at its next step boundary.
+    back = set()
+    for u in (0, 1):
+        try:
+            back |= {u for l in open(f"run/unit_{u}.jsonl") if '"syncer_back"' in l}
+        except FileNotFoundError:
+            pass
     cut = next((i for i, e in enumerate(ev) if e["event"] == "resume"), len(ev))
     after_resume = ev[cut:]
     # The index of the last `name` event (-1: none).
@@ -75,7 +83,7 @@ wait_event 60 "last('checkpoint') > last('unit_joined')"
 syncer=$(/usr/bin/python3 -c "import json; print([json.loads(l) for l in open('run/launch.jsonl') if '\"spawn\"' in l and '\"syncer\"' in l][-1]['pid'])")
 kill -KILL "$syncer"
 echo "killed the syncer (pid $syncer)"
-wait_event 90 "len(after_resume) > 0 and {0, 1} <= {u for e in after_resume if e['event'] == 'merge' for u in e['units']}"
+wait_event 90 "len(after_resume) > 0 and {0, 1} <= {u for e in after_resume if e['event'] == 'merge' for u in e['units']} and back == {0, 1}"
 kill -USR1 $launcher
 rc=0
 wait $launcher || rc=$?
