@@ -7,7 +7,8 @@
 // NCCL refuses two ranks of one communicator on one GPU, so the NCCL communicator holds the
 // ranks that got a GPU of their own (node-local rank < device count): with one GPU a 1-rank
 // communicator (which still runs every call path), with two or more a real 2-rank one. The
-// duplicate-GPU check uses both ranks on device 0. Skipped on every rank without a device.
+// duplicate-GPU check uses both ranks on device 0. Without a device the GPU tests skip on every
+// rank and the program exits 77 (ctest: skipped).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -244,10 +245,16 @@ TEST(Nccl, TwoRanksOnOneGpuAreRefusedOnEveryRank) {
   select_device(MPI_COMM_WORLD);  // back to this rank's own device
 }
 
-TEST(Nccl, NoDeviceIsAnErrorForSelectDevice) {
-  // Without a GPU select_device must say so (the trainer asked for the GPU path); with one the
-  // message test does not apply.
-  if (cuda_device_available()) GTEST_SKIP() << "a CUDA device is present";
+TEST(Nccl, SelectDeviceFindsTheDeviceOrSaysThereIsNone) {
+  // Without a GPU select_device must say so (the trainer asked for the GPU path); with one it
+  // returns one of the devices. (Not a skip either way: a skipped test makes the whole
+  // program count as skipped, mpi_test_main.hpp.)
+  if (cuda_device_available()) {
+    const DeviceChoice c = select_device(MPI_COMM_WORLD);
+    EXPECT_GE(c.device, 0);
+    EXPECT_LT(c.device, c.device_count);
+    return;
+  }
   try {
     select_device(MPI_COMM_WORLD);
     ADD_FAILURE() << "select_device found a device";
