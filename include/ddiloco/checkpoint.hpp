@@ -65,6 +65,8 @@ struct SyncerState {
   std::vector<double> grace;           ///< (7)
   int64_t merges = 0, tokens = 0, next_eval = 0, run_seed = 0, chaos_seed = 0;
   double elapsed_s = 0;
+  /// Every field (a read back file equals what was written, tests/unit/test_checkpoint.cpp).
+  bool operator==(const SyncerState&) const = default;
 };
 
 /// A learner unit's state, written by its leader (every rank of a unit holds the same θ and
@@ -88,6 +90,8 @@ struct UnitState {
   std::vector<std::vector<float>> wire_ref;
   std::vector<std::vector<float>> wire_residual;  ///< per fragment: E (empty: none)
   std::vector<DataCursor> cursors;             ///< per rank of the unit
+  /// Every field (a read back file equals what was written, tests/unit/test_checkpoint.cpp).
+  bool operator==(const UnitState&) const = default;
 };
 
 /// Write a state into `dir` atomically (temporary file, fsync, rename); `write_delay_ms` (a

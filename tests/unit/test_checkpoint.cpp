@@ -3,7 +3,12 @@
 // still found.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <fstream>
+#include <ostream>
+#include <tuple>
+#include <utility>
 
 #include "ddiloco/checkpoint.hpp"
 #include "ddiloco/error.hpp"
@@ -58,6 +63,8 @@ SyncerState syncer_state(const Config& c, int64_t id) {
   return s;
 }
 
+// Unit `unit`'s state with every field set (but `lost`: a lost unit has no parameters, its
+// round trip is LostUnitHasNoParameters), the wire-format references and residuals included.
 UnitState unit_state(const Config& c, int unit, int64_t id) {
   const size_t n = ParameterLayout::gpt2(c.model).size();
   UnitState s;
@@ -67,6 +74,8 @@ UnitState unit_state(const Config& c, int unit, int64_t id) {
   s.step = 40 + unit;
   s.tokens = 5000;
   s.schedule_step = 39;
+  s.rejoins = 2;
+  s.run_seed = 1337;
   s.params = values(n, 7 + unit);
   s.adam_m = values(n, 8 + unit);
   s.adam_v = values(n, 9 + unit);
@@ -79,9 +88,60 @@ UnitState unit_state(const Config& c, int unit, int64_t id) {
   s.sent_c_steps = {0, 3};
   s.sent_c_tok = {0, 96};
   s.sent_theta = {values(10, 1), values(12, 2)};
+  s.wire_ref_version = {3, 4};
+  s.wire_ref = {values(10, 3), values(12, 4)};
+  s.wire_residual = {values(10, 5), {}};  // fragment 1 has no residual
   s.cursors = {{0, 40}, {1, 2}};
   return s;
 }
+
+// A state's fields in declaration order, by structured binding. The binding must name every
+// field: one added to checkpoint.hpp breaks the build here until it is named, and
+// expect_every_field_set then covers it.
+auto fields(const SyncerState& s) {
+  const auto& [id, mode, config_yaml, model, units, fragments, h, theta, momentum, versions,
+               merged_seq, grace, merges, tokens, next_eval, run_seed, chaos_seed, elapsed_s] = s;
+  return std::tie(id, mode, config_yaml, model, units, fragments, h, theta, momentum, versions,
+                  merged_seq, grace, merges, tokens, next_eval, run_seed, chaos_seed, elapsed_s);
+}
+auto fields(const UnitState& s) {
+  const auto& [id, unit, model, lost, step, tokens, schedule_step, rejoins, run_seed, params,
+               adam_m, adam_v, adam_step, c_steps, c_tok, sent_step, last_seq, sent_c_steps,
+               sent_c_tok, sent_theta, wire_ref_version, wire_ref, wire_residual, cursors] = s;
+  return std::tie(id, unit, model, lost, step, tokens, schedule_step, rejoins, run_seed, params,
+                  adam_m, adam_v, adam_step, c_steps, c_tok, sent_step, last_seq, sent_c_steps,
+                  sent_c_tok, sent_theta, wire_ref_version, wire_ref, wire_residual, cursors);
+}
+
+// Every field differs from its default in at least one of `states`: a round trip of these
+// states through a writer or reader that skipped a field would not come back equal.
+template <typename State>
+void expect_every_field_set(const std::vector<State>& states) {
+  const State none{};
+  const auto defaults = fields(none);
+  constexpr size_t n = std::tuple_size_v<decltype(defaults)>;
+  const auto set = [&]<size_t... I>(std::index_sequence<I...>) {
+    return std::array<bool, n>{std::any_of(states.begin(), states.end(), [&](const State& s) {
+      return std::get<I>(fields(s)) != std::get<I>(defaults);
+    })...};
+  }(std::make_index_sequence<n>{});
+  for (size_t i = 0; i < n; ++i)
+    EXPECT_TRUE(set[i]) << "field " << i << " (in declaration order) is left at its default in every test state";
+}
+
+}  // namespace
+
+// What GoogleTest prints of a state that differs: every field, in declaration order.
+namespace checkpoint {
+template <typename State>
+void print_fields(const State& s, std::ostream* os) {
+  std::apply([&](const auto&... f) { ((*os << ::testing::PrintToString(f) << "; "), ...); }, fields(s));
+}
+void PrintTo(const SyncerState& s, std::ostream* os) { print_fields(s, os); }
+void PrintTo(const UnitState& s, std::ostream* os) { print_fields(s, os); }
+}  // namespace checkpoint
+
+namespace {
 
 // A complete checkpoint `id` of job() under root.
 fs::path write_checkpoint(const fs::path& root, int64_t id) {
@@ -110,44 +170,43 @@ TEST(Checkpoint, FilesRoundTripEveryField) {
   EXPECT_FALSE(fs::exists(dir / "syncer.h5.tmp"));
   const Config c = job();
   const SyncerState want = syncer_state(c, 3);
-  const SyncerState s = checkpoint::read_syncer(checkpoint::syncer_file(dir));
-  EXPECT_EQ(s.theta, want.theta);
-  EXPECT_EQ(s.momentum, want.momentum);
-  EXPECT_EQ(s.versions, want.versions);
-  EXPECT_EQ(s.merged_seq, want.merged_seq);
-  EXPECT_EQ(s.grace, want.grace);
-  EXPECT_EQ(s.config_yaml, want.config_yaml);
-  EXPECT_EQ(s.model, c.model);
-  EXPECT_EQ(s.tokens, 12345);
-  EXPECT_EQ(s.elapsed_s, 12.5);
-  const UnitState w = unit_state(c, 1, 3);
-  const UnitState u = checkpoint::read_unit(checkpoint::unit_file(dir, 1), 2);
-  EXPECT_EQ(u.unit, 1);
-  EXPECT_EQ(u.step, w.step);
-  EXPECT_EQ(u.params, w.params);
-  EXPECT_EQ(u.adam_m, w.adam_m);
-  EXPECT_EQ(u.adam_v, w.adam_v);
-  EXPECT_EQ(u.adam_step, 40);
-  EXPECT_EQ(u.sent_step, w.sent_step);
-  EXPECT_EQ(u.last_seq, w.last_seq);
-  EXPECT_EQ(u.sent_c_tok, w.sent_c_tok);
-  EXPECT_EQ(u.sent_theta, w.sent_theta);
-  ASSERT_EQ(u.cursors.size(), 2u);
-  EXPECT_EQ(u.cursors[1], (DataCursor{1, 2}));
-  EXPECT_EQ(u.schedule_step, 39);
+  expect_every_field_set<SyncerState>({want});
+  EXPECT_EQ(checkpoint::read_syncer(checkpoint::syncer_file(dir)), want);
+  for (int u = 0; u < 2; ++u)
+    EXPECT_EQ(checkpoint::read_unit(checkpoint::unit_file(dir, u), 2), unit_state(c, u, 3)) << "unit " << u;
   EXPECT_NO_THROW(checkpoint::verify(dir));
   EXPECT_NE(checkpoint::describe(dir).find("unit 1, checkpoint 3, 2 ranks, step 41"), std::string::npos);
 }
 
+TEST(Checkpoint, AFragmentWithoutAWireReferenceComesBackWithoutOne) {
+  // Version −1: no reference of fragment 1 (and so no residual); fragment 0 keeps both.
+  test::TempDir tmp;
+  UnitState want = unit_state(job(), 0, 1);
+  want.wire_ref_version[1] = -1;
+  want.wire_ref[1].clear();
+  checkpoint::write_unit(tmp.path(), want);
+  const UnitState back = checkpoint::read_unit(checkpoint::unit_file(tmp.path(), 0), 2);
+  EXPECT_EQ(back, want);
+  EXPECT_TRUE(checkpoint::has_reference(back, 0, 3));
+  EXPECT_FALSE(checkpoint::has_reference(back, 0, 4));
+  EXPECT_FALSE(checkpoint::has_reference(back, 1, -1));
+}
+
 TEST(Checkpoint, LostUnitHasNoParameters) {
   test::TempDir tmp;
-  UnitState s = unit_state(job(), 0, 1);
+  UnitState s = unit_state(job(), 1, 1);
   s.lost = true;
+  expect_every_field_set<UnitState>({unit_state(job(), 1, 1), s});
   checkpoint::write_unit(tmp.path(), s);
-  const UnitState back = checkpoint::read_unit(checkpoint::unit_file(tmp.path(), 0), 2);
-  EXPECT_TRUE(back.lost);
-  EXPECT_TRUE(back.params.empty());
-  EXPECT_EQ(back.step, 40);
+  const UnitState back = checkpoint::read_unit(checkpoint::unit_file(tmp.path(), 1), 2);
+  // Neither θ nor AdamW's state is written; everything else comes back.
+  UnitState want = s;
+  want.params.clear();
+  want.adam_m.clear();
+  want.adam_v.clear();
+  want.adam_step = 0;
+  EXPECT_EQ(back, want);
+  EXPECT_FALSE(checkpoint::has_reference(back, 0, 3));  // a lost unit's references are void
 }
 
 TEST(Checkpoint, IncompleteOrCorruptOnesAreRefusedAndTheNewestCompleteIsFound) {
