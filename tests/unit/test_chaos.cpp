@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
+#include <vector>
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -89,23 +92,45 @@ TEST(ChaosSchedule, CrashesArePoissonWhileUpAndDownTimesInRange) {
   c.down_min_s = 10;
   c.down_max_s = 30;
   const Schedule s = Schedule::generate(c, 1);
-  double up_time = 0, prev_end = 0, down_sum = 0;
+  std::vector<double> up, down;
+  double prev_end = 0;
   for (const Fault& f : s.faults) {
     ASSERT_EQ(f.kind, FaultKind::crash);
     ASSERT_GE(f.start_s, prev_end);  // never crashes while down
     ASSERT_GE(f.duration_s, 10);
     ASSERT_LE(f.duration_s, 30);
     ASSERT_LT(f.start_s, c.horizon_s);
-    up_time += f.start_s - prev_end;
-    down_sum += f.duration_s;
+    up.push_back(f.start_s - prev_end);
+    down.push_back(f.duration_s);
     prev_end = f.end_s();
   }
-  const double n = static_cast<double>(s.faults.size());
-  ASSERT_GT(n, 10000);
+  ASSERT_GT(up.size(), 10000u);
+  const auto mean = [](const std::vector<double>& x) {
+    return std::accumulate(x.begin(), x.end(), 0.0) / static_cast<double>(x.size());
+  };
+  // Coefficient of variation (standard deviation ÷ mean): 1 for the exponential up-times of a
+  // Poisson process (a fixed period has 0), 1/√3 × 10/20 = 0.289 for down-times uniform in
+  // [10, 30].
+  const auto cv = [&](const std::vector<double>& x) {
+    const double m = mean(x);
+    double ss = 0;
+    for (double v : x) ss += (v - m) * (v - m);
+    return std::sqrt(ss / static_cast<double>(x.size() - 1)) / m;
+  };
   // Mean up-time 100 s and mean down-time 20 s; with ~16k samples the standard errors are
-  // ~0.8 % and ~0.5 %, so 3 % bounds cannot fail by chance in practice (any seed).
-  EXPECT_NEAR(up_time / n, 100.0, 3.0);
-  EXPECT_NEAR(down_sum / n, 20.0, 0.6);
+  // ~0.8 % and ~0.5 %, those of the two CVs ~1.1 % and ~0.4 % (√(2/n) for the exponential):
+  // these bounds, 4 standard errors or more, cannot fail by chance in practice (any seed).
+  EXPECT_NEAR(mean(up), 100.0, 3.0);
+  EXPECT_NEAR(mean(down), 20.0, 0.6);
+  EXPECT_NEAR(cv(up), 1.0, 0.05);
+  EXPECT_NEAR(cv(down), 10.0 / std::sqrt(3.0) / 20.0, 0.01);
+  // Memoryless: P(up > 100 s) = e⁻¹, and P(up > 200 s | up > 100 s) = e⁻¹ too.
+  const auto share_above = [&](double t) {
+    return static_cast<double>(std::count_if(up.begin(), up.end(), [&](double v) { return v > t; })) /
+           static_cast<double>(up.size());
+  };
+  EXPECT_NEAR(share_above(100), std::exp(-1.0), 0.015);
+  EXPECT_NEAR(share_above(200) / share_above(100), std::exp(-1.0), 0.025);
 }
 
 TEST(ChaosSchedule, FileRoundTripIsExact) {
