@@ -52,7 +52,8 @@ TEST(SyncWindow, PublishFetchAckDeliverTake) {
       EXPECT_EQ(got, pattern(n1, 10.0f * (u + 1)));
       EXPECT_EQ(static_cast<uint64_t>(h[u].header(1, sync::kOutChecksum)), checksum(got));
     }
-    MPI_Barrier(MPI_COMM_WORLD);  // (b) leaders checked that the outbox is still busy
+    MPI_Barrier(MPI_COMM_WORLD);  // (b) read, not acknowledged
+    MPI_Barrier(MPI_COMM_WORLD);  // (b') leaders checked that the outbox is still busy
     win.ack(0, 1, 1);
     win.ack(1, 1, 1);
     win.deliver(0, 1, 5, pattern(n1, -1.0f));
@@ -71,8 +72,11 @@ TEST(SyncWindow, PublishFetchAckDeliverTake) {
     EXPECT_EQ(win.publish(1, pattern(n1, 10.0f * (f.unit + 1)), {7 + f.unit, 700 + f.unit, 9, 0}), 1);
     MPI_Barrier(MPI_COMM_WORLD);  // (a)
     MPI_Barrier(MPI_COMM_WORLD);  // (b) the syncer has read but not acknowledged
-    // Flow control: until the syncer acknowledges, the outbox must not be written.
-    // (Checked between (a) and (b) would race; here the ack is known not to have happened.)
+    // Flow control: until the syncer acknowledges, the outbox must not be written, read or
+    // not. (Between (b) and (b') the read is known to have happened and the ack not.)
+    EXPECT_FALSE(win.outbox_free(1)) << "the outbox is free after the read, before the ack";
+    EXPECT_THROW(win.publish(1, pattern(n1, 99.0f), {1, 1, 1, 0}), Error);
+    MPI_Barrier(MPI_COMM_WORLD);  // (b')
     MPI_Barrier(MPI_COMM_WORLD);  // (c)
     EXPECT_TRUE(win.outbox_free(1));
     if (f.unit == 0) {

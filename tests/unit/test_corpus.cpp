@@ -45,6 +45,7 @@ TEST(Corpus, ChecksUtf8) {
   EXPECT_THROW(check_text("truncated \xE2\x82", "t"), Error);
   try {
     check_text("abc\xFF", "notes.txt");
+    ADD_FAILURE() << "invalid UTF-8 accepted";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "notes.txt: invalid UTF-8 at byte 3 (convert the file to UTF-8)");
   }
