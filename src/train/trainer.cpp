@@ -354,6 +354,12 @@ TrainResult train_single_unit(const Config& config, MPI_Comm world, bool overwri
     run_eval(steps);
     run_sample(steps);
   }
+  // Stopped by a signal: the step each rank stopped at (they agreed on the stop, so one step),
+  // for the leader's `interrupted` event.
+  std::vector<int64_t> rank_steps(static_cast<size_t>(ranks), done);
+  if (result.signal != 0 && ranks > 1)
+    mpi::check(MPI_Gather(&done, 1, MPI_INT64_T, rank_steps.data(), 1, MPI_INT64_T, 0, world),
+               "Gather");
 
   if (leader) {
     const std::filesystem::path model_path = dir / "model.h5";
@@ -365,7 +371,8 @@ TrainResult train_single_unit(const Config& config, MPI_Comm world, bool overwri
     const double tps = train_seconds > 0 ? tokens / train_seconds : 0.0;
     if (result.signal != 0) {
       log.write({{"event", "interrupted"}, {"signal", result.signal}, {"step", done},
-                 {"tokens", tokens}, {"elapsed_s", wall.seconds()}, {"model", model_path.string()}});
+                 {"rank_steps", rank_steps}, {"tokens", tokens}, {"elapsed_s", wall.seconds()},
+                 {"model", model_path.string()}});
       console(fmt::format("interrupted by signal {} after {} steps; model saved to {}",
                           result.signal, done, model_path.string()));
     } else {
