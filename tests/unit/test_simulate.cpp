@@ -409,6 +409,20 @@ TEST(SimConfig, BadInputIsRefusedWithTheKeyNamed) {
   std::filesystem::remove(typo);
 }
 
+TEST(SimConfig, TheWorkBoundCountsRepeats) {
+  // Decoupled on 10⁶ chips with 100 units for 300 days: about 8.6e8 event-unit updates per
+  // run, under the bound of 3e9 once, over it 8 times (the default sim.repeats).
+  const std::vector<std::string> big = {"decoupled.learners=100", "chips.count=1000000", "sim.days=300"};
+  auto with = [&](const std::string& repeats) {
+    auto o = big;
+    o.push_back("sim.repeats=" + repeats);
+    return o;
+  };
+  EXPECT_NO_THROW(load_sim_config("", with("1")));
+  expect_error("", with("8"), "decoupled on 1000000 chips with 100 units: about 6.8e+09 event-unit "
+                              "updates over sim.days = 300 and sim.repeats = 8");
+}
+
 TEST(SimConfig, YamlRoundTrip) {
   SimConfig c = load_sim_config("", {"chips.count=4242", "sweep.learners=[3, 5]"});
   const std::string yaml = to_yaml(c);
