@@ -185,7 +185,8 @@ NodeName=localhost $node State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
 
-failed() { say "$1 failed:"; tail -20 "$DIR/log/$1.log" >&2; stop_cluster; exit 1; }
+# (What is shown of the logs may be missing: nothing may stop the cluster from being stopped.)
+failed() { say "$1 failed:"; tail -n 20 "$DIR/log/$1.log" >&2 || true; stop_cluster; exit 1; }
 slurmctld -i -f "$CONF" || failed slurmctld
 slurmd -N localhost -f "$CONF" || failed slurmd
 
@@ -193,7 +194,7 @@ deadline=$((SECONDS + 30))
 until [[ $(sinfo -h -n localhost -o %T 2>/dev/null) == idle ]]; do
   if ((SECONDS >= deadline)); then
     say "the node did not become idle within 30 s: $(sinfo -h -N -o '%N %T %E' 2>&1)"
-    tail -5 "$DIR/log/slurmctld.log" "$DIR/log/slurmd.log" >&2
+    tail -n 5 "$DIR/log/slurmctld.log" "$DIR/log/slurmd.log" >&2 || true
     stop_cluster
     exit 1
   fi
