@@ -1,5 +1,5 @@
 # Emulated WAN links: the byte counters equal what the protocol moves for a known schedule, in
-# every wire format, and a link's bandwidth and latency show in ddp's wall time.
+# every wire format, and a link's bandwidth and latency set ddp's wall time (from below and above).
 #   diloco, M = 2, P = 1, H = 10, 40 steps: 4 rounds; each unit sends 4 snapshots and takes 4
 #     merged models, each encoded_bytes(format, N) (wire_format.hpp) for N parameters.
 #   ddp, M = 2, 20 steps: per step each leader sends its half of the gradient (reduce-scatter)
@@ -62,14 +62,19 @@ check p ddp bf16 64 || fail "ddp: byte counters"
   --set train.steps=20 --set wan.bandwidth_mbit_s=8 --set wan.latency_ms=10 --set wan.burst_kb=0 > q.log 2>&1 ||
   { cat q.log; fail "ddp over slow links failed"; }
 check q ddp bf16 64 || fail "ddp over slow links: byte counters"
-/usr/bin/python3 - <<'PY' || fail "ddp over slow links was not slowed down by them"
+/usr/bin/python3 - <<'PY' || fail "ddp over slow links does not take what its messages need (at least, and at most 1.35 times)"
 import json
 def done(run): return next(json.loads(l) for l in open(f"{run}/metrics.jsonl") if '"event":"done"' in l)
 n = next(json.loads(l) for l in open("q/metrics.jsonl") if '"event":"start"' in l)["parameters"]
 floor = 20 * 2 * ((2 * n / 2) / 1e6 + 2 * 0.010)  # steps · messages · (half the bf16 gradient at 1 MB/s + 2 latencies)
 fast, slow = done("p")["train_s"], done("q")["train_s"]
+# At least what its messages need; at most 1.35 times that more than the same run on unlimited
+# links (the wire and the two latencies take about half of each message's floor here, so a link
+# that doubled its latency or halved its bandwidth takes about 1.5 floors; measured 1.02).
 assert slow >= floor, (slow, floor)
-print(f"ok: ddp took {slow:.2f} s over 8 Mbit/s, 10 ms links (floor {floor:.2f} s), {fast:.2f} s unlimited")
+assert slow <= fast + 1.35 * floor, (slow, fast, floor)
+print(f"ok: ddp took {slow:.2f} s over 8 Mbit/s, 10 ms links (floor {floor:.2f} s, {(slow - fast) / floor:.2f} "
+      f"floors more than the {fast:.2f} s on unlimited links)")
 PY
 # One unit on a link so slow that its snapshots are still on the way when the budget is spent:
 # they are not merged (merging clears a snapshot's slot, so `snapshots_in_flight` counts only

@@ -2,6 +2,8 @@
 // of real traffic), latency and jitter, order, degraded links, and the per-unit configuration.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <thread>
 
@@ -44,12 +46,41 @@ TEST(LinkDirection, LatencyJitterOrderAndCounters) {
     const double start = i * 0.01;
     const Transfer t = link.transfer(1000, start);  // 1 ms on the wire each
     EXPECT_NEAR(t.left_s, start + 0.001, 1e-12);
+    // Latency plus U(0, jitter), or the arrival of the message before it (which left 10 ms
+    // earlier, so no later than this one's bound either).
     EXPECT_GE(t.arrive_s, t.left_s + spec.latency_s);
+    EXPECT_LE(t.arrive_s, t.left_s + spec.latency_s + spec.jitter_s + 1e-12);
     EXPECT_GE(t.arrive_s, previous);  // never overtakes
     previous = t.arrive_s;
   }
   EXPECT_EQ(link.bytes(), 200'000u);
   EXPECT_EQ(link.messages(), 200u);
+  // Messages further apart than the jitter never queue behind each other: each one's extra
+  // delay is its own draw, spread over all of [0, jitter] (400 draws: each quarter of the range
+  // expects 100 ± 9; seeded, so the same every run).
+  LinkDirection spread(spec, 9);
+  std::array<int, 4> quarters{};
+  double least = spec.jitter_s, most = 0;
+  for (int i = 0; i < 400; ++i) {
+    const Transfer t = spread.transfer(1000, i * 0.1);
+    const double extra = t.arrive_s - t.left_s - spec.latency_s;
+    ASSERT_GE(extra, -1e-12);
+    ASSERT_LE(extra, spec.jitter_s + 1e-12);
+    ++quarters[std::min(3, static_cast<int>(4 * extra / spec.jitter_s))];
+    least = std::min(least, extra);
+    most = std::max(most, extra);
+  }
+  for (int q = 0; q < 4; ++q) EXPECT_GT(quarters[q], 60) << "quarter " << q << " of the jitter";
+  EXPECT_LT(least, 0.05 * spec.jitter_s);
+  EXPECT_GT(most, 0.95 * spec.jitter_s);
+  // Without jitter a message arrives exactly its latency after it left.
+  LinkSpec steady = spec;
+  steady.jitter_s = 0;
+  LinkDirection fixed(steady, 7);
+  for (int i = 0; i < 10; ++i) {
+    const Transfer t = fixed.transfer(1000, i * 0.1);
+    EXPECT_NEAR(t.arrive_s - t.left_s, steady.latency_s, 1e-12);
+  }
   // A message still arriving from an earlier hop cannot leave before it has.
   LinkDirection down(spec, 8);
   EXPECT_NEAR(down.transfer(1000, 0.0, 0.5).left_s, 0.5, 1e-12);
@@ -59,7 +90,7 @@ TEST(LinkDirection, LatencyJitterOrderAndCounters) {
 // (sleeping until each has left); the bytes that arrived by the end of the second, measured
 // on the clock, less the initial burst, match the configured rate within 5 % (the 10 ms burst
 // also absorbs a loaded machine's oversleeping). One message on an idle link arrives its
-// latency after it was sent (generous upper bound: a loaded machine oversleeps).
+// latency after it was sent, on the link's clock exactly and on the real one within 1.5 times.
 TEST(LinkDirection, DeliversItsRateOverASecondAndAddsItsLatency) {
   LinkSpec spec;
   spec.bandwidth_bytes_per_s = 2e6;  // 16 Mbit/s
@@ -78,14 +109,17 @@ TEST(LinkDirection, DeliversItsRateOverASecondAndAddsItsLatency) {
     if (a <= 1.0) delivered += 4096;
   EXPECT_NEAR(delivered - spec.burst_bytes, spec.bandwidth_bytes_per_s, 0.05 * spec.bandwidth_bytes_per_s);
 
-  spec.latency_s = 0.08;
+  // The link's delay is its latency, exactly; slept out on the clock it takes at least that
+  // and at most 1.5 times it (0.15 s of slack for a loaded machine's oversleeping).
+  spec.latency_s = 0.3;
   LinkDirection slow(spec, 2);
   const auto t1 = Clock::now();
   const Transfer t = slow.transfer(1000, since(t1));
+  EXPECT_NEAR(t.arrive_s - t.left_s, spec.latency_s, 1e-12);
   std::this_thread::sleep_for(std::chrono::duration<double>(t.arrive_s - since(t1)));
   const double measured = since(t1);
-  EXPECT_GE(measured, 0.08);
-  EXPECT_LT(measured, 0.08 + 0.5);
+  EXPECT_GE(measured, spec.latency_s);
+  EXPECT_LE(measured, 1.5 * spec.latency_s);
 }
 
 TEST(WanConfig, PerUnitOverridesAndUnits) {
