@@ -48,9 +48,13 @@ assert late, "unit 2 never contributed after it resumed"
 first = late[0]
 i = first["units"].index(2)
 stale = first["staleness"][i]
-# Staleness = merges since the version its snapshot started from. (How stale that first one
-# is depends on timing: its step-4 snapshot may have been skipped while its step-2 one was
-# unread, and its next one then starts from a version it applied after the stall.)
+# Its first snapshot merged after the stall was trained before it: from a version it applied
+# before it stalled, older than the 6 merges it waited for (its step-4 snapshot, published
+# once it resumed, or its step-2 one if that was still unread and the step-4 one skipped), so
+# at least one merge behind. (How far behind depends on timing.)
+assert first["base_versions"][i] < 6, first
+assert stale >= 1, first
+# Staleness = merges since the version its snapshot started from.
 for m in merges:
     for j, unit in enumerate(m["units"]):
         assert m["staleness"][j] == m["version"] - 1 - m["base_versions"][j], m
