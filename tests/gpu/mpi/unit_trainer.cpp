@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
 #include "ddiloco/config.hpp"
@@ -79,12 +80,25 @@ TEST_P(GpuUnitTrainer, StartsFromTheCpuWeightsAndTracksItsSteps) {
   // The host mirror: parameters and AdamW state come down on request.
   dev.download_state();
   EXPECT_EQ(dev.optimizer().step_count(), 8);
-  double diff = 0, scale = 0;
+  // The 8 steps' update θ₈ − θ₀ on the GPU against the CPU's (θ₀ = `start`, the CPU's θ₈ =
+  // `ref`): mean |Δ_gpu − Δ_cpu| ≤ 0.35 · mean |Δ_cpu|. (The old bound, max |θ_gpu − θ_cpu| <
+  // 0.05 · max |θ|, passed a trainer that never updates: 8 steps move no element 0.05.)
+  // Measured with two CPU trainers: mean |Δ_cpu| = 8.0e-3 (2.7 lr); one that never updates is
+  // 1.0 of it apart, one at half the learning rate 0.57. Elements whose gradient is within bf16
+  // noise of zero may move ≈ 2·lr apart per step (Adam's first updates are ≈ lr·sign(g)), as
+  // in test_gpu_parity.cpp, whose mean over all elements after 3 steps is ≤ 0.25·lr.
+  const auto theta = dev.model().parameters();
+  double apart = 0, moved = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(dev.model().parameters()[i]) - ref[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(ref[i])));
+    apart += std::abs(static_cast<double>(theta[i]) - ref[i]);
+    moved += std::abs(static_cast<double>(ref[i]) - start[i]);
   }
-  EXPECT_LT(diff, 0.05 * scale) << "parameters after 8 steps";
+  apart /= static_cast<double>(ref.size());
+  moved /= static_cast<double>(ref.size());
+  std::printf("gpu unit trainer (%s): mean |Δθ| after 8 steps: cpu %.3g, gpu - cpu %.3g (%.2f of it)\n",
+              GetParam(), moved, apart, apart / moved);
+  EXPECT_GT(moved, 0.5 * 3e-3) << "the CPU trainer hardly moved: the comparison means nothing";
+  EXPECT_LE(apart, 0.35 * moved) << "the GPU's update θ₈ − θ₀ is not the CPU's";
   const auto m = dev.optimizer().first_moment();
   EXPECT_TRUE(std::any_of(m.begin(), m.end(), [](float x) { return x != 0; }));
 }
