@@ -54,15 +54,8 @@ grep -q "already held by a live process" dup.log || { cat dup.log; fail "duplica
 kill -0 $syncer || fail "the syncer died after refusing units"
 
 # kill -9 of unit 0's leader once it has been merged a few times.
-/usr/bin/python3 - <<'PY' || fail "unit 0 was not merged before the kill"
-import json, time
-deadline = time.time() + 60
-while time.time() < deadline:
-    ev = [json.loads(l) for l in open("run/metrics.jsonl") if l.endswith("\n")]
-    if sum(1 for e in ev if e["event"] == "merge" and 0 in e["units"]) >= 3: raise SystemExit(0)
-    time.sleep(0.2)
-raise SystemExit(1)
-PY
+wait_event run/metrics.jsonl $syncer 60 "sum(1 for e in ev if e['event'] == 'merge' and 0 in e['units']) >= 3" ||
+  fail "unit 0 was not merged before the kill"
 leader=$(cat run/pids/unit0.rank0.pid)
 kill -0 "$leader" || fail "unit 0's leader $leader is not running"
 kill -KILL "$leader"
@@ -73,16 +66,9 @@ sleep 2  # unit 1 trains and is merged alone meanwhile
 DDILOCO_RESTART=1 "${DDILOCO_MPIRUN[@]}" -np 1 "$DDILOCO" unit --config c.yaml --unit 0 > unit0b.log 2>&1 &
 u0b=$!; track $u0b
 wait_for run/metrics.jsonl '"event":"unit_joined".*"unit":0[,}]' $syncer 60
-/usr/bin/python3 - <<'PY' || fail "unit 0 was not merged again after it joined"
-import json, time
-deadline = time.time() + 60
-while time.time() < deadline:
-    ev = [json.loads(l) for l in open("run/metrics.jsonl") if l.endswith("\n")]
-    joined = next(i for i, e in enumerate(ev) if e["event"] == "unit_joined")
-    if sum(1 for e in ev[joined:] if e["event"] == "merge" and 0 in e["units"]) >= 3: raise SystemExit(0)
-    time.sleep(0.2)
-raise SystemExit(1)
-PY
+wait_event run/metrics.jsonl $syncer 60 \
+  "sum(1 for e in ev[last('unit_joined'):] if e['event'] == 'merge' and 0 in e['units']) >= 3" ||
+  fail "unit 0 was not merged again after it joined"
 
 kill -TERM $syncer
 rc=0; wait $syncer || rc=$?

@@ -38,52 +38,26 @@ YAML
 "$DDILOCO" launch --config c.yaml > launch.log 2>&1 &
 launcher=$!
 show() { grep -v '^  ' launch.log | grep -v global_eval | tail -40; }
-# wait_event SECONDS PYTHON-CONDITION: until the condition over the syncer's events `ev` (and
-# `after_resume`, the restarted syncer's; `back`, the units that logged syncer_back) holds;
-# fails when the launcher ends or time runs out.
-wait_event() {
-  /usr/bin/python3 - "$launcher" "$1" "$2" <<'PY' || { show; fail "timed out waiting for: $2"; }
-import json, os, sys, time
-pid, seconds, cond = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-deadline = time.time() + seconds
-while time.time() < deadline:
-    try:
-        ev = [json.loads(l) for l in open("run/metrics.jsonl") if l.endswith("\n")]
-    except FileNotFoundError:
-        ev = []
-    # The units' own events: a unit that reconnected says so at its next step boundary.
-    back = set()
-    for u in (0, 1):
-        try:
-            back |= {u for l in open(f"run/unit_{u}.jsonl") if '"syncer_back"' in l}
-        except FileNotFoundError:
-            pass
-    cut = next((i for i, e in enumerate(ev) if e["event"] == "resume"), len(ev))
-    after_resume = ev[cut:]
-    # The index of the last `name` event (-1: none).
-    last = lambda name: max((i for i, e in enumerate(ev) if e["event"] == name), default=-1)
-    if eval(cond):
-        sys.exit(0)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        sys.exit("the launcher ended")
-    time.sleep(0.2)
-sys.exit(1)
-PY
-}
+# wait_launch SECONDS PYTHON-CONDITION: until the condition over the syncer's events (`ev`,
+# `after_resume`: the restarted syncer's; lib/common.sh, wait_event) holds; fails when the
+# launcher ends or time runs out.
+wait_launch() { wait_event run/metrics.jsonl "$launcher" "$1" "$2" || { show; fail "timed out waiting for: $2"; }; }
 joined() { echo "any(e['event'] == 'unit_joined' and e['unit'] == $1 for e in ev)"; }
-wait_event 90 "$(joined 1)"
+wait_launch 90 "$(joined 1)"
 # The leader of unit 0 once the unit has been merged again after unit 1's heal.
-wait_event 60 "sum(1 for e in ev if e['event'] == 'merge' and 0 in e['units']) >= 20"
+wait_launch 60 "sum(1 for e in ev if e['event'] == 'merge' and 0 in e['units']) >= 20"
 kill -KILL "$(cat run/pids/unit0.rank0.pid)"
-wait_event 90 "$(joined 0)"
+wait_launch 90 "$(joined 0)"
 # The syncer once a checkpoint newer than unit 0's heal exists.
-wait_event 60 "last('checkpoint') > last('unit_joined')"
+wait_launch 60 "last('checkpoint') > last('unit_joined')"
 syncer=$(/usr/bin/python3 -c "import json; print([json.loads(l) for l in open('run/launch.jsonl') if '\"spawn\"' in l and '\"syncer\"' in l][-1]['pid'])")
 kill -KILL "$syncer"
 echo "killed the syncer (pid $syncer)"
-wait_event 90 "len(after_resume) > 0 and {0, 1} <= {u for e in after_resume if e['event'] == 'merge' for u in e['units']} and back == {0, 1}"
+# The stop once both units are merged by the restarted syncer and have said they are back: a
+# unit says it reconnected at its next step boundary, which a stop skips, and the restarted
+# syncer can merge its waiting snapshot before that boundary.
+wait_launch 90 "len(after_resume) > 0 and {0, 1} <= {u for e in after_resume if e['event'] == 'merge' for u in e['units']}
+  and all('\"syncer_back\"' in open(f'run/unit_{u}.jsonl').read() for u in (0, 1))"
 kill -USR1 $launcher
 rc=0
 wait $launcher || rc=$?

@@ -20,6 +20,36 @@ wait_for() {
   done
 }
 
+# wait_event FILE PID SECONDS CONDITION: until the Python expression CONDITION holds over the
+# JSON lines of FILE: `ev` (its complete lines), `last(name)` (the index of the last `name`
+# event, -1 if none), `after_resume` (the events from the first `resume` on, [] if none).
+# Returns non-zero, saying why, when PID ends first or SECONDS run out (a hang detector: the
+# event is what a test waits for, not the time).
+wait_event() {
+  /usr/bin/python3 - "$@" <<'PY'
+import json, os, sys, time
+path, pid, seconds, cond = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+deadline = time.time() + seconds
+while True:
+    try:
+        ev = [json.loads(l) for l in open(path) if l.endswith("\n")]
+    except FileNotFoundError:
+        ev = []
+    cut = next((i for i, e in enumerate(ev) if e["event"] == "resume"), len(ev))
+    after_resume = ev[cut:]
+    last = lambda name: max((i for i, e in enumerate(ev) if e["event"] == name), default=-1)
+    if eval("(" + cond + ")"):  # (a condition may span lines)
+        sys.exit(0)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        sys.exit(f"process {pid} ended before: {cond}")
+    if time.time() > deadline:
+        sys.exit(f"timed out after {seconds:g} s waiting for: {cond}")
+    time.sleep(0.2)
+PY
+}
+
 # expect_error "<fragment>" cmd...: the command must exit 2 with exactly one stderr line
 # "ddiloco: error: ..." containing the fragment.
 expect_error() {
