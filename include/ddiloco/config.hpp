@@ -188,7 +188,7 @@ struct LaunchConfig {
 struct DebugConfig {
   int stall_unit = -1;             ///< unit that stalls (−1: none)
   int64_t stall_at_step = 0;       ///< ... after this inner step
-  int64_t stall_until_merges = 0;  ///< ... until the syncer has made this many merges
+  int64_t stall_until_merges = 0;  ///< ... until the syncer has made this many merges (or a stop)
   int64_t stall_after_checkpoints = 0;  ///< ... once it has written this many checkpoint files
   int syncer_read_delay_ms = 0;    ///< syncer pauses between a snapshot's header and its data
   bool crash_during_read = false;  ///< a due crash waits until the syncer begins a read of ours

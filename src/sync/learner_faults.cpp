@@ -220,13 +220,16 @@ void Learner::join() {
   (sync_link_.restart > 0 ? book_.down : book_.other) += join_clock.seconds();
 }
 
-// Test hook: hold this unit, silent, until the others have moved the syncer on.
+// Test hook: hold this unit, silent, until the others have moved the syncer on, or the job is
+// told to stop (in diloco a stop ends the job after the round under way, which needs this unit:
+// a hold the stop did not release would never end).
 void Learner::stall_hook(int64_t t) {
   if (config_.debug.stall_unit != u_ || stalled_ || t < config_.debug.stall_at_step ||
       ckpt_done_ < config_.debug.stall_after_checkpoints)
     return;
   stalled_ = true;
-  while (window_->control(sync::kGlobalVersion) < config_.debug.stall_until_merges && !stop_requested())
+  while (window_->control(sync::kGlobalVersion) < config_.debug.stall_until_merges && !stop_requested() &&
+         window_->control(sync::kStopAfterVersion) == 0)
     backoff_.idle();
   backoff_.reset();
 }

@@ -302,7 +302,8 @@ const std::vector<Entry<Config>>& entries() {
       DDILOCO_FIELD(int64_t, "debug.stall_at_step", debug.stall_at_step,
                     "test hook: ... after this inner step", at_least<int64_t>(0)),
       DDILOCO_FIELD(int64_t, "debug.stall_until_merges", debug.stall_until_merges,
-                    "test hook: ... until the syncer has made this many merges",
+                    "test hook: ... until the syncer has made this many merges (or the job is "
+                    "told to stop)",
                     at_least<int64_t>(0)),
       DDILOCO_FIELD(int64_t, "debug.stall_after_checkpoints", debug.stall_after_checkpoints,
                     "test hook: ... at its first step from stall_at_step on at which it has "

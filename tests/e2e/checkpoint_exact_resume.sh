@@ -27,14 +27,25 @@ mid=A/checkpoints/ckpt_00000002
 grep -q "unit 1, checkpoint 2, 2 ranks" inspect.txt || { cat inspect.txt; fail "inspect: unit 1 not shown"; }
 run --set run.dir=B --resume "$mid" > B.log 2>&1 || { cat B.log; fail "resume from $mid failed"; }
 
-# SIGTERM while it runs, then --resume auto (mpirun in the background, not a shell function,
-# so that $! is mpirun, which forwards the signal to every rank).
-"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config d.yaml --set run.dir=C --set checkpoint.every=0 > C1.log 2>&1 &
+# SIGTERM while it runs, then --resume auto. Step-based, not timed: unit 0 is held after its
+# step 400 (debug.stall_*, until the stop: in diloco every round needs every unit, so the job
+# waits there, the syncer at version 99), and the signal comes once the syncer has seen it
+# silent there. The round under way, 100, is finished and checkpointed. SIGTERM goes to every
+# rank, as Slurm sends it (mpirun would forward it and SIGKILL the ranks 1 s later: a race
+# with the checkpoint's write). (mpirun in the background, not a shell function, so that $! is
+# mpirun.)
+"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config d.yaml --set run.dir=C --set checkpoint.every=0 \
+  --set debug.stall_unit=0 --set debug.stall_at_step=400 --set debug.stall_until_merges=1000000000 \
+  --set syncer.heartbeat_timeout_s=1 > C1.log 2>&1 &
 pid=$!
-wait_for C/unit_0.jsonl '"step":400,' $pid
-kill -TERM $pid
+wait_event C/metrics.jsonl $pid 120 "last('merge') >= 0 and ev[last('merge')]['version'] == 99 and
+  any(e['event'] == 'unit_silent' and e['unit'] == 0 for e in ev[last('merge'):])" ||
+  { cat C1.log; fail "unit 0 was not held at step 400"; }
+ranks=$(pgrep -P $pid | tr '\n' ' ')
+[[ $(wc -w <<< "$ranks") == 4 ]] || fail "mpirun $pid has children '$ranks', expected its 4 ranks"
+kill -TERM $ranks
 rc=0; wait $pid || rc=$?
-[[ $rc != 0 ]] || fail "mpirun exited 0 after SIGTERM"
+((rc == 143)) || { cat C1.log; fail "the job exited $rc after SIGTERM, expected 143"; }
 run --set run.dir=C --set checkpoint.every=0 --resume auto > C2.log 2>&1 || { cat C2.log; fail "resume auto failed"; }
 
 /usr/bin/python3 - <<'PY' || fail "resumed runs differ from the straight one"
@@ -55,7 +66,7 @@ stop = [e for e in c if e["event"] == "interrupted"]
 assert len(stop) == 1 and stop[0]["signal"] == 15, stop
 resume = [e for e in c if e["event"] == "resume"]
 assert len(resume) == 1 and resume[0]["version"] == stop[0]["stop_after_version"], (resume, stop)
-assert 100 <= resume[0]["version"] < 1500, resume
+assert resume[0]["version"] == 100, resume  # the round unit 0 was held in
 done = [e for e in c if e["event"] == "done"]
 assert [d["interrupted"] for d in done] == [True, False] and done[-1]["tokens"] == 6000 * 2 * 16 * 3, done
 b = events("B/metrics.jsonl")
