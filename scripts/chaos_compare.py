@@ -8,7 +8,12 @@
 The fault schedule is drawn once from the config's `chaos:` keys (or read from --schedule),
 written to OUT/chaos_schedule.yaml, and replayed in every mode (chaos.schedule_file), so every
 mode meets the same crashes, straggler episodes and link degradations at the same wall-clock
-times. --baseline adds a failure-free `decoupled` run. --kills adds `decoupled` in the isolated
+times. A schedule file that says which failure-free run its times were written for (`run_s`,
+seconds: configs/chaos/kjv_faults.yaml) is fitted to this machine: the failure-free
+`decoupled` run goes first, and every start_s and duration_s is scaled by its time ÷ run_s,
+so that each fault falls at the same share of the run however fast the machine is (--no-fit
+replays the times as written). Each row says how many of the schedule's faults began before
+its run ended. --baseline adds a failure-free `decoupled` run. --kills adds `decoupled` in the isolated
 deployment under `ddiloco launch`, with every crash of the schedule replaced by a real SIGKILL
 of the unit's leader at the same time (kind kill; the launcher restarts the unit's job). Prints one table — goodput, global
 downtime, wall time, final global validation loss, tokens processed, rejoins — writes it as
@@ -36,6 +41,33 @@ def draw_schedule(config, sets, out_path):
     if r.returncode != 0:
         sys.exit(r.stderr.strip())
     print(r.stdout.strip())
+
+
+def fit_schedule(path, baseline_s):
+    """Scales the schedule at `path` (with its `run_s`) in place to a failure-free run of
+    `baseline_s` seconds; returns the factor."""
+    import yaml
+
+    doc = yaml.safe_load(open(path))
+    scale = baseline_s / float(doc["run_s"])
+    for f in doc["faults"] or []:
+        f["start_s"] = round(f["start_s"] * scale, 3)
+        if "duration_s" in f:
+            f["duration_s"] = round(f["duration_s"] * scale, 3)
+    doc["run_s"] = round(baseline_s, 3)
+    with open(path, "w") as dst:
+        dst.write(f"# scaled by {scale:.4f} (scripts/chaos_compare.py) to a failure-free run of "
+                  f"{baseline_s:.1f} s\n")
+        yaml.safe_dump(doc, dst, default_flow_style=None, sort_keys=False)
+    return scale
+
+
+def faults_in_run(schedule, run_s):
+    """(faults that began before the run ended, faults) of a schedule file."""
+    import yaml
+
+    faults = yaml.safe_load(open(schedule))["faults"] or []
+    return sum(f["start_s"] < run_s for f in faults), len(faults)
 
 
 def summarise(run_dir, row):
@@ -119,6 +151,8 @@ def main():
     ap.add_argument("--baseline", action="store_true", help="also run decoupled without faults")
     ap.add_argument("--kills", action="store_true",
                     help="also run decoupled under ddiloco launch with each crash a real kill -9")
+    ap.add_argument("--no-fit", action="store_true",
+                    help="replay the schedule's times as written, even where it gives run_s")
     ap.add_argument("--set", action="append", default=[], help="key=value for every run")
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "chaos"))
     args = ap.parse_args()
@@ -133,9 +167,16 @@ def main():
             dst.write(text)
     else:
         draw_schedule(args.config, args.set, schedule)
+    fit = False
+    if args.schedule and not args.no_fit:
+        import yaml
+        fit = "run_s" in (yaml.safe_load(open(schedule)) or {})
     runs = [(m, m, True) for m in args.modes.split(",") if m]
-    if args.baseline:
+    if fit:  # the failure-free run first: its time scales the schedule
+        runs.insert(0, ("decoupled", "decoupled, no faults", False))
+    elif args.baseline:
         runs.append(("decoupled", "decoupled, no faults", False))
+    scale = None
     if args.kills:
         runs.append(("decoupled", "decoupled, kill -9 (launch)", "kills"))
     rows = []
@@ -160,8 +201,15 @@ def main():
         row = compare_modes.run_mode(mode, sub, run_dir, launch=chaos == "kills")
         start = compare_modes.read_events(os.path.join(run_dir, "metrics.jsonl"))[0]
         row.update(label=label, dir=run_dir, chaos=chaos, units=start["units"])
+        if chaos:
+            row["faults_in_run"] = faults_in_run(kill_schedule if chaos == "kills" else schedule,
+                                                 row["train_s"])
         rows.append(summarise(run_dir, row))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
+        if fit and scale is None:
+            scale = fit_schedule(schedule, row["train_s"])
+            print(f"chaos_compare: the schedule's times scaled by {scale:.3f} to this machine's "
+                  f"failure-free run of {row['train_s']:.1f} s ({schedule})", flush=True)
     text = table(rows)
     notes = []
     base = [r for r in rows if not r["chaos"]]
@@ -172,12 +220,21 @@ def main():
                          f"{r['train_s'] / base[0]['train_s']:.3f}x")
     notes.append("worst booking error (|booked − allocated| ÷ allocated, any rank): "
                  + ", ".join(f"{r['label']} {100 * r['booking_error']:.2f} %" for r in rows))
+    if scale is not None:
+        notes.append(f"schedule times scaled by {scale:.3f} to the failure-free run")
+    notes.append("faults that began before the run ended: "
+                 + ", ".join(f"{r['label']} {r['faults_in_run'][0]} of {r['faults_in_run'][1]}"
+                             for r in rows if r["chaos"]))
+    missed = [r["label"] for r in rows if r["chaos"] and r["faults_in_run"][0] < r["faults_in_run"][1]]
+    if missed:
+        notes.append("WARNING: the schedule outlasts " + ", ".join(missed)
+                     + ": not every fault happened (fit it to the run: give the file run_s)")
     title = f"faults from {os.path.relpath(schedule, ROOT)} on {os.path.basename(args.config)}"
     print("\n" + title + "\n" + text + "\n" + "\n".join(notes))
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(title + "\n\n" + text + "\n\n" + "\n".join(notes) + "\n")
     with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump({"config": args.config, "sets": args.set, "rows": rows}, f, indent=1)
+        json.dump({"config": args.config, "sets": args.set, "schedule_scale": scale, "rows": rows}, f, indent=1)
     try:
         timeline(rows, schedule, os.path.join(args.out, "timeline.png"))
         print(f"chaos_compare: wrote {args.out}/summary.md, summary.json, timeline.png")
