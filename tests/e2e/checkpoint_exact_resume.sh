@@ -23,6 +23,17 @@ syncer: {eval_every: 100000}
 checkpoint: {every: 300, keep: 100}
 YAML
 run() { "${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config d.yaml "$@"; }
+# term_ranks MPIRUN_PID LOG: SIGTERM to each of the job's 4 ranks, as Slurm sends it (mpirun
+# would forward it and SIGKILL the ranks 1 s later: a race with the checkpoint's write); the job
+# must exit 143.
+term_ranks() {
+  local ranks rc=0
+  ranks=$(pgrep -P "$1" | tr '\n' ' ')
+  [[ $(wc -w <<< "$ranks") == 4 ]] || fail "mpirun $1 has children '$ranks', expected its 4 ranks"
+  kill -TERM $ranks
+  wait "$1" || rc=$?
+  ((rc == 143)) || { cat "$2"; fail "the job exited $rc after SIGTERM, expected 143"; }
+}
 run > A.log 2>&1 || { cat A.log; fail "straight run failed"; }
 mid=A/checkpoints/ckpt_00000002
 [[ -f $mid/manifest.json ]] || { ls A/checkpoints; fail "no periodic checkpoint $mid"; }
@@ -33,10 +44,8 @@ run --set run.dir=B --resume "$mid" > B.log 2>&1 || { cat B.log; fail "resume fr
 # SIGTERM while it runs, then --resume auto. Step-based, not timed: unit 0 is held after its
 # step 400 (debug.stall_*, until the stop: in diloco every round needs every unit, so the job
 # waits there, the syncer at version 99), and the signal comes once the syncer has seen it
-# silent there. The round under way, 100, is finished and checkpointed. SIGTERM goes to every
-# rank, as Slurm sends it (mpirun would forward it and SIGKILL the ranks 1 s later: a race
-# with the checkpoint's write). (mpirun in the background, not a shell function, so that $! is
-# mpirun.)
+# silent there. The round under way, 100, is finished and checkpointed. (mpirun in the
+# background, not a shell function, so that $! is mpirun.)
 "${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config d.yaml --set run.dir=C --set checkpoint.every=0 \
   --set debug.stall_unit=0 --set debug.stall_at_step=400 --set debug.stall_until_merges=1000000000 \
   --set syncer.heartbeat_timeout_s=1 > C1.log 2>&1 &
@@ -44,11 +53,7 @@ pid=$!
 wait_event C/metrics.jsonl $pid 120 "last('merge') >= 0 and ev[last('merge')]['version'] == 99 and
   any(e['event'] == 'unit_silent' and e['unit'] == 0 for e in ev[last('merge'):])" ||
   { cat C1.log; fail "unit 0 was not held at step 400"; }
-ranks=$(pgrep -P $pid | tr '\n' ' ')
-[[ $(wc -w <<< "$ranks") == 4 ]] || fail "mpirun $pid has children '$ranks', expected its 4 ranks"
-kill -TERM $ranks
-rc=0; wait $pid || rc=$?
-((rc == 143)) || { cat C1.log; fail "the job exited $rc after SIGTERM, expected 143"; }
+term_ranks $pid C1.log
 run --set run.dir=C --set checkpoint.every=0 --resume auto > C2.log 2>&1 || { cat C2.log; fail "resume auto failed"; }
 
 /usr/bin/python3 - <<'PY' || fail "resumed runs differ from the straight one"
@@ -107,28 +112,16 @@ PY
 # Quorum 2 of 2 and no overlap: while unit 0 is held after its step 400 (until the stop; its
 # heartbeat is never timed out) unit 1 waits for merges, so the job cannot end before the
 # signal, which comes once unit 0 has logged step 390.
-cat > e.yaml <<'YAML'
-mode: decoupled
-run: {dir: E, log_every: 10, progress: false}
-model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16}
-data: {train: text/train_*.bin, val: text/val_*.bin}
-train: {batch_size: 2, steps: 1500, warmup_steps: 2}
-eval: {val_tokens: 512, sample_tokens: 0}
-units: {count: 2, ranks: [1, 2]}
-outer: {h: 4, fragments: 2, overlap: 0}
-syncer: {quorum: 2, eval_every: 100000, heartbeat_timeout_s: 3600}
-YAML
-"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config e.yaml > E.log 2>&1 || { cat E.log; fail "decoupled straight run failed"; }
-"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config e.yaml --set run.dir=F --set debug.stall_unit=0 \
+dec=(--config d.yaml --set mode=decoupled --set train.steps=1500 --set outer.fragments=2
+  --set outer.overlap=0 --set syncer.quorum=2 --set syncer.heartbeat_timeout_s=3600 --set checkpoint.every=0)
+"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train "${dec[@]}" --set run.dir=E > E.log 2>&1 ||
+  { cat E.log; fail "decoupled straight run failed"; }
+"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train "${dec[@]}" --set run.dir=F --set debug.stall_unit=0 \
   --set debug.stall_at_step=400 --set debug.stall_until_merges=1000000000 > F1.log 2>&1 &
 pid=$!
 wait_for F/unit_0.jsonl '"step":390,' $pid
-ranks=$(pgrep -P $pid | tr '\n' ' ')
-[[ $(wc -w <<< "$ranks") == 4 ]] || fail "mpirun $pid has children '$ranks', expected its 4 ranks"
-kill -TERM $ranks
-rc=0; wait $pid || rc=$?
-((rc == 143)) || { cat F1.log; fail "the decoupled job exited $rc after SIGTERM, expected 143"; }
-"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config e.yaml --set run.dir=F --resume auto > F2.log 2>&1 ||
+term_ranks $pid F1.log
+"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train "${dec[@]}" --set run.dir=F --resume auto > F2.log 2>&1 ||
   { cat F2.log; fail "decoupled resume auto failed"; }
 /usr/bin/python3 - <<'PY' || fail "the resumed decoupled run's data positions differ from the straight one's"
 import json
