@@ -70,7 +70,7 @@ stop_cluster() {
   for env_file in /proc/[0-9]*/environ; do
     p=${env_file#/proc/}; p=${p%/environ}
     [[ $(cat "/proc/$p/comm" 2>/dev/null) == slurmstepd ]] || continue
-    if tr '\0' '\n' < "$env_file" 2>/dev/null | grep -qxF "SLURM_CONF=$CONF"; then
+    if grep -qzxF "SLURM_CONF=$CONF" "$env_file" 2>/dev/null; then
       say "leftover slurmstepd $p: SIGKILL"
       pkill -KILL -P "$p" 2>/dev/null || true
       kill -KILL "$p" 2>/dev/null || true

@@ -23,7 +23,7 @@ YAML
 rank_pid() {
   local p
   for p in $(pgrep -P "$1"); do
-    if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+    if grep -qzx "OMPI_COMM_WORLD_RANK=$2" "/proc/$p/environ" 2>/dev/null; then
       echo "$p"
       return
     fi

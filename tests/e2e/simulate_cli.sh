@@ -71,7 +71,9 @@ expect_error "calibration.dp: [0.5, 0.9] cannot be reached by fitting dp.checkpo
   --set "calibration.dp=[0.5, 0.9]"
 
 "$DDILOCO" simulate --config "$SRC/configs/sim/planning.yaml" "${short[@]}" > /dev/null
-"$DDILOCO" simulate --list | grep -q "^chips.mtbi_hours" || fail "--list lacks chips.mtbi_hours"
+# (Not piped into grep -q: under pipefail, grep leaving early can cut the writer with SIGPIPE.)
+"$DDILOCO" simulate --list > list.txt
+grep -q "^chips.mtbi_hours" list.txt || fail "--list lacks chips.mtbi_hours"
 
 printf 'chips:\n  count: -5\n' > bad.yaml
 expect_error "bad.yaml: chips.count: must be in [1, 10000000000], got -5" "$DDILOCO" simulate --config bad.yaml
