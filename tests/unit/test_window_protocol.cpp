@@ -153,7 +153,7 @@ TEST(WindowProtocol, ASnapshotPublishedBeforeARejoinIsStillDecodedAfterTheServe)
   learner.publish(0, pattern(n, 0.21f), {1, 10, 5, 3});
   syncer.poll(h);
   EXPECT_EQ(syncer.fetch(0, 0, h[0], got).problem, "");
-  h[0].words[sync::kControlWords + sync::kOutRef] = 0;  // a snapshot naming version 0 now
+  h[0].words[static_cast<size_t>(sync::kControlWords) + sync::kOutRef] = 0;  // naming version 0 now
   EXPECT_NE(syncer.fetch(0, 0, h[0], got).problem, "");
 }
 
