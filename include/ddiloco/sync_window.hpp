@@ -86,7 +86,8 @@ enum Control : int {
   kReadSeen,        ///< learner: the last kReadsStarted it answered (debug.crash_during_read:
                     ///< a due crash lands before the answer, so the read finds it)
   kTimeBook,        ///< learner (isolated): its unit's TimeBook, TimeBook::kFields doubles
-                    ///< (bit patterns) from here on, written before kState = kDone
+                    ///< (bit patterns) from here on: at every step as it would stand if the
+                    ///< process died then, and the final one before kState = kDone
   kControlWords = 32
 };
 

@@ -102,6 +102,11 @@ void join_syncer(comm::UcxUnitLink& link, const Config& config, sync::Hello hell
       return;
     }
     if (!a.error.empty()) last = a.error;
+    if (attempt == 1) {  // a unit started before its syncer says what it is waiting for
+      std::printf("unit %d: waiting for the syncer (%s); retrying with backoff for up to "
+                  "syncer.connect_wait_s = %g s\n", hello.unit, last.c_str(), config.syncer.connect_wait_s);
+      std::fflush(stdout);
+    }
     if (Clock::now() + std::chrono::duration<double>(pause) > deadline)
       fail("unit {}: no syncer admitted us within syncer.connect_wait_s = {} s (last: {})", hello.unit,
            config.syncer.connect_wait_s, last);

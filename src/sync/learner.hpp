@@ -137,6 +137,7 @@ class Learner {
   // learner_leader.cpp: the leader's decisions after a step, and its heartbeat.
   Actions decide(int64_t t, const StepStats& s, double step_s, bool non_finite);
   void report_progress(int64_t t, double step_s);
+  void publish_running_book();
   bool decide_stop(const Actions& actions, int64_t t);
   void broadcast(Actions& actions);
   bool stop_requested();

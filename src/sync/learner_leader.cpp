@@ -39,6 +39,21 @@ void Learner::report_progress(int64_t t, double step_s) {
   window_->set_control(sync::kStepsDone, t);
   window_->set_control(sync::kTokensDone, tokens_);
   window_->set_control(sync::kStepTimeNs, static_cast<int64_t>(step_ema_ * 1e9));
+  if (topo_.isolated) publish_running_book();
+}
+
+// Isolated: the unit's time book as it would stand if this process died now, so that the
+// syncer can book a killed process's time (its final book, written at the end, replaces it).
+// The work no snapshot has carried to the syncer yet would die with it: discarded. The
+// leader's book stands for every rank of the unit, which step together.
+void Learner::publish_running_book() {
+  TimeBook b = book_;
+  for (int p = 0; p < P_ && tracks_fragments_; ++p)
+    b.discarded += frag_[p].unsent + (window_->outbox_free(p) ? 0.0 : frag_[p].in_flight);
+  b.allocated = startup_s_ + wall_.seconds();
+  const std::vector<double> v = b.to_vector();
+  for (int i = 0; i < TimeBook::kFields; ++i)
+    window_->set_control_f64(sync::kTimeBook + i, v[i] * topo_.unit_size);
 }
 
 bool Learner::decide_stop(const Actions& actions, int64_t t) {

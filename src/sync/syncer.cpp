@@ -38,6 +38,7 @@ Syncer::Syncer(const Config& config, const OuterPlan& plan, const Topology& topo
       val_(val),
       budget_(config.token_budget()) {
   if (door_) members_ = std::make_unique<sync::Membership>(config, link.run_id, link.secret, layout_.bytes());
+  books_before_.resize(M_);
   core_.set_isolated(door_ != nullptr);
   core_.on_merge([this](int p, const std::vector<int>& units) { after_merge(p, units); });
   if (resumed) {
@@ -195,6 +196,7 @@ void Syncer::unit_lost(int u, const std::string& reason) {
   if (!members_->present(u)) return;  // already lost (the heartbeat, then the closed endpoint)
   const double last_seen = core_.heard_at(u);
   members_->lost(u, now(), reason);
+  books_before_[u] += book_in_window(u);  // as it stood at its last step: the process is gone
   core_.unit_lost(u);
   log_.write({{"event", "unit_lost"}, {"unit", u}, {"reason", reason}, {"last_seen_s", last_seen},
               {"tokens", core_.tokens_total()}, {"elapsed_s", now()}});

@@ -51,6 +51,7 @@ class Syncer {
   void maybe_evaluate();
   void log_eval_results();
   // The end (syncer_report.cpp).
+  TimeBook book_in_window(int u) const;
   void finish();
   std::vector<TimeBook> time_books();
   std::vector<wan::LinkCounters> link_counters();
@@ -69,6 +70,7 @@ class Syncer {
   // every unit is present from the start to the end).
   comm::UnitListener* door_;
   std::unique_ptr<sync::Membership> members_;
+  std::vector<TimeBook> books_before_;  // isolated, per unit: its dead processes' time books
   sync::SyncerWindow window_;
   sync::UnitLinks links_;
   Stopwatch wall_;

@@ -28,8 +28,17 @@ void Syncer::finish() {
   report(train_end, books, link_counters(), window_bytes, unmerged);
 }
 
-// Isolated: each unit's leader left its unit's time book in its window with kDone; what was
-// absent (its process dead until a new one joined) is down time of all its ranks. One job: the
+// The time book unit u's leader left in its window (isolated): its final one with kDone, or, of
+// a process that died, as it stood at its last step.
+TimeBook Syncer::book_in_window(int u) const {
+  double v[TimeBook::kFields];
+  for (int i = 0; i < TimeBook::kFields; ++i) v[i] = core_.headers(u).control_f64(sync::kTimeBook + i);
+  return TimeBook::from_vector(v);
+}
+
+// Isolated: each unit's leader left its unit's time book in its window with kDone; its
+// processes that died left theirs as they stood at their last step (books_before_); what was
+// absent (no process until a new one joined) is down time of all its ranks. One job: the
 // learners free their windows after the barrier, and the books are gathered over MPI (below).
 std::vector<TimeBook> Syncer::time_books() {
   std::vector<TimeBook> books;
@@ -39,9 +48,8 @@ std::vector<TimeBook> Syncer::time_books() {
   }
   books.emplace_back();  // the syncer's own, as the one-job deployment's rank 0
   for (int u = 0; u < M_; ++u) {
-    double v[TimeBook::kFields];
-    for (int i = 0; i < TimeBook::kFields; ++i) v[i] = core_.headers(u).control_f64(sync::kTimeBook + i);
-    TimeBook b = TimeBook::from_vector(v);
+    TimeBook b = book_in_window(u);
+    b += books_before_[u];
     const double absent = members_->absent_s(u) * config_.unit_ranks(u);
     b.down += absent;
     b.allocated += absent;

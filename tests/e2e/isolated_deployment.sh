@@ -32,7 +32,7 @@ track() { pids+=("$1"); }
 # Unit 1 (two ranks) first: it waits for the syncer's rendezvous file with backoff.
 "${DDILOCO_MPIRUN[@]}" -np 2 "$DDILOCO" unit --config c.yaml --unit 1 > unit1.log 2>&1 &
 u1=$!; track $u1
-sleep 1
+wait_for unit1.log "unit 1: waiting for the syncer (no rendezvous file" $u1 60
 "$DDILOCO" syncer --config c.yaml > syncer.log 2>&1 &
 syncer=$!; track $syncer
 wait_for run/metrics.jsonl '"event":"unit_connected".*"unit":1[,}]' $syncer 60
@@ -62,7 +62,10 @@ kill -KILL "$leader"
 rc=0; wait $u0 || rc=$?
 ((rc != 0)) || fail "unit 0's mpirun exited 0 after its leader was killed"
 wait_for run/metrics.jsonl '"event":"unit_lost".*"unit":0[,}]' $syncer 30
-sleep 2  # unit 1 trains and is merged alone meanwhile
+# Unit 1 trains and is merged alone meanwhile.
+wait_event run/metrics.jsonl $syncer 60 \
+  "any(e['event'] == 'merge' and e['units'] == [1] for e in ev[last('unit_lost'):])" ||
+  fail "unit 1 was not merged alone after unit 0 was lost"
 DDILOCO_RESTART=1 "${DDILOCO_MPIRUN[@]}" -np 1 "$DDILOCO" unit --config c.yaml --unit 0 > unit0b.log 2>&1 &
 u0b=$!; track $u0b
 wait_for run/metrics.jsonl '"event":"unit_joined".*"unit":0[,}]' $syncer 60
@@ -108,11 +111,19 @@ pairs = [(b["elapsed_s"] - a["elapsed_s"], b["period_s"]) for a, b in zip(merges
 worst = max(pairs, key=lambda g: g[0] / g[1])
 assert worst[0] <= 2 * worst[1], worst
 gaps, period = [g for g, _ in pairs], worst[1]
+# Unit 0's time book covers its whole life: the killed process's (as it stood at its last
+# step), the time no process of it was there (down), and its new process's.
+gp = {e["unit"]: e for e in ev if e["event"] == "goodput"}
+life = done["train_s"] - conn[0]["elapsed_s"]
+assert gp[0]["allocated_s"] >= 0.95 * life, (gp[0], life)
+assert gp[0]["down_s"] >= conn[1]["elapsed_s"] - lost["elapsed_s"] - 0.1, (gp[0], lost, conn)
 with h5py.File("run/model.h5") as f:
     for name, d in f["params"].items():
         assert np.isfinite(d[...]).all(), name
 starts = [json.loads(l) for l in open("run/unit_0.jsonl") if '"event":"start"' in l]
 assert [s["restart"] for s in starts] == [0, 1] and all(s["pid"] > 0 and s["host"] for s in starts), starts
+print(f"unit 0's books: {gp[0]['allocated_s']:.1f} rank-s allocated over its {life:.1f} s, "
+      f"{gp[0]['down_s']:.1f} down, goodput {100 * gp[0]['goodput']:.1f} %")
 print(f"unit 0 lost at {lost['elapsed_s']:.1f}s ({lost['reason']}), back at {conn[1]['elapsed_s']:.1f}s, "
       f"heal {joined['heal_s']:.2f}s; {len(alone)} merges without it, longest gap {max(gaps):.2f}s "
       f"(2 x period {2 * period:.2f}s); final val_loss {done['val_loss']:.3f}")
