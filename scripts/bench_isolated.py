@@ -46,26 +46,33 @@ def step_s(path):
     return (last["elapsed_s"] - first["elapsed_s"]) / (last["step"] - first["step"])
 
 
+def syncer_share(run_dir):
+    """The syncer's CPU while the units trained, as a share of one core (its done event)."""
+    done = [e for e in compare_modes.read_events(os.path.join(run_dir, "metrics.jsonl")) if e["event"] == "done"][-1]
+    return done["syncer_train_cpu_s"] / done["train_s"]
+
+
 def step_times(args, env, flags, one):
     rows = []
     d = os.path.join(args.out, "alone")
     run(["mpirun", "-q", "-np", "1", DDILOCO, "train", "--config", args.config, "--overwrite"]
         + flags(["mode=single", "units.count=1", "units.slowdown=[]", "syncer.quorum=1", f"run.dir={d}"]),
         env, d + ".log")
-    rows.append(("alone (mode single): no syncing", step_s(os.path.join(d, "metrics.jsonl"))))
+    rows.append(("alone (mode single): no syncing", step_s(os.path.join(d, "metrics.jsonl")), None))
     d = os.path.join(args.out, "one_job")
     run(["mpirun", "-q", "--oversubscribe", "--bind-to", "none", "-np", "2", DDILOCO, "train",
          "--config", args.config, "--overwrite"] + flags(one + [f"run.dir={d}"]), env, d + ".log")
-    rows.append(("one job (MPI windows), decoupled M = 1", step_s(os.path.join(d, "unit_0.jsonl"))))
+    rows.append(("one job (MPI windows), decoupled M = 1", step_s(os.path.join(d, "unit_0.jsonl")), syncer_share(d)))
     d = os.path.join(args.out, "isolated")
     run([DDILOCO, "launch", "--config", args.config, "--overwrite"] + flags(one + [f"run.dir={d}"]),
         env, d + ".log")
-    rows.append(("isolated (ddiloco launch, UCX), decoupled M = 1", step_s(os.path.join(d, "unit_0.jsonl"))))
+    rows.append(("isolated (ddiloco launch, UCX), decoupled M = 1", step_s(os.path.join(d, "unit_0.jsonl")), syncer_share(d)))
     base = rows[0][1]
     print(f"\nstep time, one unit of 1 rank x 1 thread, {args.steps} steps of {os.path.basename(args.config)}")
-    print("| run | step time (ms) | ÷ alone |\n|---|---|---|")
-    for label, s in rows:
-        print(f"| {label} | {1e3 * s:.1f} | {s / base:.3f} |", flush=True)
+    print("| run | step time (ms) | ÷ alone | syncer CPU while training (share of a core) |\n|---|---|---|---|")
+    for label, s, share in rows:
+        cpu = "—" if share is None else f"{100 * share:.1f} %"
+        print(f"| {label} | {1e3 * s:.1f} | {s / base:.3f} | {cpu} |", flush=True)
 
 
 def main():
