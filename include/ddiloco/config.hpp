@@ -265,4 +265,12 @@ struct ConfigKeyDoc {
 /// Every key with its value in `config` (defaults when not given), and its meaning.
 std::vector<ConfigKeyDoc> config_keys(const Config& config = Config{});
 
+/// The keys `config` sets away from their defaults that its mode does not use, one line each
+/// naming the key, its value, the mode and why (e.g. "outer.fragments = 4 is ignored in mode
+/// diloco: it synchronises all of θ every H steps (P = 1)"): a configuration written for one
+/// mode and run with another changes nothing there without saying so otherwise.
+std::vector<std::string> ignored_keys(const Config& config);
+/// Prints ignored_keys() to stderr, one "ddiloco: warning: ..." line each.
+void warn_ignored_keys(const Config& config);
+
 }  // namespace ddiloco

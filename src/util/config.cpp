@@ -509,4 +509,71 @@ std::vector<ConfigKeyDoc> config_keys(const Config& config) {
   return docs;
 }
 
+namespace {
+
+// What each mode does not use, and why (README, "Learner units and the syncer": the table of
+// modes and OuterPlan::from).
+struct Unused {
+  std::string prefix;  // a key, or a section ending in '.'
+  const char* why;
+};
+
+std::vector<Unused> unused_in(const Config& c) {
+  const char* no_outer = "its units all-reduce gradients every step; there is no outer optimizer";
+  const char* all_units = "every merge has every unit (K = M), so there is no quorum to set and no grace window";
+  switch (c.mode) {
+    case Mode::single:
+      return {{"units.", "it is one unit of all the job's ranks"},
+              {"outer.", "it has no outer loop"},
+              {"syncer.", "it has no syncer"},
+              {"wan.", "it has no links between units"}};
+    case Mode::ddp:
+      return {{"outer.fragments", no_outer}, {"outer.overlap", no_outer}, {"outer.apply", no_outer},
+              {"outer.blend_alpha", no_outer}, {"outer.lr", no_outer}, {"outer.momentum", no_outer},
+              {"outer.merge", no_outer}, {"outer.anchor", no_outer}, {"outer.share_steps", no_outer},
+              {"syncer.quorum", no_outer}, {"syncer.grace_gamma", no_outer},
+              {"syncer.grace_cap_steps", no_outer}};
+    case Mode::diloco: {
+      std::vector<Unused> u = {{"outer.fragments", "it synchronises all of θ every H steps (P = 1)"},
+                               {"outer.overlap", "every unit waits for each merge before it goes on (τ = 0)"},
+                               {"syncer.quorum", all_units},
+                               {"syncer.grace_gamma", all_units},
+                               {"syncer.grace_cap_steps", all_units}};
+      if (c.outer.apply == "carry")
+        u.push_back({"outer.apply", "with τ = 0 no step is made while a merge is in flight: carry is overwrite"});
+      return u;
+    }
+    case Mode::streaming:
+      return {{"syncer.quorum", all_units}, {"syncer.grace_gamma", all_units},
+              {"syncer.grace_cap_steps", all_units}};
+    case Mode::decoupled:
+      return {};
+  }
+  return {};
+}
+
+}  // namespace
+
+std::vector<std::string> ignored_keys(const Config& config) {
+  const std::vector<Unused> unused = unused_in(config);
+  const std::vector<ConfigKeyDoc> set = config_keys(config), defaults = config_keys(Config{});
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < set.size(); ++i) {
+    if (set[i].default_value == defaults[i].default_value) continue;
+    for (const Unused& u : unused) {
+      const bool section = u.prefix.back() == '.';
+      if (section ? set[i].key.rfind(u.prefix, 0) != 0 : set[i].key != u.prefix) continue;
+      lines.push_back(fmt::format("{} = {} is ignored in mode {}: {}", set[i].key, set[i].default_value,
+                                  mode_name(config.mode), u.why));
+      break;
+    }
+  }
+  return lines;
+}
+
+void warn_ignored_keys(const Config& config) {
+  for (const std::string& line : ignored_keys(config)) std::fprintf(stderr, "ddiloco: warning: %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
 }  // namespace ddiloco

@@ -217,5 +217,34 @@ TEST(Config, EveryKeyIsDocumented) {
   }
 }
 
+// A configuration written for one mode and run with another: what that mode ignores is named.
+TEST(Config, KeysTheModeIgnoresAreNamed) {
+  Config c;
+  c.mode = Mode::decoupled;
+  c.units.count = 4;
+  c.outer.fragments = 4;
+  c.outer.overlap = 2;
+  c.syncer.quorum = 2;
+  EXPECT_TRUE(ignored_keys(c).empty()) << "decoupled uses every outer key";
+  c.mode = Mode::diloco;
+  const auto lines = ignored_keys(c);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], "outer.fragments = 4 is ignored in mode diloco: it synchronises all of θ every H "
+                      "steps (P = 1)");
+  EXPECT_NE(lines[1].find("outer.overlap = 2 is ignored in mode diloco"), std::string::npos);
+  EXPECT_NE(lines[2].find("syncer.quorum = 2 is ignored in mode diloco"), std::string::npos);
+  // A key left at its default says nothing; carry is overwrite only where τ = 0.
+  c.outer.apply = "carry";
+  EXPECT_EQ(ignored_keys(c).size(), 4u);
+  c.mode = Mode::streaming;
+  ASSERT_EQ(ignored_keys(c).size(), 1u);
+  EXPECT_NE(ignored_keys(c)[0].find("syncer.quorum = 2 is ignored in mode streaming"), std::string::npos);
+  c.mode = Mode::ddp;
+  EXPECT_EQ(ignored_keys(c).size(), 4u);  // fragments, overlap, apply, quorum
+  c.mode = Mode::single;
+  for (const auto& line : ignored_keys(c)) EXPECT_NE(line.find("in mode single"), std::string::npos) << line;
+  EXPECT_EQ(ignored_keys(c).size(), 5u);  // units.count and the four above
+}
+
 }  // namespace
 }  // namespace ddiloco
