@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -288,6 +289,28 @@ double cpu_seconds(pid_t pid) {
   return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
+// kill(SIGSTOP) returns before the target stops: a thread of it may still answer one more
+// request. True once every thread of `pid` shows state T in /proc, false after `timeout_s`.
+bool wait_stopped(pid_t pid, double timeout_s) {
+  const auto t0 = Clock::now();
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  while (since(t0) < timeout_s) {
+    bool all = true;
+    for (const auto& t : std::filesystem::directory_iterator(tasks)) {
+      std::ifstream f(t.path() / "stat");
+      std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      const auto close = text.rfind(')');
+      if (close == std::string::npos || close + 2 >= text.size() || text[close + 2] != 'T') {
+        all = false;
+        break;
+      }
+    }
+    if (all) return true;
+    nap();
+  }
+  return false;
+}
+
 double thread_cpu_seconds() {
   timespec t{};
   ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
@@ -554,6 +577,7 @@ TEST_F(UcxLink, UnitThatStopsProgressingTimesOutAndIsLost) {
   int64_t w = 0;
   ASSERT_TRUE(syncer.fetch_word(0, 0, w));
   unit->signal(SIGSTOP);
+  ASSERT_TRUE(wait_stopped(unit->pid(), 10)) << "the unit did not stop";
   const auto t0 = Clock::now();
   const double cpu0 = thread_cpu_seconds();
   std::vector<std::byte> buf(4096, std::byte{0x77});
