@@ -1,5 +1,7 @@
 # decoupled with one unit, K = 1, P = 1, H = 1, η = 1, μ = 0, overwrite and τ = 0 is plain
-# training: the syncer's final Θ must equal the single-unit run's parameters bit for bit.
+# training: the syncer's final Θ must equal the single-unit run's parameters bit for bit; so is
+# diloco with H = 5 over five rounds (the outer step's sign, anchor and application, and AdamW's
+# state across rounds).
 # Streaming with τ = 2 and H = 4 (not decoupled: its learning rates follow the job's tokens as
 # the syncer last saw them, which lag a unit that runs ahead), apply: carry (θ ← Θ + θ − θ_sent)
 # keeps the two steps made after each snapshot, so it is still plain training up to rounding;
@@ -27,8 +29,12 @@ ddiloco_mpirun -np 2 "$DDILOCO" train --config base.yaml --set run.dir=dec --set
 ddiloco_mpirun -np 2 "$DDILOCO" train --config base.yaml --set run.dir=dec_base --set mode=decoupled \
   --set outer.anchor=base --set outer.share_steps=true > dec_base.log 2>&1 ||
   { cat dec_base.log; fail "decoupled run with outer.anchor=base failed"; }
-for run in dec dec_base; do
-RUN=$run /usr/bin/python3 - <<'PY' || fail "$run: decoupled(M=1, K=1, P=1, H=1, η=1, μ=0) differs from plain training"
+# diloco over several rounds of H = 5 inner steps (its own code path: every unit waits for
+# every merge, AdamW's state carried across rounds): still plain training bit for bit.
+ddiloco_mpirun -np 2 "$DDILOCO" train --config base.yaml --set run.dir=dil --set mode=diloco \
+  --set outer.h=5 > dil.log 2>&1 || { cat dil.log; fail "diloco run failed"; }
+for run in dec dec_base dil; do
+RUN=$run /usr/bin/python3 - <<'PY' || fail "$run: one unit with K = 1, P = 1, η = 1, μ = 0 differs from plain training"
 import h5py, json, os, numpy as np
 run = os.environ["RUN"]
 a, b = h5py.File("plain/model.h5"), h5py.File(f"{run}/model.h5")
@@ -39,7 +45,9 @@ same = all(np.array_equal(a["params"][n][...], b["params"][n][...]) for n in nam
 steps = [json.loads(l) for l in open(f"{run}/unit_0.jsonl")][-1]["step"]
 shares = {m["share"] for m in map(json.loads, open(f"{run}/metrics.jsonl")) if m.get("event") == "merge"}
 assert shares == {1.0}, shares
-print(f"identity ({run}): {len(names)} tensors, max |Δ| = {worst}, unit steps = {steps}")
+merges = sum(1 for m in map(json.loads, open(f"{run}/metrics.jsonl")) if m.get("event") == "merge")
+print(f"identity ({run}): {len(names)} tensors, max |Δ| = {worst}, unit steps = {steps}, merges = {merges}")
+assert merges == (5 if run == "dil" else 25), merges
 assert steps == 25, steps
 assert same
 PY
