@@ -34,7 +34,7 @@ std::string version_name(long v) {
 }
 
 std::string unsupported_inputs(const SdpaLayout& l, SdpaDtype dtype, long cudnn_version) {
-  if (dtype == SdpaDtype::fp32)
+  if (dtype == SdpaDtype::float32)
     return "cuDNN's fused SDPA takes fp16 or bf16 inputs, got fp32";
   if (cudnn_version < kCudnnMinVersion)
     return fmt::format("needs cuDNN 9 or newer (the backend's SDPA graphs), found {}",

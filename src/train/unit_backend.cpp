@@ -19,7 +19,7 @@ void validate_cudnn(const Config& c) {
          "and libcudnn; see README, Dependencies); this build offers auto, cublas and flash");
   const SdpaLayout layout =
       sdpa_layout(c.train.batch_size, c.model.seq_len, c.model.n_embd, c.model.n_head);
-  const std::string why = sdpa_unsupported(layout, SdpaDtype::bf16, true, g_cudnn_version);
+  const std::string why = sdpa_unsupported(layout, SdpaDtype::bfloat16, true, g_cudnn_version);
   if (!why.empty())
     fail("run.gpu_attention: cudnn cannot run this model: {} (use auto, cublas or flash)", why);
 }

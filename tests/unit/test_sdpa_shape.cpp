@@ -16,7 +16,7 @@ namespace {
 constexpr long kCudnn919 = 91900;  // the version in /usr/local/cuda here and on the device image
 
 std::string why(int B, int T, int C, int NH, bool backward = true, long version = kCudnn919,
-                SdpaDtype dtype = SdpaDtype::bf16) {
+                SdpaDtype dtype = SdpaDtype::bfloat16) {
   return sdpa_unsupported(sdpa_layout(B, T, C, NH), dtype, backward, version);
 }
 
@@ -98,7 +98,7 @@ TEST(SdpaShape, AcceptedHeadSizesGiveAlignedViews) {
   for (int hs = 8; hs <= 128; hs += 8)
     for (int NH : {1, 3, 12}) {
       const SdpaLayout l = sdpa_layout(2, 128, hs * NH, NH);
-      ASSERT_EQ(sdpa_unsupported(l, SdpaDtype::bf16, true, kCudnn919), "") << hs;
+      ASSERT_EQ(sdpa_unsupported(l, SdpaDtype::bfloat16, true, kCudnn919), "") << hs;
       for (const SdpaTensor* t : {&l.q, &l.k, &l.v, &l.o}) {
         EXPECT_EQ(t->offset % 8, 0) << hs << " " << NH;
         for (int i = 0; i < 3; ++i) EXPECT_EQ(t->strides[i] % 8, 0) << hs << " " << NH;
@@ -112,11 +112,11 @@ TEST(SdpaShape, AcceptsGpt2Shapes) {
   EXPECT_EQ(why(64, 1024, 768, 12), "");   // llm.c's micro-batch
   EXPECT_EQ(why(4, 1024, 1600, 25), "");   // GPT-2 1.5B, head size 64
   EXPECT_EQ(why(2, 100, 128, 1), "");      // head size 128, T not a multiple of 64
-  EXPECT_EQ(why(2, 100, 128, 1, true, kCudnn919, SdpaDtype::fp16), "");
+  EXPECT_EQ(why(2, 100, 128, 1, true, kCudnn919, SdpaDtype::float16), "");
 }
 
 TEST(SdpaShape, RefusesDtypesAndVersionsCudnnCannotRun) {
-  EXPECT_TRUE(contains(why(16, 1024, 768, 12, true, kCudnn919, SdpaDtype::fp32), "fp32"));
+  EXPECT_TRUE(contains(why(16, 1024, 768, 12, true, kCudnn919, SdpaDtype::float32), "fp32"));
   EXPECT_TRUE(contains(why(16, 1024, 768, 12, true, 8907), "needs cuDNN 9 or newer"));
   EXPECT_TRUE(contains(why(16, 1024, 768, 12, true, 8907), "found 8.9.7"));
   EXPECT_TRUE(contains(why(16, 1024, 768, 12, false, 91000), "9.10.0 has known SDPA bugs"));
@@ -152,9 +152,9 @@ TEST(SdpaShape, BadDimensionsAndCheckThrow) {
   EXPECT_THROW(sdpa_layout(1, 0, 16, 2), Error);
   EXPECT_THROW(sdpa_layout(1, 8, 16, 3), Error);  // 3 does not divide 16
   EXPECT_THROW(sdpa_layout(1, 8, 16, 0), Error);
-  EXPECT_NO_THROW(check_sdpa(sdpa_layout(16, 1024, 768, 12), SdpaDtype::bf16, true, kCudnn919));
+  EXPECT_NO_THROW(check_sdpa(sdpa_layout(16, 1024, 768, 12), SdpaDtype::bfloat16, true, kCudnn919));
   try {
-    check_sdpa(sdpa_layout(2, 64, 36, 3), SdpaDtype::bf16, true, kCudnn919);
+    check_sdpa(sdpa_layout(2, 64, 36, 3), SdpaDtype::bfloat16, true, kCudnn919);
     FAIL() << "head size 12 accepted";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()),

@@ -31,7 +31,7 @@
 namespace ddiloco::gpu {
 
 /// Element type of Q, K, V, O and their gradients.
-enum class SdpaDtype { bf16, fp16, fp32 };
+enum class SdpaDtype { bfloat16, float16, float32 };
 
 /// One tensor as a cuDNN backend tensor descriptor sees it: dimensions and strides in
 /// elements, and the offset in elements of element (0,0,0,0) from the start of the buffer it
