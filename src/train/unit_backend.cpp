@@ -15,8 +15,9 @@ long g_cudnn_version = 0;
 
 void validate_cudnn(const Config& c) {
   if (g_cudnn_version == 0)
-    fail("run.gpu_attention: cudnn needs a ddiloco built with cuDNN 9 (CMake found no cudnn.h "
-         "and libcudnn; see README, Dependencies); this build offers auto, cublas and flash");
+    fail("run.gpu_attention: cudnn needs a ddiloco built with cuDNN 9 (CMake found none, or "
+         "DDILOCO_CUDNN=OFF; README, Learner units on GPUs); this build offers auto, cublas "
+         "and flash");
   const SdpaLayout layout =
       sdpa_layout(c.train.batch_size, c.model.seq_len, c.model.n_embd, c.model.n_head);
   const std::string why = sdpa_unsupported(layout, SdpaDtype::bfloat16, true, g_cudnn_version);

@@ -124,8 +124,8 @@ TEST(Config, CudnnAttentionNeedsACudnnBuild) {
   EXPECT_EQ(gpu::unit_backend_cudnn_version(), 0);
   EXPECT_EQ(error_of("", {"run.device=cuda", "run.gpu_attention=cudnn"}),
             "c.yaml with --set: run.gpu_attention: cudnn needs a ddiloco built with cuDNN 9 "
-            "(CMake found no cudnn.h and libcudnn; see README, Dependencies); this build offers "
-            "auto, cublas and flash");
+            "(CMake found none, or DDILOCO_CUDNN=OFF; README, Learner units on GPUs); this build "
+            "offers auto, cublas and flash");
   // On the CPU the key is not used, and not checked.
   EXPECT_NO_THROW(load_config("", {"run.gpu_attention=cudnn"}));
   gpu::register_unit_backend(nullptr);
