@@ -1,11 +1,13 @@
 # The GPU build (DDILOCO_CUDA=ON): kernels/*.cu and src/gpu/ into the static library
-# ddiloco_cuda, linked with cudart, cuBLAS, cuBLASLt and NCCL; tests/gpu/ into
+# ddiloco_cuda, linked with cudart, cuBLAS, cuBLASLt, NCCL and (optional) cuDNN 9; tests/gpu/ into
 # ddiloco_gpu_tests (label "gpu"). Included from the top-level CMakeLists.txt after ddiloco_core.
 #
 # Knobs:
 #   CMAKE_CUDA_ARCHITECTURES  default 90 (Hopper: H100/H200); e.g. -DCMAKE_CUDA_ARCHITECTURES=80
 #   CMAKE_CUDA_COMPILER       default: whatever CMake finds (the preset names /usr/local/cuda)
 #   NCCL_ROOT                 where NCCL lives when it is not inside the CUDA toolkit
+#   CUDNN_ROOT                where cuDNN 9 lives when it is not inside the CUDA toolkit
+#   DDILOCO_CUDNN             OFF: leave the cuDNN attention path out even where cuDNN is found
 
 # Must be set before the language is enabled, or CMake probes the compiler's default arch
 # (and CUDA 13 dropped the old defaults CMake 3.25 would otherwise pick).
@@ -52,6 +54,48 @@ set_target_properties(NCCL::nccl PROPERTIES
   IMPORTED_LOCATION "${NCCL_LIBRARY}"
   INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
 
+# ---------------------------------------------------------------- cuDNN 9 (optional)
+# cuDNN's fused flash attention (run.gpu_attention: cudnn, src/gpu/cudnn_attention.cpp) through
+# its backend graph API (cudnn_graph.h): no cudnn_frontend needed. Looked for under CUDNN_ROOT,
+# then inside the CUDA toolkit (where our machines and NVIDIA's images put it), then the
+# system paths. Without it, or with DDILOCO_CUDNN=OFF, the cudnn attention path is not built
+# and asking for it is a configuration error; our own kernels run either way.
+option(DDILOCO_CUDNN "Build run.gpu_attention: cudnn when cuDNN 9 is found" ON)
+set(CUDNN_ROOT "$ENV{CUDNN_ROOT}" CACHE PATH "cuDNN install prefix (optional)")
+set(DDILOCO_HAVE_CUDNN OFF)
+if(DDILOCO_CUDNN)
+  find_path(CUDNN_INCLUDE_DIR cudnn_graph.h
+    HINTS "${CUDNN_ROOT}/include" ${CUDAToolkit_INCLUDE_DIRS} "${CUDAToolkit_LIBRARY_ROOT}/include")
+  find_library(CUDNN_LIBRARY cudnn
+    HINTS "${CUDNN_ROOT}/lib" "${CUDNN_ROOT}/lib64" "${CUDAToolkit_LIBRARY_DIR}"
+          "${CUDAToolkit_LIBRARY_ROOT}/lib64")
+  set(_cudnn_major 0)
+  if(CUDNN_INCLUDE_DIR AND EXISTS "${CUDNN_INCLUDE_DIR}/cudnn_version.h")
+    file(STRINGS "${CUDNN_INCLUDE_DIR}/cudnn_version.h" _cudnn_version_lines
+         REGEX "#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) ")
+    foreach(_part MAJOR MINOR PATCHLEVEL)
+      string(REGEX REPLACE ".*#define CUDNN_${_part} ([0-9]+).*" "\\1" _cudnn_${_part}
+             "${_cudnn_version_lines}")
+    endforeach()
+    set(_cudnn_major ${_cudnn_MAJOR})
+  endif()
+  if(CUDNN_INCLUDE_DIR AND CUDNN_LIBRARY AND _cudnn_major GREATER_EQUAL 9)
+    set(DDILOCO_HAVE_CUDNN ON)
+    message(STATUS "cuDNN ${_cudnn_MAJOR}.${_cudnn_MINOR}.${_cudnn_PATCHLEVEL}: ${CUDNN_LIBRARY} "
+                   "(headers ${CUDNN_INCLUDE_DIR}); run.gpu_attention: cudnn is built")
+    add_library(CUDNN::cudnn SHARED IMPORTED)
+    set_target_properties(CUDNN::cudnn PROPERTIES
+      IMPORTED_LOCATION "${CUDNN_LIBRARY}"
+      INTERFACE_INCLUDE_DIRECTORIES "${CUDNN_INCLUDE_DIR}")
+  else()
+    message(STATUS "cuDNN 9 not found (cudnn_graph.h: ${CUDNN_INCLUDE_DIR}, libcudnn: "
+                   "${CUDNN_LIBRARY}, major version ${_cudnn_major}); run.gpu_attention: cudnn "
+                   "is not built (set -DCUDNN_ROOT=<prefix> to point at it)")
+  endif()
+else()
+  message(STATUS "cuDNN: off (DDILOCO_CUDNN=OFF); run.gpu_attention: cudnn is not built")
+endif()
+
 # ---------------------------------------------------------------- warnings for CUDA sources
 # ddiloco_warnings is for the host compiler; nvcc forwards them with -Xcompiler. -Wpedantic
 # is left out: nvcc's generated host stubs trip it.
@@ -65,6 +109,9 @@ file(GLOB DDILOCO_CUDA_SOURCES CONFIGURE_DEPENDS
   "${CMAKE_CURRENT_SOURCE_DIR}/kernels/*.cu"
   "${CMAKE_CURRENT_SOURCE_DIR}/src/gpu/*.cpp"
   "${CMAKE_CURRENT_SOURCE_DIR}/src/gpu/*.cu")
+if(NOT DDILOCO_HAVE_CUDNN)
+  list(FILTER DDILOCO_CUDA_SOURCES EXCLUDE REGEX ".*/src/gpu/cudnn_[^/]*$")
+endif()
 add_library(ddiloco_cuda STATIC ${DDILOCO_CUDA_SOURCES})
 target_include_directories(ddiloco_cuda
   PUBLIC "${CMAKE_CURRENT_SOURCE_DIR}/include"
@@ -73,6 +120,10 @@ target_link_libraries(ddiloco_cuda
   PUBLIC ddiloco_core CUDA::cudart CUDA::cublas CUDA::cublasLt NCCL::nccl
   PRIVATE ddiloco_cuda_warnings)
 target_compile_definitions(ddiloco_cuda PUBLIC DDILOCO_HAVE_CUDA=1)
+if(DDILOCO_HAVE_CUDNN)
+  target_link_libraries(ddiloco_cuda PUBLIC CUDNN::cudnn)
+  target_compile_definitions(ddiloco_cuda PUBLIC DDILOCO_HAVE_CUDNN=1)
+endif()
 target_compile_options(ddiloco_cuda PRIVATE
   # Release device code: fast math would change expf/tanhf results the CPU tests compare to,
   # so only the cheap, accuracy-neutral flags. --expt-relaxed-constexpr lets device code call

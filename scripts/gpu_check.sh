@@ -5,8 +5,9 @@
 #      the CUDA toolkit, NCCL_ROOT, or the nvidia-nccl Python wheel;
 #   2. configures and builds the `cuda` preset (ninja when present, all cores);
 #   3. runs the GPU tests (ctest -L gpu, but for step 5's) and the CPU parity tests (-R Parity);
-#   4. `ddiloco bench gpu --compare` on a GPT-2 124M-shaped model: tokens/s and MFU of every
-#      kernel variant side by side, batch and sequence; then the default at larger batches;
+#   4. `ddiloco bench gpu --compare` on a GPT-2 124M-shaped model at B = 16, 32 and 64: tokens/s,
+#      MFU and GPU memory of every kernel variant side by side (cuDNN's fused attention among
+#      them where the build found cuDNN 9);
 #   5. tests/e2e/gpu_train.sh: the trainer on the GPU, among others a 4-unit decoupled run
 #      sharing the one GPU (tokens/s printed).
 # Logs go to ${OUT:-build-cuda/gpu_check}: summary.txt and at most 7 *.log (a device tool's
@@ -19,9 +20,9 @@
 #   scripts/gpu_check.sh --build-only    steps 1-2 (and the GPU tests, which skip without a GPU)
 #   scripts/gpu_check.sh --debs          use the carried packages even where the system has them
 # Environment: BENCH_BATCH (default 16), BENCH_SEQ (1024), BENCH_STEPS (20), BENCH_WARMUP (3),
-# BENCH_ARGS (more `bench gpu` flags, e.g. "--attention cublas"), BENCH_EXTRA_BATCHES (default
-# "32 64": the default variant again at these batches), JOBS (default nproc),
-# CUDA_ARCH (default: the preset's 90).
+# BENCH_ARGS (more `bench gpu` flags, e.g. "--attention cudnn"), BENCH_EXTRA_BATCHES (default
+# "32 64": every variant again at these batches), BENCH_EXTRA_COMPARE (1; 0: only the default
+# variant at the extra batches), JOBS (default nproc), CUDA_ARCH (default: the preset's 90).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -153,6 +154,8 @@ if [[ ! -f build-cuda/CMakeCache.txt ]] && command -v ninja >/dev/null; then gen
 say "configure: cmake --preset cuda ${generator[*]} ${cmake_extra[*]}"
 run_logged configure.log cmake --preset cuda "${generator[@]}" "${cmake_extra[@]}" ||
   die "configure (log: configure.log)"
+# Whether run.gpu_attention: cudnn is in this build (cmake/cuda.cmake says which cuDNN).
+say "$(grep -m1 -E -- '-- cuDNN' "$logs/configure.log" | sed 's/^-- //' || echo 'cuDNN: not reported')"
 tb=$(date +%s)
 run_logged build.log cmake --build build-cuda -j "$jobs" || die "build (log: build.log)"
 say "built in $(( $(date +%s) - tb )) s with $jobs jobs (total $(elapsed))"
@@ -195,25 +198,41 @@ if ! build-cuda/ddiloco bench gpu --help >/dev/null 2>&1; then
 fi
 # bench gpu's defaults are the GPT-2 124M shape (12 layers, 12 heads, 768 channels, the
 # vocabulary padded to 50304); MFU against --peak-tflops (989: H100/H200 SXM dense bf16).
-# shellcheck disable=SC2206  # BENCH_ARGS: extra flags, split on purpose
-# --compare: every kernel variant side by side (attention kinds × GELU fused or separate).
-bench=(build-cuda/ddiloco bench gpu --batch "$batch" --seq "$seq"
-  --steps "${BENCH_STEPS:-20}" --warmup "${BENCH_WARMUP:-3}" --compare ${BENCH_ARGS:-})
-say "benchmark: ${bench[*]}"
-run_logged bench_gpu.log "${bench[@]}" || die "ddiloco bench gpu (log: bench_gpu.log)"
-sed -n '/^compare:/,/^$/p' "$logs/bench_gpu.log" | sed 's/^/  /' | tee -a "$summary"
-tail -n 8 "$logs/bench_gpu.log"
-last=$(grep -E '^batch=[0-9]+ seq_len=[0-9]+ tokens_per_s=' "$logs/bench_gpu.log" | tail -n 1 ||
-  true)
-[[ -n $last ]] || die "ddiloco bench gpu printed no 'batch=... tokens_per_s=... mfu=...' line"
-say "GPT-2 124M shape: $last"
-# The default variant at larger batches (BENCH_EXTRA_BATCHES, "" for none): fixed per-step
-# costs (AdamW, launches) spread over more tokens.
+# --compare: every kernel variant side by side (attention kinds, cudnn among them where the
+# build found cuDNN, × GELU fused or separate), each row with the GPU memory in use.
+# bench_at B [--compare]: one run at batch B; its compare table, memory and summary line go to
+# the summary.
+bench_at() {
+  local b=$1
+  shift
+  # shellcheck disable=SC2206  # BENCH_ARGS: extra flags, split on purpose
+  local cmd=(build-cuda/ddiloco bench gpu --batch "$b" --seq "$seq"
+    --steps "${BENCH_STEPS:-20}" --warmup "${BENCH_WARMUP:-3}" "$@" ${BENCH_ARGS:-})
+  say "benchmark: ${cmd[*]}"
+  # One log for every batch (the device tool returns 8 files): this run's part follows its
+  # "+ command" line.
+  run_logged bench_gpu.log "${cmd[@]}" || die "ddiloco bench gpu --batch $b (log: bench_gpu.log)"
+  local run=$logs/bench_gpu.last
+  awk '/^\+ / { n = 0; delete l } { l[n++] = $0 } END { for (i = 0; i < n; i++) print l[i] }' \
+    "$logs/bench_gpu.log" >"$run"
+  grep -E '^bench gpu: (cuDNN|built without)|^compare: attention .* left out' "$run" |
+    sed 's/^/  /' | tee -a "$summary" || true
+  sed -n '/^compare: [0-9]/,/^$/p' "$run" | sed 's/^/  /' | tee -a "$summary"
+  tail -n 8 "$run"
+  local last
+  last=$(grep -E '^batch=[0-9]+ seq_len=[0-9]+ tokens_per_s=' "$run" | tail -n 1 || true)
+  [[ -n $last ]] || die "ddiloco bench gpu printed no 'batch=... tokens_per_s=... mfu=...' line"
+  say "GPT-2 124M shape: $last; $(grep -E '^device memory in use' "$run" | tail -n 1)"
+  rm -f "$run"
+}
+bench_at "$batch" --compare
+# Larger batches (BENCH_EXTRA_BATCHES, "" for none): fixed per-step costs (AdamW, launches)
+# spread over more tokens, and llm.c's 64 × 1024 per GPU. Every variant again unless
+# BENCH_EXTRA_COMPARE=0 (then the default variant only: shorter).
+extra_compare=(--compare)
+[[ ${BENCH_EXTRA_COMPARE:-1} == 0 ]] && extra_compare=()
 for b in ${BENCH_EXTRA_BATCHES-32 64}; do
-  run_logged bench_gpu.log build-cuda/ddiloco bench gpu --batch "$b" --seq "$seq" \
-    --steps "${BENCH_STEPS:-20}" --warmup "${BENCH_WARMUP:-3}" ${BENCH_ARGS:-} ||
-    die "ddiloco bench gpu --batch $b (log: bench_gpu.log)"
-  say "GPT-2 124M shape: $(grep -E '^batch=' "$logs/bench_gpu.log" | tail -n 1)"
+  bench_at "$b" "${extra_compare[@]}"
 done
 
 # ------------------------------------------------------------------ 5. 4-unit decoupled run

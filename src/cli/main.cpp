@@ -385,9 +385,14 @@ int main(int argc, char** argv) {
   bench_gpu->add_option("--attention", bench_gpu_opts.attention,
                         "cublas (batched GEMMs, the default: faster on an H200), "
                         "cublas_inplace (the same GEMMs reading and writing the heads in place "
-                        "through pointer arrays, no permute copies) or flash (fused, head size "
-                        "64, T % 64 == 0, no (B,NH,T,T) buffer)")
+                        "through pointer arrays, no permute copies), flash (fused, head size "
+                        "64, T % 64 == 0, no (B,NH,T,T) buffer) or cudnn (cuDNN's fused SDPA; "
+                        "builds with cuDNN 9 only)")
+#if DDILOCO_HAVE_CUDNN
+      ->check(CLI::IsMember({"flash", "cublas", "cublas_inplace", "cudnn"}));
+#else
       ->check(CLI::IsMember({"flash", "cublas", "cublas_inplace"}));
+#endif
   bench_gpu->add_option("--gelu-fusion", bench_gpu_opts.gelu_fusion,
                         "GELU in the MLP GEMMs' cuBLASLt epilogues (true) or as separate kernels "
                         "(false, the default)");

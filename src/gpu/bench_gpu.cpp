@@ -19,9 +19,11 @@
 #include "cli/commands.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/gpu/check.hpp"
+#include "ddiloco/gpu/cudnn_attention.hpp"
 #include "ddiloco/gpu/gpt_cuda.hpp"
 #include "ddiloco/gpu/kernels.hpp"
 #include "ddiloco/gpu/profiler.hpp"
+#include "ddiloco/gpu/sdpa_shape.hpp"
 #include "ddiloco/rng.hpp"
 
 namespace ddiloco::cli {
@@ -176,6 +178,38 @@ Measured measure(const GptConfig& config, const BenchGpuOptions& o, const Varian
   return r;
 }
 
+// Why `kind` cannot run this shape ("" when it can): not in this build, or outside the
+// flash kernels' or cuDNN's limits.
+std::string unsupported(gpu::AttentionKind kind, const GptConfig& c, int B, int T) {
+  if (!gpu::attention_kind_built(kind)) return "not in this build (built without cuDNN 9)";
+  if (kind == gpu::AttentionKind::flash && !gpu::attention_flash_supported(T, c.n_embd, c.n_head))
+    return "needs head size 64 and a sequence length that is a multiple of 64";
+#if DDILOCO_HAVE_CUDNN
+  if (kind == gpu::AttentionKind::cudnn)
+    return gpu::sdpa_unsupported(gpu::sdpa_layout(B, T, c.n_embd, c.n_head), gpu::SdpaDtype::bfloat16,
+                                 true, gpu::cudnn_runtime_version());
+#else
+  (void)B;
+#endif
+  return "";
+}
+
+// --compare: every variant that fits the shape, the chosen one among them; the kinds left
+// out are named.
+std::vector<Variant> compare_variants(const GptConfig& c, int B, int T) {
+  std::vector<Variant> variants;
+  for (const auto kind : gpu::kAttentionKinds) {
+    const std::string why = unsupported(kind, c, B, T);
+    if (!why.empty()) {
+      std::printf("compare: attention %s left out: %s\n", gpu::attention_kind_name(kind).c_str(),
+                  why.c_str());
+      continue;
+    }
+    for (const bool fused : {false, true}) variants.push_back({kind, fused});
+  }
+  return variants;
+}
+
 }  // namespace
 
 int bench_gpu(const BenchGpuOptions& o) {
@@ -214,23 +248,21 @@ int bench_gpu(const BenchGpuOptions& o) {
   std::printf("bench gpu: batch B=%d sequence T=%d (%zu tokens/step), bf16 activations, fp32 "
               "master weights, %s, steps=%d (+%d warm-up)\n",
               B, T, N, variant_name(chosen).c_str(), o.steps, o.warmup);
+#if DDILOCO_HAVE_CUDNN
+  const long version = gpu::cudnn_runtime_version();
+  std::printf("bench gpu: cuDNN %ld.%ld.%ld loaded (attention cudnn built)\n", version / 10000,
+              version / 100 % 100, version % 100);
+#else
+  std::printf("bench gpu: built without cuDNN (attention cudnn not available)\n");
+#endif
 
-  if (chosen.attention == gpu::AttentionKind::flash &&
-      !gpu::attention_flash_supported(T, config.n_embd, config.n_head))
-    fail("bench gpu: --attention flash needs head size 64 and a sequence length that is a "
-         "multiple of 64 (n_embd {}, n_head {}, seq {})",
-         config.n_embd, config.n_head, T);
+  const std::string why = unsupported(chosen.attention, config, B, T);
+  if (!why.empty())
+    fail("bench gpu: --attention {} {} (n_embd {}, n_head {}, batch {}, seq {})", o.attention,
+         why, config.n_embd, config.n_head, B, T);
   // --compare: every variant that fits the shape, side by side, the chosen one among them.
   std::vector<Variant> variants{chosen};
-  if (o.compare) {
-    variants.clear();
-    for (const auto kind : gpu::kAttentionKinds) {
-      if (kind == gpu::AttentionKind::flash &&
-          !gpu::attention_flash_supported(T, config.n_embd, config.n_head))
-        continue;
-      for (const bool fused : {false, true}) variants.push_back({kind, fused});
-    }
-  }
+  if (o.compare) variants = compare_variants(config, B, T);
   std::vector<Measured> results;
   Measured mine;
   for (const auto& v : variants) {
@@ -244,14 +276,14 @@ int bench_gpu(const BenchGpuOptions& o) {
     std::printf("\ncompare: %zu variants, each a fresh model, %d steps after %d warm-up; ratio = "
                 "tokens/s over the first row's\n",
                 variants.size(), o.steps, o.warmup);
-    std::printf("%-34s %8s %8s %8s %8s %11s %7s %6s %s\n", "variant", "step ms", "fwd", "bwd",
-                "opt", "tokens/s", "MFU %", "ratio", "fused-GEMM fallbacks");
+    std::printf("%-34s %8s %8s %8s %8s %11s %7s %6s %8s %s\n", "variant", "step ms", "fwd",
+                "bwd", "opt", "tokens/s", "MFU %", "ratio", "GPU GiB", "fused-GEMM fallbacks");
     for (size_t i = 0; i < variants.size(); ++i) {
       const Measured& r = results[i];
-      std::printf("%-34s %8.2f %8.2f %8.2f %8.2f %11.0f %7.1f %6.3f %ld\n",
+      std::printf("%-34s %8.2f %8.2f %8.2f %8.2f %11.0f %7.1f %6.3f %8.1f %ld\n",
                   variant_name(variants[i]).c_str(), r.step_ms, r.fwd_ms, r.bwd_ms, r.opt_ms,
                   r.tokens_per_s, 100.0 * r.mfu, r.tokens_per_s / results[0].tokens_per_s,
-                  r.fallbacks);
+                  r.device_gib, r.fallbacks);
     }
     std::printf("\n");
   }

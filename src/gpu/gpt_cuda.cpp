@@ -11,7 +11,9 @@
 
 #include "ddiloco/error.hpp"
 #include "ddiloco/gpu/check.hpp"
+#include "ddiloco/gpu/cudnn_attention.hpp"
 #include "ddiloco/gpu/kernels.hpp"
+#include "ddiloco/gpu/sdpa_shape.hpp"
 #include "model/weights.hpp"
 
 namespace ddiloco::gpu {
@@ -58,6 +60,12 @@ size_t padded_vocab(int V) { return (static_cast<size_t>(V) + 127) / 128 * 128; 
 using model_views::Block;
 using model_views::Weights;
 
+// Floats between two layers' (B,NH,T) log-sum-exps: rounded up to 32 so that every layer's
+// starts 128-byte aligned (cuDNN's descriptors declare 16-byte alignment).
+size_t lse_stride(int B, int NH, int T) {
+  return (static_cast<size_t>(B) * NH * T + 31) / 32 * 32;
+}
+
 // Views of the bf16 and fp32 activation buffers for a (B,T); per-layer tensors stacked by
 // layer. Every view starts at a multiple of 128 elements so GEMM operands are 256-byte
 // aligned. With null bases only the totals are computed.
@@ -70,9 +78,11 @@ struct Activations {
       *delta;
   size_t total_bf16 = 0, total_f32 = 0;
 
-  // flash: no (B,NH,T,T) probabilities; a (B,NH,T) log-sum-exp per layer and one delta.
+  // flash and cudnn: no (B,NH,T,T) probabilities but a (B,NH,T) log-sum-exp per layer;
+  // flash also one delta.
   Activations(const GptConfig& c, int B, int T, AttentionKind kind, bf16* hbase, float* fbase) {
     const bool flash = kind == AttentionKind::flash;
+    const bool fused = flash || kind == AttentionKind::cudnn;
     const size_t L = c.n_layer, C = c.n_embd, NH = c.n_head;
     const size_t N = static_cast<size_t>(B) * T, NC = N * C;
     auto round = [](size_t n) { return (n + 127) / 128 * 128; };
@@ -90,7 +100,7 @@ struct Activations {
     ln1 = h(L * NC);
     qkv = h(L * 3 * NC);
     atty = h(L * NC);
-    att = h(flash ? 0 : L * B * NH * T * T);
+    att = h(fused ? 0 : L * B * NH * T * T);
     residual2 = h(L * NC);
     ln2 = h(L * NC);
     fch = h(L * 4 * NC);
@@ -101,9 +111,12 @@ struct Activations {
     // Attention scratch (forward: q,k,v,y; backward: q,k,v,dy,dq,dk,dv,datt), also the
     // output of the projections before their residual add.
     // (The flash path needs no (B,NH,T,T) gradient buffer: 7·N·C covers its backward. The
-    // in-place path needs no copies: the backward's datt, and N·C for the projections.)
+    // in-place path needs no copies: the backward's datt, and N·C for the projections.
+    // cuDNN reads and writes in place with its own workspace: N·C for the projections.)
     const int Ci = static_cast<int>(C), NHi = static_cast<int>(NH);
-    if (kind == AttentionKind::cublas_inplace)
+    if (kind == AttentionKind::cudnn)
+      scratch = h(NC);
+    else if (kind == AttentionKind::cublas_inplace)
       scratch = h(std::max({NC, attention_forward_inplace_scratch_elems(B, T, Ci, NHi),
                             attention_backward_inplace_scratch_elems(B, T, Ci, NHi)}));
     else
@@ -121,7 +134,7 @@ struct Activations {
     lnf_rstd = f(N);
     losses = f(N);
     loss = f(1);
-    lse = f(flash ? L * B * NH * T : 0);
+    lse = f(fused ? L * lse_stride(B, NH, T) : 0);
     delta = f(flash ? static_cast<size_t>(B) * NH * T : 0);
   }
 };
@@ -135,6 +148,9 @@ struct GptCuda::Impl {
   AttentionKind attention;
   cudaStream_t stream = nullptr;
   std::unique_ptr<BlasContext> blas;
+#if DDILOCO_HAVE_CUDNN
+  std::unique_ptr<CudnnAttention> cudnn;  // attention cudnn only
+#endif
   DeviceBuffer<float> params, grads, m, v;
   DeviceBuffer<bf16> params_bf16;
   DeviceBuffer<uint8_t> decay_mask;
@@ -155,8 +171,12 @@ struct GptCuda::Impl {
     if (kind == AttentionKind::flash && c.n_embd / c.n_head != 64)
       fail("GPU model: flash attention needs head size n_embd/n_head = 64, got {}",
            c.n_embd / c.n_head);
+    if (!attention_kind_built(kind))
+      fail("GPU model: attention {} is not in this build (built without cuDNN 9)",
+           attention_kind_name(kind));
     DDILOCO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     blas = std::make_unique<BlasContext>(stream);
+    if (kind == AttentionKind::cudnn) make_cudnn();
     const size_t P = layout.size();
     params.resize(P);
     grads.resize(P);
@@ -181,9 +201,43 @@ struct GptCuda::Impl {
   }
 
   ~Impl() {
+#if DDILOCO_HAVE_CUDNN
+    cudnn.reset();
+#endif
     blas.reset();
     if (stream) cudaStreamDestroy(stream);
   }
+
+  // The cuDNN path exists only where CMake found cuDNN (the constructor refuses the kind
+  // elsewhere, before any of the #else branches could run). The head size is checked at
+  // construction, like flash's; T and B at each call.
+#if DDILOCO_HAVE_CUDNN
+  void make_cudnn() {
+    const SdpaLayout l = sdpa_layout(1, config.seq_len, config.n_embd, config.n_head);
+    check_sdpa(l, SdpaDtype::bfloat16, false, cudnn_runtime_version());
+    cudnn = std::make_unique<CudnnAttention>(stream);
+  }
+  void check_cudnn_shape(int b, int t_len, bool for_backward) const {
+    // Before any device work: a backward cuDNN cannot run must not follow a forward it did.
+    check_sdpa(sdpa_layout(b, t_len, config.n_embd, config.n_head), SdpaDtype::bfloat16,
+               for_backward, cudnn_runtime_version());
+  }
+  void cudnn_forward(bf16* out, float* lse, const bf16* qkv) {
+    cudnn->forward(out, lse, qkv, B, T, config.n_embd, config.n_head);
+  }
+  void cudnn_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                      const float* lse) {
+    cudnn->backward(dqkv, dout, qkv, out, lse, B, T, config.n_embd, config.n_head);
+  }
+#else
+  [[noreturn]] static void no_cudnn() {
+    fail("GPU model: attention cudnn is not in this build (built without cuDNN 9)");
+  }
+  void make_cudnn() { no_cudnn(); }
+  void check_cudnn_shape(int, int, bool) const { no_cudnn(); }
+  void cudnn_forward(bf16*, float*, const bf16*) { no_cudnn(); }
+  void cudnn_backward(bf16*, const bf16*, const bf16*, const bf16*, const float*) { no_cudnn(); }
+#endif
 
   void ensure_activations(int b, int t_len) {
     const Activations need(config, b, t_len, attention, nullptr, nullptr);
@@ -201,6 +255,8 @@ struct GptCuda::Impl {
   }
 
   bool flash() const { return attention == AttentionKind::flash; }
+  // A (B,NH,T) log-sum-exp per layer instead of the (B,NH,T,T) probabilities.
+  bool saves_lse() const { return flash() || attention == AttentionKind::cudnn; }
 
   Activations acts() const {
     return Activations(config, B, T, attention, acts_bf16.get(), acts_f32.get());
@@ -221,6 +277,7 @@ struct GptCuda::Impl {
     if (flash() && !attention_flash_supported(t_len, config.n_embd, config.n_head))
       fail("forward: flash attention needs a sequence length that is a multiple of 64, got {}",
            t_len);
+    if (attention == AttentionKind::cudnn) check_cudnn_shape(b, t_len, for_backward);
     ensure_activations(b, t_len);
     B = b;
     T = t_len;
@@ -247,8 +304,8 @@ struct GptCuda::Impl {
       bf16* ln1 = a.ln1 + l * NC;
       bf16* qkv = a.qkv + l * 3 * NC;
       bf16* atty = a.atty + l * NC;
-      bf16* att = flash() ? nullptr : a.att + static_cast<size_t>(l) * B * NH * T * T;
-      float* lse = flash() ? a.lse + static_cast<size_t>(l) * B * NH * T : nullptr;
+      bf16* att = saves_lse() ? nullptr : a.att + static_cast<size_t>(l) * B * NH * T * T;
+      float* lse = saves_lse() ? a.lse + l * lse_stride(B, NH, T) : nullptr;
       bf16* residual2 = a.residual2 + l * NC;
       bf16* ln2 = a.ln2 + l * NC;
       bf16* fch = a.fch + l * 4 * NC;
@@ -267,6 +324,8 @@ struct GptCuda::Impl {
         ProfileScope ps(prof, "fwd attention");
         if (flash())
           attention_forward_flash(atty, lse, qkv, a.scratch, B, T, C, NH, stream, prof);
+        else if (attention == AttentionKind::cudnn)
+          cudnn_forward(atty, lse, qkv);
         else if (attention == AttentionKind::cublas_inplace)
           attention_forward_inplace(*blas, atty, att, qkv, a.scratch, B, T, C, NH);
         else
@@ -397,8 +456,11 @@ struct GptCuda::Impl {
         ProfileScope ps(prof, "bwd attention");
         if (flash())
           attention_backward_flash(a.dwide, a.datty, a.qkv + l * 3 * NC, a.atty + l * NC,
-                                   a.lse + static_cast<size_t>(l) * B * NH * T, a.scratch,
+                                   a.lse + l * lse_stride(B, NH, T), a.scratch,
                                    a.delta, B, T, C, NH, stream, prof);
+        else if (attention == AttentionKind::cudnn)
+          cudnn_backward(a.dwide, a.datty, a.qkv + l * 3 * NC, a.atty + l * NC,
+                         a.lse + l * lse_stride(B, NH, T));
         else if (attention == AttentionKind::cublas_inplace)
           attention_backward_inplace(*blas, a.dwide, a.datty, a.qkv + l * 3 * NC,
                                      a.att + static_cast<size_t>(l) * B * NH * T * T, a.scratch,
@@ -427,16 +489,30 @@ std::string attention_kind_name(AttentionKind kind) {
     case AttentionKind::cublas: return "cublas";
     case AttentionKind::flash: return "flash";
     case AttentionKind::cublas_inplace: return "cublas_inplace";
+    case AttentionKind::cudnn: return "cudnn";
   }
   return "?";
+}
+
+bool attention_kind_built(AttentionKind kind) {
+#if DDILOCO_HAVE_CUDNN
+  (void)kind;
+  return true;
+#else
+  return kind != AttentionKind::cudnn;
+#endif
 }
 
 AttentionKind parse_attention_kind(std::string_view name) {
   std::string valid;
   for (const auto kind : kAttentionKinds) {
+    if (!attention_kind_built(kind)) continue;
     if (name == attention_kind_name(kind)) return kind;
     valid += (valid.empty() ? "" : " | ") + attention_kind_name(kind);
   }
+  if (name == attention_kind_name(AttentionKind::cudnn))
+    fail("GPU attention 'cudnn' is not in this build (built without cuDNN 9); expected {}",
+         valid);
   fail("GPU attention '{}' is unknown; expected {}", name, valid);
 }
 

@@ -9,6 +9,7 @@
 
 #include "ddiloco/error.hpp"
 #include "ddiloco/gpu/check.hpp"
+#include "ddiloco/gpu/cudnn_attention.hpp"
 #include "ddiloco/gpu/gpt_cuda.hpp"
 #include "ddiloco/gpu/host_staging.hpp"
 #include "ddiloco/gpu/nccl.hpp"
@@ -242,11 +243,20 @@ class CudaUnit final : public UnitBackend {
     cudaDeviceProp prop{};
     DDILOCO_CUDA_CHECK(cudaGetDeviceProperties(&prop, choice_.device));
     return fmt::format("cuda:{} ({}), attention {}, {} rank(s) in the unit{}", choice_.device,
-                       prop.name, resolve_attention(config_), ranks_,
+                       prop.name, attention_description(), ranks_,
                        choice_.shared ? ", GPU shared with other learner ranks" : "");
   }
 
  private:
+  // The path the model runs, what chose it, and for cudnn the library's version: "cublas
+  // (run.gpu_attention: auto)", "cudnn (cuDNN 9.19.0 fused SDPA)".
+  std::string attention_description() const {
+    const std::string kind = attention_kind_name(model_.attention());
+    if (config_.run.gpu_attention == "auto") return kind + " (run.gpu_attention: auto)";
+    if (model_.attention() != AttentionKind::cudnn) return kind;
+    const long v = unit_backend_cudnn_version();
+    return fmt::format("{} (cuDNN {}.{}.{} fused SDPA)", kind, v / 10000, v / 100 % 100, v % 100);
+  }
   size_t batch_elems() const {
     return static_cast<size_t>(config_.train.batch_size) * config_.model.seq_len;
   }
@@ -289,6 +299,12 @@ std::unique_ptr<UnitBackend> make_cuda_unit(const Config& config, MPI_Comm unit_
 
 }  // namespace
 
-void install_cuda_unit_backend() { register_unit_backend(&make_cuda_unit); }
+void install_cuda_unit_backend() {
+#if DDILOCO_HAVE_CUDNN
+  register_unit_backend(&make_cuda_unit, cudnn_runtime_version());
+#else
+  register_unit_backend(&make_cuda_unit);
+#endif
+}
 
 }  // namespace ddiloco::gpu

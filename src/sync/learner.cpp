@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <thread>
 
@@ -132,8 +133,13 @@ void Learner::log_start() {
               {"host", host_name()}, {"pid", static_cast<int64_t>(::getpid())},
               {"restart", sync_link_.restart}, {"processes", sync_link_.processes},
               {"slowdown", base_slowdown_}, {"mode", mode_name(plan_.mode)}});
-  if (gpu_) log_.write({{"event", "device"}, {"unit", u_}, {"step", 0}, {"tokens", 0},
-                        {"elapsed_s", 0.0}, {"device", gpu_->describe()}});
+  if (gpu_) {
+    // Printed too, so that a run's console says which attention path ran.
+    const std::string device = gpu_->describe();
+    log_.write({{"event", "device"}, {"unit", u_}, {"step", 0}, {"tokens", 0},
+                {"elapsed_s", 0.0}, {"device", device}});
+    std::printf("unit %d device: %s\n", u_, device.c_str());
+  }
   window_->set_control(sync::kState, sync::kRunning);
 }
 

@@ -76,8 +76,10 @@ const std::vector<Entry<Config>>& entries() {
                     one_of({"cpu", "cuda"})),
       DDILOCO_FIELD(std::string, "run.gpu_attention", run.gpu_attention,
                     "GPU attention kernels: auto (= cublas, the faster one on an H200) | flash "
-                    "(fused; head size 64 and seq_len % 64 == 0; no (B,NH,T,T) buffer) | cublas",
-                    one_of({"auto", "flash", "cublas"})),
+                    "(fused; head size 64 and seq_len % 64 == 0; no (B,NH,T,T) buffer) | cublas "
+                    "| cudnn (cuDNN's fused SDPA, builds with cuDNN 9; head size a multiple of "
+                    "8, ≤ 128; not measured yet)",
+                    one_of({"auto", "flash", "cublas", "cudnn"})),
       // model
       DDILOCO_FIELD(int, "model.vocab_size", model.vocab_size,
                     "tokens: 256 for byte-level text, 50257 for GPT-2 shards",

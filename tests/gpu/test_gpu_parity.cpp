@@ -249,6 +249,7 @@ const char* attention_name(AttentionKind kind) {
     case AttentionKind::cublas: return "cublas";
     case AttentionKind::flash: return "flash";
     case AttentionKind::cublas_inplace: return "cublas_inplace";
+    case AttentionKind::cudnn: return "cudnn";
   }
   return "?";
 }
@@ -309,6 +310,13 @@ INSTANTIATE_TEST_SUITE_P(Attention, GpuModel,
                          [](const auto& param_info) {
                            return std::string(attention_name(param_info.param));
                          });
+// cuDNN's fused SDPA where the build has it (the shape is within its limits).
+#if DDILOCO_HAVE_CUDNN
+INSTANTIATE_TEST_SUITE_P(Cudnn, GpuModel, ::testing::Values(AttentionKind::cudnn),
+                         [](const auto& param_info) {
+                           return std::string(attention_name(param_info.param));
+                         });
+#endif
 
 // GELU fused into the MLP's GEMM epilogues against the separate GEMM and GELU kernels (the
 // default, which the tests above check against the CPU), on the same weights and tokens: the
@@ -372,6 +380,15 @@ TEST(GpuParity, RejectsBadTokens) {
   EXPECT_THROW(gpu.backward(), Error);
   // Flash attention: head size 8 is refused at construction.
   EXPECT_THROW(GptCuda(r.config, {}, AttentionKind::flash), Error);
+  // cuDNN attention: refused at construction without cuDNN; with it head size 8 is fine, and
+  // a backward pass over T = 1 is refused before the forward pass runs.
+  if (!attention_kind_built(AttentionKind::cudnn)) {
+    EXPECT_THROW(GptCuda(r.config, {}, AttentionKind::cudnn), Error);
+    return;
+  }
+  GptCuda fused(r.config, {}, AttentionKind::cudnn);
+  EXPECT_THROW(fused.forward(r.tokens.data(), r.targets.data(), r.B, 1), Error);
+  EXPECT_NO_THROW(fused.forward(r.tokens.data(), r.targets.data(), r.B, 1, false));
 }
 
 }  // namespace

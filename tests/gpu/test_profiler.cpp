@@ -123,13 +123,7 @@ INSTANTIATE_TEST_SUITE_P(Attention, GpuProfilerModel,
                          ::testing::Values(AttentionKind::cublas, AttentionKind::flash,
                                            AttentionKind::cublas_inplace),
                          [](const auto& param_info) {
-                           switch (param_info.param) {
-                             case AttentionKind::flash: return std::string("flash");
-                             case AttentionKind::cublas_inplace:
-                               return std::string("cublas_inplace");
-                             case AttentionKind::cublas: break;
-                           }
-                           return std::string("cublas");
+                           return attention_kind_name(param_info.param);
                          });
 
 }  // namespace

@@ -90,7 +90,7 @@ TEST(Config, CudaDeviceIsRefusedWithoutACudaBuild) {
             "(cmake --preset cuda && cmake --build --preset cuda)");
   EXPECT_EQ(error_of("", {"run.device=gpu"}), "--set: run.device: must be one of cpu, cuda, got gpu");
   EXPECT_EQ(error_of("", {"run.gpu_attention=fast"}),
-            "--set: run.gpu_attention: must be one of auto, flash, cublas, got fast");
+            "--set: run.gpu_attention: must be one of auto, flash, cublas, cudnn, got fast");
   EXPECT_EQ(load_config("").run.device, "cpu");
   EXPECT_EQ(load_config("").run.gpu_attention, "auto");
 }
@@ -113,6 +113,39 @@ TEST(Config, CudaDeviceChecksWithABackend) {
             "(cmake --preset cuda && cmake --build --preset cuda)");
 }
 
+gpu::UnitBackendFactory stand_in_backend() {
+  return [](const Config&, MPI_Comm, MPI_Comm, std::span<const float>)
+             -> std::unique_ptr<gpu::UnitBackend> { return nullptr; };
+}
+
+// run.gpu_attention: cudnn in a CUDA build without cuDNN: refused, naming what this build offers.
+TEST(Config, CudnnAttentionNeedsACudnnBuild) {
+  gpu::register_unit_backend(stand_in_backend());
+  EXPECT_EQ(gpu::unit_backend_cudnn_version(), 0);
+  EXPECT_EQ(error_of("", {"run.device=cuda", "run.gpu_attention=cudnn"}),
+            "c.yaml with --set: run.gpu_attention: cudnn needs a ddiloco built with cuDNN 9 "
+            "(CMake found none, or DDILOCO_CUDNN=OFF; README, Learner units on GPUs); this build "
+            "offers auto, cublas and flash");
+  // On the CPU the key is not used, and not checked.
+  EXPECT_NO_THROW(load_config("", {"run.gpu_attention=cudnn"}));
+  gpu::register_unit_backend(nullptr);
+}
+
+// With cuDNN 9.19: the model's shape against cuDNN's SDPA limits (gpu/sdpa_shape.hpp).
+TEST(Config, CudnnAttentionChecksTheShape) {
+  gpu::register_unit_backend(stand_in_backend(), 91900);
+  EXPECT_EQ(gpu::unit_backend_cudnn_version(), 91900);
+  EXPECT_NO_THROW(load_config("", {"run.device=cuda", "run.gpu_attention=cudnn"}));
+  EXPECT_EQ(error_of("", {"run.device=cuda", "run.gpu_attention=cudnn", "model.n_head=32"}),
+            "c.yaml with --set: run.gpu_attention: cudnn cannot run this model: head size "
+            "n_embd/n_head must be a multiple of 8, got 4 (use auto, cublas or flash)");
+  EXPECT_EQ(error_of("", {"run.device=cuda", "run.gpu_attention=cudnn", "model.seq_len=1"}),
+            "c.yaml with --set: run.gpu_attention: cudnn cannot run this model: the backward "
+            "pass needs seq_len ≥ 2 (cuDNN refuses s_q = s_kv = 1) (use auto, cublas or flash)");
+  gpu::register_unit_backend(nullptr);
+  EXPECT_EQ(gpu::unit_backend_cudnn_version(), 0);
+}
+
 // auto = cublas (faster than the flash kernels on the H200; see resolve_attention).
 TEST(Config, GpuAttentionAutoPicksCublas) {
   Config c;
@@ -131,6 +164,9 @@ TEST(Config, GpuAttentionAutoPicksCublas) {
   c.run.gpu_attention = "cublas";
   c.model.n_head = 2;
   EXPECT_EQ(gpu::resolve_attention(c), "cublas");
+  // cudnn only by name: auto keeps the measured choice.
+  c.run.gpu_attention = "cudnn";
+  EXPECT_EQ(gpu::resolve_attention(c), "cudnn");
 }
 
 TEST(Config, EffectiveYamlReadsBackToTheSameConfig) {

@@ -40,20 +40,31 @@ class OpProfiler;  // ddiloco/gpu/profiler.hpp
 ///           activations through pointer-array batched GEMMs: no permute copies, and the
 ///           attention scratch shrinks to the backward's (B,NH,T,T) gradient. Any shape
 ///           (head size not a multiple of 8 or T not a multiple of 4: the cublas path runs).
-enum class AttentionKind { cublas, flash, cublas_inplace };
-/// Every kind, in the order bench gpu --compare runs them.
+///   cudnn:  cuDNN's fused flash attention (gpu/cudnn_attention.hpp) reading Q, K, V in place
+///           from the (B,T,3C) activations and writing y and dQ, dK, dV in place; like flash
+///           only a (B,NH,T) log-sum-exp per layer. Only in builds with cuDNN 9
+///           (attention_kind_built); head size a multiple of 8 and ≤ 128, T ≥ 2 for backward
+///           (gpu/sdpa_shape.hpp; Error otherwise). Built and tested without a GPU, not yet
+///           measured.
+enum class AttentionKind { cublas, flash, cublas_inplace, cudnn };
+/// Every kind, in the order bench gpu --compare runs them (those attention_kind_built).
 inline constexpr AttentionKind kAttentionKinds[] = {
-    AttentionKind::cublas, AttentionKind::cublas_inplace, AttentionKind::flash};
-/// "cublas" | "cublas_inplace" | "flash": the names bench gpu --attention takes (the run
-/// config's run.gpu_attention offers auto, cublas and flash).
+    AttentionKind::cublas, AttentionKind::cublas_inplace, AttentionKind::flash,
+    AttentionKind::cudnn};
+/// "cublas" | "cublas_inplace" | "flash" | "cudnn": the names bench gpu --attention takes
+/// (the run config's run.gpu_attention offers auto, cublas, flash and cudnn).
 std::string attention_kind_name(AttentionKind kind);
-/// The kind named `name` (attention_kind_name's spelling); Error naming the valid ones else.
+/// Is `kind` in this build? All but cudnn always; cudnn where CMake found cuDNN 9.
+bool attention_kind_built(AttentionKind kind);
+/// The kind named `name` (attention_kind_name's spelling) among those built; Error naming the
+/// ones this build has else (and, for cudnn in a build without it, saying so).
 AttentionKind parse_attention_kind(std::string_view name);
 
 class GptCuda {
  public:
   /// Allocates parameters, gradients and AdamW state on the current device (throws Error
-  /// when that fails) and zeroes them; call init_weights or set_parameters next.
+  /// when that fails, or when `attention` is not attention_kind_built or cannot run the
+  /// config's head size) and zeroes them; call init_weights or set_parameters next.
   explicit GptCuda(const GptConfig& config, const AdamWConfig& adamw = {},
                    AttentionKind attention = AttentionKind::cublas);
   ~GptCuda();

@@ -127,10 +127,14 @@ using UnitBackendFactory = std::unique_ptr<UnitBackend> (*)(const Config& config
 void install_cuda_unit_backend();
 /// Sets the factory (nullptr: none); the CPU library's hook that install_cuda_unit_backend uses.
 /// With a factory, validate below becomes config's run.device: cuda check (set_cuda_check,
-/// config.hpp); without, that check is removed (run.device: cuda refused).
-void register_unit_backend(UnitBackendFactory factory);
+/// config.hpp); without, that check is removed (run.device: cuda refused). cudnn_version:
+/// the runtime version of the cuDNN the backend was built with (cudnnGetVersion(), 91900 =
+/// 9.19.0), 0 for a build without cuDNN, where run.gpu_attention: cudnn is refused.
+void register_unit_backend(UnitBackendFactory factory, long cudnn_version = 0);
 /// Is a GPU backend installed in this binary?
 bool unit_backend_available();
+/// The installed backend's cuDNN version (0: none installed, or built without cuDNN).
+long unit_backend_cudnn_version();
 /// The installed factory's backend. Throws Error when none is installed.
 std::unique_ptr<UnitBackend> make_unit_backend(const Config& config, MPI_Comm unit_comm,
                                                MPI_Comm device_comm,
@@ -139,11 +143,14 @@ std::unique_ptr<UnitBackend> make_unit_backend(const Config& config, MPI_Comm un
 /// What a GPU learner unit cannot run, checked by config's validate() at load time when
 /// run.device is cuda and a backend is registered: mode ddp (its gradient ring across units
 /// runs on host buffers), run.gpu_attention: flash without head size 64 and seq_len a multiple
-/// of 64. Throws Error (unprefixed: validate() names the source).
+/// of 64, run.gpu_attention: cudnn in a build without cuDNN or for a shape cuDNN's fused
+/// attention refuses (gpu/sdpa_shape.hpp, sdpa_unsupported, with train.batch_size and the
+/// backend's cuDNN version). Throws Error (unprefixed: validate() names the source).
 void validate(const Config& config);
 
-/// Which attention path run.gpu_attention selects for a model ("flash" or "cublas"): auto →
-/// cublas, the faster one measured on an H200 (README, "Speed on an H200").
+/// Which attention path run.gpu_attention selects for a model ("flash", "cublas" or
+/// "cudnn"): auto → cublas, the faster of our own kernels measured on an H200 (README, "Speed
+/// on an H200"); cudnn is chosen by name only until a device run has measured it.
 std::string resolve_attention(const Config& config);
 
 }  // namespace ddiloco::gpu
