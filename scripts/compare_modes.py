@@ -5,7 +5,10 @@
         [--modes ddp,diloco,streaming,decoupled] [--set key=value ...] [--out runs/compare]
         [--label NAME] [--keep-going]
 
-Each mode runs the same config with only `mode` changed (mpirun with 1 syncer + the units of
+A --modes entry may carry settings of its own after a colon, `;`-separated: e.g.
+`diloco:outer.lr=1;outer.momentum=0` runs diloco at the setting the sweep found best for it
+(scripts/sweep.py), the other modes at the config's. Otherwise each mode runs the same config
+with only `mode` changed (mpirun with 1 syncer + the units of
 the config; everything else equal: model, data, token budget, seed). Prints one table:
 final global validation loss, tokens processed, tokens/s, wall time, bytes across units (MB
 and per token), merges; writes it as JSON and Markdown, and a PNG of global validation loss
@@ -51,14 +54,28 @@ def read_events(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def run_mode(mode, args, run_dir, launch=False):
-    """One run of `mode`: one MPI job (`mpirun ddiloco train`), or with `launch` the isolated
-    deployment (`ddiloco launch`: the syncer and every unit as their own processes)."""
-    sets = list(args.set) + [f"mode={mode}", f"run.dir={run_dir}", "run.progress=false"]
+def parse_mode(spec):
+    """'mode' or 'mode:key=value;key=value' → (mode, [key=value, ...]); exits on a bad entry."""
+    mode, _, extra = spec.partition(":")
+    if mode not in ("ddp", "diloco", "streaming", "decoupled"):
+        sys.exit(f"compare_modes: --modes: unknown mode '{mode}' in '{spec}'")
+    sets = [s for s in extra.split(";") if s]
+    for s in sets:
+        if "=" not in s:
+            sys.exit(f"compare_modes: --modes: '{s}' in '{spec}' is not key=value")
+    return mode, sets
+
+
+def run_mode(spec, args, run_dir, launch=False):
+    """One run of `spec` (a mode, with its own settings after a colon): one MPI job (`mpirun
+    ddiloco train`), or with `launch` the isolated deployment (`ddiloco launch`: the syncer and
+    every unit as their own processes)."""
+    mode, own = parse_mode(spec)
+    sets = list(args.set) + own + [f"mode={mode}", f"run.dir={run_dir}", "run.progress=false"]
     cmd, env = mpirun_train(args.config, sets, job_ranks(args.config, sets))
     if launch:
         cmd = [DDILOCO, "launch", "--config", args.config, "--overwrite"] + [a for s in sets for a in ("--set", s)]
-    print(f"compare_modes: {mode}: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
+    print(f"compare_modes: {spec}: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
     os.makedirs(run_dir, exist_ok=True)
     start = time.monotonic()
     with open(os.path.join(run_dir, "console.log"), "w") as log:
@@ -71,7 +88,7 @@ def run_mode(mode, args, run_dir, launch=False):
     done = [e for e in events if e["event"] == "done"][-1]
     evals = [e for e in events if e["event"] == "global_eval"]
     return {
-        "mode": mode,
+        "mode": spec,
         "val_loss": done["val_loss"],
         "tokens": done["tokens"],
         "tokens_per_s": done["tokens_per_s"],
@@ -131,12 +148,12 @@ def main():
         sys.exit(f"compare_modes: {DDILOCO} not found; run scripts/build.sh first")
     modes = [m for m in args.modes.split(",") if m]
     for m in modes:
-        if m not in ("ddp", "diloco", "streaming", "decoupled"):
-            sys.exit(f"compare_modes: --modes: unknown mode '{m}'")
+        parse_mode(m)
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for m in modes:
-        rows.append(run_mode(m, args, os.path.join(args.out, m)))
+        name = m.replace(":", "_").replace("=", "-").replace(";", "_")
+        rows.append(run_mode(m, args, os.path.join(args.out, name)))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     text = table(rows)
     base = rows[0]
