@@ -110,6 +110,10 @@ if [[ $missing == 1 ]]; then
   done
 fi
 id munge >/dev/null 2>&1 || skip "no 'munge' user (package munge half-installed?); skipped"
+# slurmd (22.05) initialises its cgroup plugin whatever ProctrackType says, and cannot start
+# where no cgroup filesystem is mounted (a chroot or a container without /sys/fs/cgroup).
+awk '$2 == "/sys/fs/cgroup" || index($2, "/sys/fs/cgroup/") == 1 { found = 1 } END { exit !found }' \
+  /proc/mounts || skip "no cgroup filesystem mounted on /sys/fs/cgroup: slurmd cannot start here; skipped"
 
 # What an earlier start in DIR left running goes first.
 if [[ -f $CONF ]]; then stop_cluster; fi

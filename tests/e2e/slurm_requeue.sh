@@ -4,8 +4,8 @@
 # `--signal=B:USR1@T` delivers: the batch shell forwards it, the ranks checkpoint, the script
 # requeues the job). Each start resumes from the checkpoint the previous one wrote last, the
 # output file collects all three starts, and the job completes its token budget.
-# Skipped (77) only where Slurm cannot be installed (not root, no apt: the helper exits 77); a
-# cluster that is installed but does not start fails the test.
+# Skipped (77) only where Slurm cannot run (not root, no apt, no cgroup filesystem for slurmd:
+# the helper exits 77); a cluster that is installed but does not start fails the test.
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
 cd "$WORK"
@@ -24,7 +24,7 @@ common_trap=${common_trap%\' EXIT}
 eval "trap -- 'rc=\$?; ((rc == 0 || rc == 77)) || dump >&2
   \"\$SRC/scripts/slurm_local.sh\" stop \"\$CLUSTER\" >/dev/null 2>&1; $common_trap' EXIT"
 
-# 77 from the helper: Slurm cannot be had here (not root, no packages). Any other failure
+# 77 from the helper: Slurm cannot be had here (not root, no packages, no cgroups). Any other failure
 # (munged, slurmctld or slurmd not starting, the node never idle) is a failure of this test.
 rc=0
 env_line=$("$SRC/scripts/slurm_local.sh" start "$CLUSTER" 2>start.log) || rc=$?
