@@ -275,13 +275,20 @@ std::vector<std::string> helper_env(std::vector<std::string> env) {
   return env;
 }
 
+// What follows the command name in a /proc/.../stat file, from field 3 (state) on; empty when
+// the file cannot be read. The name is skipped up to its last ')', as it may hold spaces.
+std::string stat_after_name(const std::filesystem::path& stat) {
+  std::ifstream f(stat);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const auto close = text.rfind(')');
+  return close == std::string::npos || close + 2 >= text.size() ? std::string() : text.substr(close + 2);
+}
+
 // CPU seconds (user + system) process `pid` has used, from /proc/<pid>/stat.
 double cpu_seconds(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const auto close = text.rfind(')');  // the command name may hold spaces
-  if (close == std::string::npos) return -1;
-  std::istringstream rest(text.substr(close + 2));
+  const std::string after = stat_after_name("/proc/" + std::to_string(pid) + "/stat");
+  if (after.empty()) return -1;
+  std::istringstream rest(after);
   std::string field;
   double ticks = 0;
   for (int i = 3; i <= 15 && rest >> field; ++i)
@@ -297,10 +304,7 @@ bool wait_stopped(pid_t pid, double timeout_s) {
   while (since(t0) < timeout_s) {
     bool all = true;
     for (const auto& t : std::filesystem::directory_iterator(tasks)) {
-      std::ifstream f(t.path() / "stat");
-      std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      const auto close = text.rfind(')');
-      if (close == std::string::npos || close + 2 >= text.size() || text[close + 2] != 'T') {
+      if (stat_after_name(t.path() / "stat").rfind('T', 0) != 0) {
         all = false;
         break;
       }
