@@ -100,10 +100,13 @@ struct SyncerConfig {
   int eval_every = 2;           ///< outer rounds (H inner steps) between global evaluations
   int poll_max_us = 20000;      ///< longest sleep between idle polls (they also stay ≤ step/16)
   double heartbeat_timeout_s = 5;  ///< silent this long (or 3 of its steps) → out of quorums
+  /// A snapshot more than this many versions of its fragment behind is refused (0: any).
+  int max_staleness = 0;
   /// Isolated deployment (`ddiloco syncer` / `ddiloco unit`, README "Fault isolation"):
   std::string listen = "127.0.0.1:0";  ///< syncer: IPv4 address:port to listen on (0 = any port)
   std::string address;                 ///< unit: the syncer's ip:port; "" = run.dir/syncer.addr
   double connect_wait_s = 300;         ///< unit: how long to wait for the syncer, seconds
+  double link_timeout_s = 10;          ///< syncer: an operation silent this long closes the link
 };
 
 /// Fault injection (include/ddiloco/chaos.hpp has the model). Off unless a rate is > 0 or a

@@ -168,6 +168,9 @@ class SyncerCore {
   void accept_snapshot(int u, int p, int64_t seq, const SnapshotMeta& meta, size_t wire_bytes);
   void ack_arrived(int u, int p);
   std::vector<int> ready_units(int p) const;
+  bool too_stale(int p, int64_t base_version) const;
+  std::string staleness_problem(int p, int64_t base_version) const;
+  void drop_stale(int p);
   int quorum_needed(int p, int live, int done) const;
   void merge(int p, const std::vector<int>& units);
   double merge_share(const std::vector<int>& units) const;

@@ -27,7 +27,15 @@
 // a silent idle peer (link down) is detected within ~5 s. A killed process is seen as soon as
 // its kernel closes the socket: measured here ≤ 0.02 s on both sides, busy or idle
 // (tests/unit/test_ucx_link.cpp prints the figures). A peer that is alive for TCP but never
-// progresses (SIGSTOPped) is caught by the syncer's operation timeout (set_op_timeout).
+// progresses (SIGSTOPped), or whose link is cut (a partition: TCP retransmits for minutes),
+// is caught by the syncer's operation timeout (set_op_timeout).
+//
+// One silent unit never holds up the syncer's work with the others: an operation waits at
+// most its patience (0.25 s + its bytes at 10 MB/s); one still in flight then is left in
+// flight ("stalled": it keeps its own buffers, the caller's are never touched afterwards) and
+// reported failed. While a unit has a stalled operation every new one to it fails at once;
+// when the stalled ones complete (the link came back) the unit is usable again, and when one
+// passes the operation timeout its connection is closed and take_lost() reports it.
 // The syncer learns of anything only inside its calls into the link: it must call
 // take_lost() / accept_pending() regularly.
 //
@@ -113,16 +121,18 @@ class UcxSyncerLink final : public RemoteMemory, public UnitListener {
   /// reports it with reason "closed".
   void disconnect(int unit) override;
 
-  /// An operation (or batch) that has not completed after `seconds` + its bytes at 10 MB/s
-  /// declares its unit lost (reason "... timed out ..."): the safety net for a peer that is
-  /// alive for TCP but does not progress. Default 10 s. Throws Error if seconds ≤ 0.
+  /// An operation that has not completed after `seconds` + its bytes at 10 MB/s declares its
+  /// unit lost (reason "operation timed out ..."), seen by the next call into the link after
+  /// that time: the safety net for a peer that is alive for TCP but does not progress, or
+  /// whose link is down. Default 10 s. Throws Error if seconds ≤ 0.
   void set_op_timeout(double seconds);
   /// Size in bytes of unit u's exposed memory (0 when u is not connected).
   size_t bytes(int u) const;
 
   // RemoteMemory. Bounds: offset + size must lie within the unit's memory, and word offsets
-  // must be 8-byte aligned, or Error is thrown (a malformed request); an absent or lost unit
-  // makes the operation return false (Read::ok = false) without waiting.
+  // must be 8-byte aligned, or Error is thrown (a malformed request); an absent or lost unit,
+  // or one with a stalled operation, makes the operation return false (Read::ok = false)
+  // without waiting; one that outlives its patience returns false after it.
   int units() const override;
   bool connected(int u) const override;
   void get_all(std::span<Read> reads) override;

@@ -287,6 +287,7 @@ struct UcxSyncerLink::Impl {
   // One 64-bit atomic on unit u's word at `offset`: `operand` in, the old value out.
   bool atomic_word(int u, size_t offset, ucp_atomic_op_t opcode, uint64_t operand, uint64_t& old);
   enum class State { hello_wait, pending, reported, admitted };
+  struct Op;
   struct Conn {
     Impl* owner = nullptr;
     int64_t id = 0;
@@ -309,6 +310,11 @@ struct UcxSyncerLink::Impl {
     ReplyHeader reply{};
     std::string reply_text;
     Req reply_req;
+    // Operations that outlived their patience: still in flight, owned here (with the buffers
+    // UCX writes into) until they complete, or the forced close of the endpoint purges them.
+    // While any is, every new operation on this unit fails at once (nothing queues behind a
+    // silent link); the first one past its timeout closes the connection.
+    std::vector<std::unique_ptr<Op>> stalled;
 
     void fail_with(std::string why) {
       if (failed) return;
@@ -328,6 +334,8 @@ struct UcxSyncerLink::Impl {
   int efd = -1;
   std::string address;
   double op_timeout_s = 10;
+  double patience_s = 0.25;
+  double floor_bytes_per_s = 1e7;  // the slowest link the timeouts allow for
   int64_t next_id = 1;
   bool closed = false;
 
@@ -427,11 +435,12 @@ struct UcxSyncerLink::Impl {
     // UCX wants the rkey destroyed after its operations are flushed and before its endpoint.
     // Operations here are synchronous, so none is in flight, except after an operation
     // timeout: then the forced close purges them first and the rkey goes after.
+    ops_in_flight = ops_in_flight || !c->stalled.empty();
     if (!ops_in_flight && c->rkey != nullptr) {
       ucp_rkey_destroy(c->rkey);
       c->rkey = nullptr;
     }
-    Req r = close_ep(c->ep, force || c->failed);
+    Req r = close_ep(c->ep, force || c->failed || ops_in_flight);
     closing.push_back(Closing{std::move(c), r});
   }
 
@@ -442,12 +451,21 @@ struct UcxSyncerLink::Impl {
         continue;
       }
       Conn& c = *closing[i].conn;
+      for (auto& op : c.stalled)  // purged by the forced close: complete now
+        for (Req& r : op->req) r.release();
+      c.stalled.clear();
       if (c.rkey != nullptr) ucp_rkey_destroy(c.rkey);
       c.rkey = nullptr;
       c.reply_req.test();
       c.reply_req.release();
       closing.erase(closing.begin() + static_cast<ptrdiff_t>(i));
     }
+  }
+
+  // Before an operation: what arrived is taken in (a stalled operation may have completed).
+  void refresh() {
+    progress();
+    reap();
   }
 
   // Turns failed connections into losses (admitted) or drops them (not yet reported), closes
@@ -457,6 +475,7 @@ struct UcxSyncerLink::Impl {
     const auto now = Clock::now();
     for (auto& [id, c] : conns) {
       c->reply_req.test();
+      settle_stalled(*c, now);
       if (c->state == State::hello_wait && !c->failed &&
           now - c->since > std::chrono::duration<double>(kHelloTimeoutS))
         c->fail_with("no handshake");
@@ -470,6 +489,7 @@ struct UcxSyncerLink::Impl {
       // State::reported: kept until the caller admits or refuses it.
     }
     for (int64_t id : to_close) start_close(id, true);
+    if (!to_close.empty()) drain(worker);  // the forced closes take effect (sockets closed) now
     progress_closing();
   }
 
@@ -490,59 +510,79 @@ struct UcxSyncerLink::Impl {
   }
 
   // ---- operations
-  // One operation's requests (a put and its flush use two), the unit it goes to and its
-  // outcome.
+  // One operation's requests (a put and its flush use two), the unit it goes to, its outcome,
+  // and its own buffer: a get lands in `own` and is copied to `dst` only if it completes
+  // within its patience; a put or an atomic reads from it. So an operation can be left in
+  // flight (stalled) without writing into, or reading from, a caller's memory afterwards.
   struct Op {
     int unit = -1;
     Conn* conn = nullptr;
     Req req[2];
     bool done = false;
     bool ok = false;
-  };
+    std::vector<std::byte> own;
+    std::span<std::byte> dst;
+    uint64_t operand = 0;
+    uint64_t result = 0;
+    Clock::time_point expires;  // issued + op_timeout_s + bytes at the floor rate
 
-  // Waits for every op (each complete when all its requests are); the deadline is
-  // op_timeout_s + bytes at 10 MB/s. A unit whose ops are still in flight then is declared
-  // lost: its endpoint is force-closed, which purges (completes) its requests.
-  void finish(std::vector<Op>& ops, size_t total_bytes) {
-    const auto deadline = after(op_timeout_s + static_cast<double>(total_bytes) / 1e7);
-    auto all_done = [&] {
-      bool all = true;
-      for (Op& op : ops) {
-        if (op.done) continue;
-        bool complete = true;
-        for (Req& r : op.req) complete = r.test() && complete;
-        if (!complete) {
-          all = false;
-          continue;
-        }
-        op.done = true;
-        op.ok = op.req[0].status == UCS_OK && op.req[1].status == UCS_OK;
-        if (!op.ok) {
-          const ucs_status_t bad = op.req[0].status != UCS_OK ? op.req[0].status : op.req[1].status;
-          op.conn->fail_with(ucs_status_string(bad));
-        }
-      }
-      return all;
-    };
-    if (wait(all_done, deadline)) return;
-    for (Op& op : ops) {
-      if (op.done || op.conn->failed) continue;
-      op.conn->fail_with(fmt::format("operation timed out after {:.1f} s (peer not progressing)",
-                                     op_timeout_s + static_cast<double>(total_bytes) / 1e7));
-      if (op.conn->state == State::admitted) lost.push_back(Lost{op.unit, op.conn->reason});
-      start_close(op.conn->id, true, true);
+    // True once every request is complete; the first time, sets ok and fails the connection
+    // on an error.
+    bool settle() {
+      if (done) return true;
+      bool complete = true;
+      for (Req& r : req) complete = r.test() && complete;
+      if (!complete) return false;
+      done = true;
+      ok = req[0].status == UCS_OK && req[1].status == UCS_OK;
+      if (!ok) conn->fail_with(ucs_status_string(req[0].status != UCS_OK ? req[0].status : req[1].status));
+      return true;
     }
-    // The forced closes purge the requests; wait for that so that no get writes into a
-    // caller's buffer after we return.
-    if (!wait(all_done, after(5))) {
-      for (Op& op : ops) {
-        if (op.done) continue;
-        for (Req& r : op.req) r.release();
-        op.done = true;
-        op.ok = false;
+  };
+  using Ops = std::vector<std::unique_ptr<Op>>;
+
+  double seconds_for(size_t bytes) const { return static_cast<double>(bytes) / floor_bytes_per_s; }
+
+  std::unique_ptr<Op> new_op(int u, Conn& c, size_t bytes) {
+    auto op = std::make_unique<Op>();
+    op->unit = u;
+    op->conn = &c;
+    op->own.resize(bytes);
+    op->expires = after(op_timeout_s + seconds_for(bytes));
+    return op;
+  }
+
+  // A stalled operation that completed is dropped (its result came too late to be used; the
+  // unit's operations are accepted again once none is left); one past its timeout fails the
+  // connection: reap() reports the unit lost and force-closes its endpoint.
+  void settle_stalled(Conn& c, Clock::time_point now) {
+    std::erase_if(c.stalled, [](const std::unique_ptr<Op>& op) { return op->settle(); });
+    for (const auto& op : c.stalled)
+      if (now >= op->expires)
+        c.fail_with(fmt::format("operation timed out after {:.1f} s (link down, or peer not progressing)",
+                                op_timeout_s + seconds_for(op->own.size())));
+  }
+
+  // Waits for every op, at most their patience (patience_s + their bytes at the floor rate):
+  // one silent unit must not hold up the syncer's work with the others. An op still in
+  // flight then moves (pointer and buffers) to its connection's stalled list, leaving null in
+  // `ops`; completed gets are copied out to their destination. ok(ops, i) says how op i went.
+  void finish(Ops& ops, size_t total_bytes) {
+    wait([&] {
+      bool all = true;
+      for (auto& op : ops) all = op->settle() && all;
+      return all;
+    }, after(patience_s + seconds_for(total_bytes)));
+    for (auto& op : ops) {
+      if (op->done) {
+        if (op->ok && !op->dst.empty()) std::memcpy(op->dst.data(), op->own.data(), op->dst.size());
+        continue;
       }
+      Conn& c = *op->conn;
+      c.stalled.push_back(std::move(op));
     }
   }
+  static bool ok(const Ops& ops, size_t i) { return ops[i] != nullptr && ops[i]->ok; }
 
   template <typename Done>
   bool wait(Done&& done, Clock::time_point deadline) {
@@ -554,12 +594,18 @@ struct UcxSyncerLink::Impl {
     }
   }
 
-  Op issue_get(int u, Conn& c, size_t offset, std::span<std::byte> dst) {
-    Op op;
-    op.unit = u;
-    op.conn = &c;
+  // The unit's connection if an operation may be issued to it now: admitted, not failed, and
+  // no operation of it stalled.
+  Conn* ready(int u) const {
+    Conn* c = usable(u);
+    return c != nullptr && c->stalled.empty() ? c : nullptr;
+  }
+
+  std::unique_ptr<Op> issue_get(int u, Conn& c, size_t offset, std::span<std::byte> dst) {
+    auto op = new_op(u, c, dst.size());
+    op->dst = dst;
     ucp_request_param_t p{};
-    op.req[0] = Req::of(ucp_get_nbx(c.ep, dst.data(), dst.size(), c.base + offset, c.rkey, &p));
+    op->req[0] = Req::of(ucp_get_nbx(c.ep, op->own.data(), op->own.size(), c.base + offset, c.rkey, &p));
     return op;
   }
 };
@@ -714,8 +760,8 @@ void UcxSyncerLink::disconnect(int unit) {
 
 void UcxSyncerLink::get_all(std::span<Read> reads) {
   Impl& s = *impl_;
-  if (!s.closed) s.reap();
-  std::vector<Impl::Op> ops;
+  if (!s.closed) s.refresh();
+  Impl::Ops ops;
   std::vector<size_t> index;  // reads[index[i]] is ops[i]
   size_t total = 0;
   for (Read& r : reads) {  // check every request before issuing any
@@ -724,7 +770,7 @@ void UcxSyncerLink::get_all(std::span<Read> reads) {
   }
   for (size_t i = 0; i < reads.size(); ++i) {
     Read& r = reads[i];
-    Impl::Conn* c = s.usable(r.unit);
+    Impl::Conn* c = s.ready(r.unit);
     if (c == nullptr) continue;
     if (r.dst.empty()) {
       r.ok = true;
@@ -736,7 +782,7 @@ void UcxSyncerLink::get_all(std::span<Read> reads) {
   }
   if (ops.empty()) return;
   s.finish(ops, total);
-  for (size_t i = 0; i < ops.size(); ++i) reads[index[i]].ok = ops[i].ok;
+  for (size_t i = 0; i < ops.size(); ++i) reads[index[i]].ok = Impl::ok(ops, i);
 }
 
 bool UcxSyncerLink::get(int u, size_t offset, std::span<std::byte> dst) {
@@ -747,42 +793,45 @@ bool UcxSyncerLink::get(int u, size_t offset, std::span<std::byte> dst) {
 
 bool UcxSyncerLink::put(int u, size_t offset, std::span<const std::byte> src) {
   Impl& s = *impl_;
-  if (!s.closed) s.reap();
-  Impl::Conn* c = s.usable(u);
+  if (!s.closed) s.refresh();
+  if (const Impl::Conn* c = s.usable(u)) Impl::check_range(*c, u, offset, src.size());
+  Impl::Conn* c = s.ready(u);
   if (c == nullptr) return false;
-  Impl::check_range(*c, u, offset, src.size());
   if (src.empty()) return true;
-  std::vector<Impl::Op> ops(1);
-  Impl::Op& op = ops[0];
-  op.unit = u;
-  op.conn = c;
+  Impl::Ops ops;
+  ops.push_back(s.new_op(u, *c, src.size()));
+  Impl::Op& op = *ops[0];
+  std::memcpy(op.own.data(), src.data(), src.size());
   ucp_request_param_t p{};
-  op.req[0] = Req::of(ucp_put_nbx(c->ep, src.data(), src.size(), c->base + offset, c->rkey, &p));
+  op.req[0] = Req::of(ucp_put_nbx(c->ep, op.own.data(), op.own.size(), c->base + offset, c->rkey, &p));
   // The put's completion is local (the source may be reused); the flush's is remote.
   if (op.req[0].ptr != nullptr || op.req[0].status == UCS_OK)
     op.req[1] = Req::of(ucp_ep_flush_nbx(c->ep, &p));
   s.finish(ops, src.size());
-  return op.ok;
+  return Impl::ok(ops, 0);
 }
 
 // A fetching atomic's reply comes back once the target performed it, so it is complete at the
 // target on completion (no flush needed).
 bool UcxSyncerLink::Impl::atomic_word(int u, size_t offset, ucp_atomic_op_t opcode,
                                       uint64_t operand, uint64_t& old) {
-  if (!closed) reap();
-  Conn* c = usable(u);
+  if (!closed) refresh();
+  if (const Conn* c = usable(u)) check_word(*c, u, offset);
+  Conn* c = ready(u);
   if (c == nullptr) return false;
-  check_word(*c, u, offset);
-  std::vector<Op> ops(1);
-  ops[0].unit = u;
-  ops[0].conn = c;
+  Ops ops;
+  ops.push_back(new_op(u, *c, 0));
+  Op& op = *ops[0];
+  op.operand = operand;
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_REPLY_BUFFER;
   p.datatype = ucp_dt_make_contig(8);
-  p.reply_buffer = &old;
-  ops[0].req[0] = Req::of(ucp_atomic_op_nbx(c->ep, opcode, &operand, 1, c->base + offset, c->rkey, &p));
+  p.reply_buffer = &op.result;
+  op.req[0] = Req::of(ucp_atomic_op_nbx(c->ep, opcode, &op.operand, 1, c->base + offset, c->rkey, &p));
   finish(ops, 8);
-  return ops[0].ok;
+  if (!ok(ops, 0)) return false;
+  old = ops[0]->result;
+  return true;
 }
 
 bool UcxSyncerLink::put_word(int u, size_t offset, int64_t value) {
@@ -816,11 +865,13 @@ void UcxSyncerLink::close() {
   for (Impl::Closing& c : s.closing) {
     c.req.release();
     c.conn->reply_req.release();
+    for (auto& op : c.conn->stalled)
+      for (Req& r : op->req) r.release();
   }
-  s.closing.clear();
   s.closed = true;
   ucp_worker_destroy(s.worker);
   ucp_cleanup(s.context);
+  s.closing.clear();  // after the worker: a stalled get's buffer outlives its request
   s.worker = nullptr;
   s.context = nullptr;
   s.unit_conn.assign(s.unit_conn.size(), nullptr);

@@ -261,6 +261,30 @@ void SyncerCore::serve_rejoins() {
 // ---------------------------------------------------------------------------------------------
 // Collecting snapshots.
 
+// syncer.max_staleness: a snapshot whose base is further behind Θ_p than this is refused, when
+// it is read and again when it would be merged (a silent unit's snapshot waits, and ages).
+bool SyncerCore::too_stale(int p, int64_t base_version) const {
+  return config_.syncer.max_staleness > 0 && version_[p] - base_version > config_.syncer.max_staleness;
+}
+std::string SyncerCore::staleness_problem(int p, int64_t base_version) const {
+  return fmt::format("staleness {} exceeds syncer.max_staleness = {}", version_[p] - base_version,
+                     config_.syncer.max_staleness);
+}
+
+// A waiting snapshot that aged past the bound (its unit was silent, a partition) is dropped as
+// one refused on arrival would be: the unit gets the current fragment instead of a merge.
+void SyncerCore::drop_stale(int p) {
+  for (int u = 0; u < M_; ++u) {
+    Slot& s = slots_[u][p];
+    if (!s.fresh || !too_stale(p, s.meta.base_version)) continue;
+    ++rejected_;
+    log_({{"event", "snapshot_rejected"}, {"unit", u}, {"fragment", p}, {"seq", s.seq},
+          {"reason", staleness_problem(p, s.meta.base_version)}, {"elapsed_s", now()}, {"tokens", tokens_total()}});
+    s.fresh = false;
+    s.owed = true;
+  }
+}
+
 // Why a snapshot just read is refused ("" = it is accepted).
 std::string SyncerCore::check_snapshot(int p, const SnapshotMeta& meta, const SyncerWindow::Fetched& got,
                                        int64_t seq) const {
@@ -270,6 +294,7 @@ std::string SyncerCore::check_snapshot(int p, const SnapshotMeta& meta, const Sy
   if (!std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); })) return "non-finite values";
   if (meta.base_version < 0 || meta.base_version > version_[p])
     return fmt::format("base version {} outside 0..{}", meta.base_version, version_[p]);
+  if (too_stale(p, meta.base_version)) return staleness_problem(p, meta.base_version);
   if (anchor_base_ && !history_[p].contains(meta.base_version))
     return fmt::format("base version {} is no longer held (oldest {})", meta.base_version,
                        history_[p].begin()->first);
@@ -407,6 +432,7 @@ bool SyncerCore::merge_ready() {
     done += unit_done(u);
   }
   for (int p = 0; p < fragments_.size(); ++p) {
+    drop_stale(p);
     const std::vector<int> ready = ready_units(p);
     if (static_cast<int>(ready.size()) < quorum_needed(p, live, done)) continue;
     Round& r = rounds_[p];

@@ -195,6 +195,11 @@ const std::vector<Entry<Config>>& entries() {
                     "a unit whose heartbeat has not moved for this long, seconds (or for three "
                     "of its inner steps, if longer), is out of every quorum until it reports again",
                     positive<double>()),
+      DDILOCO_FIELD(int, "syncer.max_staleness", syncer.max_staleness,
+                    "a snapshot whose base is more than this many merges of its fragment behind Θ "
+                    "(a unit back from a partition) is refused, not merged, and the unit gets the "
+                    "current fragment; 0 = merge at any staleness, weighted by its tokens as any other",
+                    at_least(0)),
       DDILOCO_FIELD(std::string, "syncer.listen", syncer.listen,
                     "isolated deployment: where `ddiloco syncer` listens, IPv4 address:port (port "
                     "0: any free port); the address taken is written to run.dir/syncer.addr"),
@@ -204,6 +209,12 @@ const std::vector<Entry<Config>>& entries() {
       DDILOCO_FIELD(double, "syncer.connect_wait_s", syncer.connect_wait_s,
                     "isolated deployment: how long a unit waits for the syncer (retrying with "
                     "backoff) before it gives up, seconds",
+                    positive<double>()),
+      DDILOCO_FIELD(double, "syncer.link_timeout_s", syncer.link_timeout_s,
+                    "isolated deployment: a read or write of a unit's memory that has not completed "
+                    "after this many seconds (plus its bytes at 10 MB/s) closes the unit's connection "
+                    "(a cut link, a frozen process); the unit reconnects by itself. The syncer never "
+                    "waits for it meanwhile: one operation waits at most 0.25 s + its bytes at 10 MB/s",
                     positive<double>()),
       // chaos (fault injection)
       DDILOCO_FIELD(int64_t, "chaos.seed", chaos.seed, "seed of the fault schedule"),

@@ -354,6 +354,64 @@ TEST(SyncerCore, AStaleSnapshotIsMergedWithItsStalenessAndBaseVersion) {
   EXPECT_EQ(m["base_versions"], json({0}));
 }
 
+TEST(SyncerCore, MaxStalenessRefusesASnapshotTooFarBehindOnArrivalOrAfterWaiting) {
+  Config c = small_config(Mode::decoupled, 2, 1);
+  c.syncer.max_staleness = 2;
+  Harness h(c);
+  // On arrival: unit 1 reports against version 0 after unit 0 moved Θ_0 three times.
+  for (int k = 0; k < 3; ++k) {
+    h.publish(0, 0, 1.0f + k, 4, 400, k);
+    h.tick();
+  }
+  ASSERT_EQ(h.core.versions()[0], 3);
+  h.publish(1, 0, 5.0f, 12, 1200, 0);
+  h.tick();
+  ASSERT_EQ(h.named("snapshot_rejected").size(), 1u);
+  EXPECT_EQ(h.named("snapshot_rejected")[0]["reason"], "staleness 3 exceeds syncer.max_staleness = 2");
+  EXPECT_EQ(h.merges(0).size(), 3u) << "the refused snapshot was merged";
+  EXPECT_EQ(h.unit(1).inbox_version(0), 3) << "the refused unit gets the current fragment";
+  EXPECT_TRUE(h.unit(1).outbox_free(0)) << "the refused snapshot was not consumed";
+  // Within the bound: merged with its staleness.
+  std::vector<float> got(h.layout.numel(0));
+  ASSERT_TRUE(h.unit(1).take_inbox(0, got));
+  h.publish(0, 0, 1.0f, 4, 400, 3);
+  h.tick();
+  h.publish(1, 0, 1.0f, 4, 400, 3);
+  h.tick();
+  EXPECT_EQ(h.merges(0).back()["units"], json({1}));
+  EXPECT_EQ(h.merges(0).back()["staleness"], json({1}));
+}
+
+TEST(SyncerCore, MaxStalenessDropsASilentUnitsWaitingSnapshotThatAgedPastIt) {
+  Config c = small_config(Mode::decoupled, 2, 1);
+  c.syncer.max_staleness = 2;
+  Harness h(c);
+  h.beat(0);
+  h.beat(1);
+  h.tick();
+  h.clock = 6.0;  // unit 1 goes silent (a partition) with a snapshot waiting
+  h.publish(1, 0, 5.0f, 4, 400, 0);
+  h.beat(0);
+  h.tick();
+  ASSERT_EQ(h.named("unit_silent").size(), 1u);
+  for (int k = 0; k < 3; ++k) {
+    h.publish(0, 0, 1.0f, 4, 400, k);
+    h.beat(0);
+    h.tick();
+  }
+  EXPECT_EQ(h.core.versions()[0], 3);
+  // Back: the waiting snapshot is now 3 behind, and is dropped instead of merged.
+  h.clock = 7.0;
+  h.beat(0);
+  h.beat(1);
+  h.tick();
+  ASSERT_EQ(h.named("unit_back").size(), 1u);
+  ASSERT_EQ(h.named("snapshot_rejected").size(), 1u);
+  EXPECT_EQ(h.named("snapshot_rejected")[0]["unit"], 1);
+  for (const json& m : h.merges(0)) EXPECT_EQ(m["units"], json({0})) << m;
+  EXPECT_EQ(h.unit(1).inbox_version(0), 3);
+}
+
 TEST(SyncerCore, ANonFiniteSnapshotIsRefusedAndNeverMerged) {
   Harness h(small_config(Mode::decoupled, 1, 1));
   std::vector<float> bad(h.layout.numel(0), 1.0f);
