@@ -31,7 +31,7 @@
 // is caught by the syncer's operation timeout (set_op_timeout).
 //
 // One silent unit never holds up the syncer's work with the others: an operation waits at
-// most its patience (0.25 s + its bytes at 10 MB/s); one still in flight then is left in
+// most its patience (0.25 s + its bytes at 10 MB/s, set_min_rate); one still in flight then is left in
 // flight ("stalled": it keeps its own buffers, the caller's are never touched afterwards) and
 // reported failed. While a unit has a stalled operation every new one to it fails at once;
 // when the stalled ones complete (the link came back) the unit is usable again, and when one
@@ -121,11 +121,16 @@ class UcxSyncerLink final : public RemoteMemory, public UnitListener {
   /// reports it with reason "closed".
   void disconnect(int unit) override;
 
-  /// An operation that has not completed after `seconds` + its bytes at 10 MB/s declares its
+  /// An operation that has not completed after `seconds` + its bytes at the minimum rate
+  /// (set_min_rate, default 10 MB/s) declares its
   /// unit lost (reason "operation timed out ..."), seen by the next call into the link after
   /// that time: the safety net for a peer that is alive for TCP but does not progress, or
   /// whose link is down. Default 10 s. Throws Error if seconds ≤ 0.
   void set_op_timeout(double seconds);
+  /// The slowest link the waits allow for, bytes per second (default 1e7): an operation's
+  /// patience is 0.25 s + its bytes at this rate, its timeout set_op_timeout's + the same.
+  /// Throws Error if not positive.
+  void set_min_rate(double bytes_per_s);
   /// Size in bytes of unit u's exposed memory (0 when u is not connected).
   size_t bytes(int u) const;
 

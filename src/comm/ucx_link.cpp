@@ -655,6 +655,11 @@ size_t UcxSyncerLink::bytes(int u) const {
   return c != nullptr ? c->bytes : 0;
 }
 
+void UcxSyncerLink::set_min_rate(double bytes_per_s) {
+  if (!(bytes_per_s > 0)) fail("UCX link: minimum rate must be positive (got {} B/s)", bytes_per_s);
+  impl_->floor_bytes_per_s = bytes_per_s;
+}
+
 void UcxSyncerLink::set_op_timeout(double seconds) {
   if (!(seconds > 0)) fail("UCX link: operation timeout must be positive (got {})", seconds);
   impl_->op_timeout_s = seconds;

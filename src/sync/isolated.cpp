@@ -194,6 +194,7 @@ int run_syncer_process(const Config& config, bool overwrite, const std::string& 
   const sync::Endpoint listen = sync::Endpoint::parse(config.syncer.listen, "syncer.listen");
   comm::UcxSyncerLink link(listen.ip, listen.port, config.units.count);
   link.set_op_timeout(config.syncer.link_timeout_s);
+  link.set_min_rate(config.syncer.link_min_mbit_s * 1e6 / 8);
   sync::Rendezvous rv;
   rv.address = link.address();
   rv.run_id = previous ? previous->run_id : sync::Rendezvous::random_token();

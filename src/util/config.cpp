@@ -212,9 +212,15 @@ const std::vector<Entry<Config>>& entries() {
                     positive<double>()),
       DDILOCO_FIELD(double, "syncer.link_timeout_s", syncer.link_timeout_s,
                     "isolated deployment: a read or write of a unit's memory that has not completed "
-                    "after this many seconds (plus its bytes at 10 MB/s) closes the unit's connection "
-                    "(a cut link, a frozen process); the unit reconnects by itself. The syncer never "
-                    "waits for it meanwhile: one operation waits at most 0.25 s + its bytes at 10 MB/s",
+                    "after this many seconds (plus its bytes at syncer.link_min_mbit_s) closes the "
+                    "unit's connection (a cut link, a frozen process); the unit reconnects by itself. "
+                    "The syncer never waits for it meanwhile: one operation waits at most 0.25 s + "
+                    "its bytes at syncer.link_min_mbit_s, then is left in flight",
+                    positive<double>()),
+      DDILOCO_FIELD(double, "syncer.link_min_mbit_s", syncer.link_min_mbit_s,
+                    "isolated deployment: the slowest link between the syncer and a unit, Mbit/s, "
+                    "that its waits allow for (above); set it below a real WAN link's rate, or a "
+                    "fragment's read never completes within its patience",
                     positive<double>()),
       // chaos (fault injection)
       DDILOCO_FIELD(int64_t, "chaos.seed", chaos.seed, "seed of the fault schedule"),

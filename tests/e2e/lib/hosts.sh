@@ -9,13 +9,15 @@
 #   on syncer CMD...               run CMD inside the namespace; start_on: in the background
 #   link_down syncer / link_up     cut / restore that host's link (both ends: the kernel drops
 #                                  every packet; the processes on either side keep running)
-#   link_shape syncer RATE         tbf on both directions of the link (e.g. 700kbit)
+#   link_shape syncer RATE [BURST] tbf on both directions of the link (e.g. 700kbit); link_unshape
+#   link_bytes syncer              bytes the link carried so far (both directions)
 #   host_ip syncer                 169.254.100.1
 #
 # Topology: every host has one veth into the switch, so cutting a unit's link partitions that
 # unit only, and cutting the syncer's partitions the syncer from every unit at once. Two nodes
 # of one unit reach each other over the same switch.
 HOSTS_PREFIX="dd$$"     # unique per test process: ctest -j runs several of these at once
+declare -F fail > /dev/null || fail() { echo "FAIL: $*" >&2; exit 1; }  # (scripts/wan_kernel.sh)
 HOSTS_NET=169.254.100
 HOSTS=()
 declare -A HOST_IP HOST_OUTER
@@ -31,7 +33,7 @@ hosts_cleanup() {
   done
 }
 
-# Chain our cleanup before common.sh's trap (which stops the test's jobs and removes $WORK).
+# Chain our cleanup before the caller's trap (common.sh's stops the test's jobs, removes $WORK).
 hosts_trap=$(trap -p EXIT)
 hosts_trap=${hosts_trap#trap -- \'}
 hosts_trap=${hosts_trap%\' EXIT}
@@ -83,15 +85,25 @@ link_up() {
   ip -n "$HOSTS_PREFIX-$1" link set eth0 up
 }
 
-# link_shape NAME RATE: a token bucket (tbf) of RATE (tc units: 700kbit, 10mbit) on both
-# directions of NAME's link; the kernel queues what exceeds it (up to 1 s of it), adds no delay.
+# link_shape NAME RATE [BURST]: a token bucket (tbf) of RATE (tc units: 700kbit, 10mbit) and
+# BURST (default 64kb, as wan.burst_kb) on both directions of NAME's link; the kernel queues
+# what exceeds it (up to 1 s of it) and adds no delay. link_unshape NAME removes it.
 link_shape() {
-  local name=$1 rate=$2 dev
+  local name=$1 rate=$2 burst=${3:-64kb} dev
   for dev in "$HOSTS_PREFIX-$name eth0" "$HOSTS_PREFIX-switch ${HOST_OUTER[$name]}"; do
     set -- $dev
-    ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "$rate" burst 16kb latency 1s ||
+    ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "$rate" burst "$burst" latency 1s ||
       fail "tc tbf on $2 in $1 failed"
   done
+}
+link_unshape() {
+  ip netns exec "$HOSTS_PREFIX-$1" tc qdisc del dev eth0 root 2>/dev/null || true
+  ip netns exec "$HOSTS_PREFIX-switch" tc qdisc del dev "${HOST_OUTER[$1]}" root 2>/dev/null || true
+}
+# link_bytes NAME: bytes NAME's link carried so far, both directions (its veth's counters).
+link_bytes() {
+  ip -n "$HOSTS_PREFIX-$1" -s -j link show eth0 |
+    /usr/bin/python3 -c 'import json, sys; s = json.load(sys.stdin)[0]["stats64"]; print(s["tx"]["bytes"] + s["rx"]["bytes"])'
 }
 
 # The environment of the processes in the namespaces: TCP over the veth only. Namespaces do
