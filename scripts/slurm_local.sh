@@ -186,7 +186,9 @@ KillWait=30
 SchedulerParameters=sched_interval=2
 MinJobAge=600
 NodeName=localhost $node State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+# Jobs that ask for it (sbatch --oversubscribe) may share cores: the isolated deployment's
+# syncer and unit jobs on this one 2-core node.
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
 
 # (What is shown of the logs may be missing: nothing may stop the cluster from being stopped.)

@@ -108,6 +108,7 @@ struct SyncerConfig {
   double connect_wait_s = 300;         ///< unit: how long to wait for the syncer, seconds
   double link_timeout_s = 10;          ///< syncer: an operation silent this long closes the link
   double link_min_mbit_s = 80;         ///< syncer: the slowest unit link its waits allow for
+  bool signal_stops_units = true;      ///< syncer: a stop signal ends the units too
 };
 
 /// Fault injection (include/ddiloco/chaos.hpp has the model). Off unless a rate is > 0 or a

@@ -74,11 +74,15 @@ void Learner::broadcast(Actions& actions) {
   actions = Actions::decode(words, P_);
 }
 
-// Told to stop: by the syncer (token budget, or it was interrupted) or by a signal. A diloco
-// unit that receives a signal tells the syncer, which names the round every unit ends on.
+// Told to stop: by the syncer (token budget, or it was interrupted) or by a signal. In one job
+// a signal reaches every rank (scancel, requeue) and the job stops as one: a diloco unit that
+// receives it tells the syncer, which names the round every unit ends on. In the isolated
+// deployment a signal is this unit's own (its Slurm task requeued, its node drained): it
+// stops alone, the syncer loses it and merges on, whatever the mode.
 bool Learner::stop_requested() {
   if (stop_signal() != 0) window_->set_control(sync::kSignal, stop_signal());
-  return window_->control(sync::kStop) != 0 || (stop_signal() != 0 && plan_.mode != Mode::diloco);
+  const bool alone = topo_.isolated || plan_.mode != Mode::diloco;
+  return window_->control(sync::kStop) != 0 || (stop_signal() != 0 && alone);
 }
 
 // Alive: only a crashed or hung process stops its heartbeat, so every wait beats too.

@@ -102,6 +102,12 @@ std::string config_digest(const Config& config) {
   c.run.progress = defaults.progress;
   c.run.log_every = defaults.log_every;
   c.syncer.address.clear();
+  // The syncer's own conduct (its link's waits, its reaction to a signal) is not the units'
+  // business: a syncer job that sets them still admits units started without.
+  const SyncerConfig syncer_defaults;
+  c.syncer.link_timeout_s = syncer_defaults.link_timeout_s;
+  c.syncer.link_min_mbit_s = syncer_defaults.link_min_mbit_s;
+  c.syncer.signal_stops_units = syncer_defaults.signal_stops_units;
   const std::string yaml = to_yaml(c);
   return fmt::format("{:016x}", checksum(std::as_bytes(std::span<const char>(yaml.data(), yaml.size()))));
 }

@@ -82,6 +82,7 @@ int Syncer::run() {
     backoff.set_max_us(idle_poll_us());
     bool all_done = true;
     for (int u = 0; u < M_; ++u) all_done &= unit_finished(u);
+    if (leave_units_) break;
     if (all_done && !work) {
       // Units are done, but their last snapshots may have been published after this poll.
       core_.poll();
@@ -120,11 +121,23 @@ bool Syncer::poll_once() {
   return work;
 }
 
-// A stop signal (here, or one a unit's leader received) or, in decoupled, the token budget.
+// A stop signal (here, or, in one job, one a unit's leader received) or, in decoupled, the
+// token budget. The isolated deployment's units are separate jobs: a signal to one of them
+// (its Slurm task requeued) stops that unit only, and the syncer merges on without it.
 void Syncer::check_stop() {
   const int64_t tokens = core_.tokens_total();
   int signal = stop_signal();
-  for (int u = 0; u < M_ && signal == 0; ++u) signal = static_cast<int>(core_.headers(u).control(sync::kSignal));
+  for (int u = 0; u < M_ && signal == 0 && !door_; ++u)
+    signal = static_cast<int>(core_.headers(u).control(sync::kSignal));
+  if (signal != 0 && door_ && !config_.syncer.signal_stops_units && !leave_units_) {
+    // The syncer's own job is being requeued (or preempted): it checkpoints and exits, and
+    // the units train on and reconnect to its next start.
+    leave_units_ = true;
+    interrupted_by_ = signal;
+    log_.write({{"event", "interrupted"}, {"signal", signal}, {"units_left_running", true},
+                {"tokens", tokens}, {"elapsed_s", now()}});
+    return;
+  }
   if (signal != 0 && plan_.mode == Mode::diloco && stop_after_version_ == 0) {
     // diloco ends on a round boundary, where every unit holds Θ and nothing is in flight: the
     // round now under way (no merge of it can have happened yet) is the last.

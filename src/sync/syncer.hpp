@@ -83,6 +83,7 @@ class Syncer {
   int64_t budget_ = 0;
   int64_t next_eval_ = 0;
   int interrupted_by_ = 0;
+  bool leave_units_ = false;  // isolated, signalled, syncer.signal_stops_units off: exit alone
   int64_t stop_after_version_ = 0;  // diloco, interrupted: the round every unit ends on
   double resumed_elapsed_s_ = 0;    // wall time of the runs this one resumes
   std::string resumed_from_;        // the checkpoint this run resumed from ("" = none)
