@@ -7,6 +7,8 @@
 #             the emulator off (wan.bandwidth_mbit_s = 0);
 #   emulator  unlimited veths, the emulator at the same rate and burst, its latency that of
 #             the veth (0: the kernel here has no netem to add any).
+# Both runs set syncer.link_min_mbit_s to half of --mbit: the same syncer (its waits, and its
+# polls at most 5 % of that rate) over either kind of link.
 # Prints and writes (OUT/summary.md, OUT/summary.json) per run: wall time to the target
 # validation loss (the worst final loss of all runs, so every run reaches it), train time,
 # final loss, bytes per token as the syncer counts them, and for kernel runs the bytes the
@@ -59,12 +61,14 @@ run_one() {  # run_one NAME KIND SPEC_SETS...
   local name=$1 kind=$2; shift 2
   local dir=$OUT/$name/$kind link=() before=0 after=0 u
   rm -rf "$dir"; mkdir -p "$dir"
+  # The same syncer both ways: its waits and its polls sized for links of half the rate.
+  link=(--set "syncer.link_min_mbit_s=$(/usr/bin/python3 -c "print($MBIT / 2)")")
   if [[ $kind == kernel ]]; then
     for ((u = 0; u < units; u++)); do link_shape "unit$u" "${MBIT}mbit" "${burst_kb}kb"; done
-    link=(--set wan.bandwidth_mbit_s=0 --set "syncer.link_min_mbit_s=$(/usr/bin/python3 -c "print($MBIT / 2)")")
+    link+=(--set wan.bandwidth_mbit_s=0)
   else
     for ((u = 0; u < units; u++)); do link_unshape "unit$u"; done
-    link=(--set "wan.bandwidth_mbit_s=$MBIT" --set wan.latency_ms=0 --set wan.jitter_ms=0)
+    link+=(--set "wan.bandwidth_mbit_s=$MBIT" --set wan.latency_ms=0 --set wan.jitter_ms=0)
   fi
   for ((u = 0; u < units; u++)); do before=$((before + $(link_bytes "unit$u"))); done
   local sets=("${SETS[@]}" "$@" "${link[@]}" --set "run.dir=$dir" --set run.progress=false

@@ -46,6 +46,7 @@
 // common initialisation) or, on resume, from the checkpoint's Θ.
 #pragma once
 
+#include <chrono>
 #include <bit>
 #include <cstdint>
 #include <span>
@@ -239,8 +240,15 @@ class SyncerWindow {
   void reset_unit(int u);
 
   /// Reads every connected unit's control block and headers (one read per unit, completed
-  /// together); an absent unit's keep their last values, with `reachable` false.
-  void poll(std::vector<UnitHeaders>& out);
+  /// together); an absent unit's keep their last values, with `reachable` false. Under a poll
+  /// budget (set_poll_budget) a unit read less than its share of the budget ago keeps its
+  /// last values and reachability, unless `all` (a unit that just connected must be read).
+  void poll(std::vector<UnitHeaders>& out, bool all = false);
+  /// The most a poll may take of each unit's link, bytes per second (0: no limit): polls of a
+  /// unit are spaced by at least header_block_bytes() / budget seconds. Over a slow real link,
+  /// where every read is a round trip with its transport's headers, unlimited polls would take
+  /// the link from the snapshots (README "Several hosts").
+  void set_poll_budget(double bytes_per_s) { poll_budget_ = bytes_per_s; }
   /// What fetch() found.
   struct Fetched {
     int64_t seq_after = 0;  ///< the sequence number after the read (≠ the polled one: torn)
@@ -283,6 +291,8 @@ class SyncerWindow {
   const WindowLayout* layout_;
   int units_;
   uint64_t bytes_read_ = 0, bytes_written_ = 0;
+  double poll_budget_ = 0;
+  std::vector<std::chrono::steady_clock::time_point> next_poll_;
   // [unit][fragment]: the unit's reference R at every version it may still name (lossy
   // formats): from the older of its last taken version and the one its unread snapshot names.
   std::vector<std::vector<std::map<int64_t, std::vector<float>>>> refs_;

@@ -235,15 +235,21 @@ void SyncerWindow::reset_unit(int u) {
   for (auto& refs : refs_[u]) refs.clear();
 }
 
-void SyncerWindow::poll(std::vector<UnitHeaders>& out) {
+void SyncerWindow::poll(std::vector<UnitHeaders>& out, bool all) {
   const size_t words = layout_->header_block_bytes() / sizeof(int64_t);
   out.resize(units_);
+  next_poll_.resize(units_);
+  const auto now = std::chrono::steady_clock::now();
+  const auto spacing = std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(
+      poll_budget_ > 0 ? static_cast<double>(layout_->header_block_bytes()) / poll_budget_ : 0.0));
   std::vector<comm::RemoteMemory::Read> reads;
   std::vector<std::vector<int64_t>> fresh(units_);
   for (int u = 0; u < units_; ++u) {
     if (out[u].words.size() != words) out[u].words.assign(words, 0);
+    if (!all && poll_budget_ > 0 && now < next_poll_[u] && remote_->connected(u)) continue;  // within its budget
     out[u].reachable = false;
     if (!remote_->connected(u)) continue;
+    next_poll_[u] = now + spacing;
     // Read beside the last values: a read that fails (the unit died meanwhile) keeps them.
     fresh[u].resize(words);
     reads.push_back({u, 0, std::as_writable_bytes(std::span<int64_t>(fresh[u]))});

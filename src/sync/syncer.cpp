@@ -40,6 +40,8 @@ Syncer::Syncer(const Config& config, const OuterPlan& plan, const Topology& topo
   if (door_) members_ = std::make_unique<sync::Membership>(config, link.run_id, link.secret, layout_.bytes());
   books_before_.resize(M_);
   core_.set_isolated(door_ != nullptr);
+  // Isolated, the units' links are real: polls take at most 5 % of the slowest one's rate.
+  if (door_) window_.set_poll_budget(0.05 * config.syncer.link_min_mbit_s * 1e6 / 8);
   core_.on_merge([this](int p, const std::vector<int>& units) { after_merge(p, units); });
   if (resumed) {
     resumed_from_ = resumed_dir.string();

@@ -138,7 +138,7 @@ void SyncerCore::unit_connected(int u) {
   }
   // What its window says now: zeros for a new process; for a live one that reconnects to this
   // (restarted) syncer, the snapshots the previous syncer consumed stay consumed.
-  window_.poll(headers_);
+  window_.poll(headers_, /*all=*/true);
   for (int p = 0; p < fragments_.size(); ++p) slots_[u][p].acked = headers_[u].header(p, kOutAck);
   heartbeat_[u] = -1;
   heard_at_[u] = now();

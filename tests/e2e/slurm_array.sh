@@ -13,25 +13,8 @@
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
 cd "$WORK"
-CLUSTER=$WORK/slurm
-dump() {
-  for f in "$WORK"/out/*.out; do echo "---- $f (tail)"; tail -n 15 "$f"; done 2>/dev/null || true
-  echo "---- slurmctld.log (tail)"; tail -n 15 "$CLUSTER/log/slurmctld.log" 2>/dev/null || true
-}
-common_trap=$(trap -p EXIT)
-common_trap=${common_trap#trap -- \'}
-common_trap=${common_trap%\' EXIT}
-eval "trap -- 'rc=\$?; ((rc == 0 || rc == 77)) || dump >&2
-  \"\$SRC/scripts/slurm_local.sh\" stop \"\$CLUSTER\" >/dev/null 2>&1; $common_trap' EXIT"
-rc=0
-env_line=$("$SRC/scripts/slurm_local.sh" start "$CLUSTER" 2>start.log) || rc=$?
-if [[ $rc == 77 ]]; then
-  cat start.log >&2
-  echo "SKIP: no local Slurm cluster (scripts/slurm_local.sh start exited 77)"
-  exit 77
-fi
-[[ $rc == 0 ]] || { cat start.log >&2; fail "scripts/slurm_local.sh start exited $rc: the cluster did not start"; }
-eval "$env_line"
+dump() { for f in "$WORK"/out/*.out; do echo "---- $f (tail)"; tail -n 15 "$f"; done 2>/dev/null || true; }
+source "$(dirname "$0")/lib/slurm_cluster.sh"
 
 make_text_shards text
 mkdir -p out

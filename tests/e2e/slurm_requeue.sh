@@ -10,31 +10,8 @@ source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
 cd "$WORK"
 
-CLUSTER=$WORK/slurm
-# (In the EXIT trap under set -e: a missing file must not end the trap before the cluster stops.)
-dump() {
-  echo "---- job output (tail)"; tail -n 40 "$WORK/job.out" 2>/dev/null || true
-  echo "---- slurmctld.log (tail)"; tail -n 15 "$CLUSTER/log/slurmctld.log" 2>/dev/null || true
-  echo "---- slurmd.log (tail)"; tail -n 15 "$CLUSTER/log/slurmd.log" 2>/dev/null || true
-}
-# The cluster stops (and its jobs die) before common.sh's trap removes $WORK.
-common_trap=$(trap -p EXIT)
-common_trap=${common_trap#trap -- \'}
-common_trap=${common_trap%\' EXIT}
-eval "trap -- 'rc=\$?; ((rc == 0 || rc == 77)) || dump >&2
-  \"\$SRC/scripts/slurm_local.sh\" stop \"\$CLUSTER\" >/dev/null 2>&1; $common_trap' EXIT"
-
-# 77 from the helper: Slurm cannot be had here (not root, no packages, no cgroups). Any other failure
-# (munged, slurmctld or slurmd not starting, the node never idle) is a failure of this test.
-rc=0
-env_line=$("$SRC/scripts/slurm_local.sh" start "$CLUSTER" 2>start.log) || rc=$?
-if [[ $rc == 77 ]]; then
-  cat start.log >&2
-  echo "SKIP: no local Slurm cluster (scripts/slurm_local.sh start exited 77)"
-  exit 77
-fi
-[[ $rc == 0 ]] || { cat start.log >&2; fail "scripts/slurm_local.sh start exited $rc: the cluster did not start"; }
-eval "$env_line"  # export SLURM_CONF=...
+dump() { echo "---- job output (tail)"; tail -n 40 "$WORK/job.out" 2>/dev/null || true; }
+source "$(dirname "$0")/lib/slurm_cluster.sh"
 
 make_text_shards text
 steps=2500 batch=4 seq=64 units=2

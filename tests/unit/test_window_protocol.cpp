@@ -157,6 +157,32 @@ TEST(WindowProtocol, ASnapshotPublishedBeforeARejoinIsStillDecodedAfterTheServe)
   EXPECT_NE(syncer.fetch(0, 0, h[0], got).problem, "");
 }
 
+TEST(WindowProtocol, APollBudgetSpacesEachUnitsReadsAndAllReadsEveryone) {
+  Fixture f;
+  sync::SyncerWindow syncer(f.remote, f.windows);
+  sync::LearnerWindow learner(*f.memory[0], f.windows);
+  // One header block per hour: after the first poll, polls keep the last values.
+  syncer.set_poll_budget(static_cast<double>(f.windows.header_block_bytes()) / 3600);
+  std::vector<sync::UnitHeaders> h;
+  learner.set_control(sync::kHeartbeat, 1);
+  syncer.poll(h);
+  ASSERT_TRUE(h[0].reachable);
+  EXPECT_EQ(h[0].control(sync::kHeartbeat), 1);
+  const uint64_t read = syncer.bytes_read();
+  learner.set_control(sync::kHeartbeat, 2);
+  syncer.poll(h);
+  EXPECT_EQ(h[0].control(sync::kHeartbeat), 1) << "read again within its budget";
+  EXPECT_TRUE(h[0].reachable) << "a unit not read this poll keeps its reachability";
+  EXPECT_EQ(syncer.bytes_read(), read);
+  syncer.poll(h, /*all=*/true);
+  EXPECT_EQ(h[0].control(sync::kHeartbeat), 2);
+  // Without a budget every poll reads.
+  syncer.set_poll_budget(0);
+  learner.set_control(sync::kHeartbeat, 3);
+  syncer.poll(h);
+  EXPECT_EQ(h[0].control(sync::kHeartbeat), 3);
+}
+
 TEST(WindowProtocol, TimeBookTravelsAsDoubles) {
   Fixture f;
   sync::SyncerWindow syncer(f.remote, f.windows);
