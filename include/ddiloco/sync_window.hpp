@@ -254,6 +254,7 @@ class SyncerWindow {
     int64_t seq_after = 0;  ///< the sequence number after the read (≠ the polled one: torn)
     size_t wire_bytes = 0;  ///< bytes read
     std::string problem;    ///< why the snapshot is refused ("" = none; torn is the caller's)
+    bool unreachable = false;  ///< the read failed: the unit is lost or its link stalled
   };
   /// Reads unit u's snapshot of fragment p as announced by the polled `headers` (kOutBytes,
   /// kOutRef, kOutChecksum), re-reads its sequence number, checks the checksum and decodes it
@@ -265,6 +266,8 @@ class SyncerWindow {
   /// Writes merged Θ_p with `version` into unit u's inbox (the caller checked in_ack): in the
   /// wire format against the unit's reference, or as raw fp32 values when `raw` (a rejoin) or
   /// when no reference is shared. Returns the bytes written.
+  /// Returns 0 when the unit could not be reached (lost, or its link stalled): nothing was
+  /// announced, our reference of the unit is unchanged, and the caller delivers again later.
   size_t deliver(int u, int p, int64_t version, std::span<const float> data, bool raw = false);
   /// Bytes the next deliver(u, p) will write.
   size_t delivery_bytes(int u, int p) const;
@@ -276,8 +279,9 @@ class SyncerWindow {
   void set_global_version(int u, int64_t version);
   /// Tells unit u how many tokens all units have processed (the job's progress).
   void set_job_tokens(int u, int64_t tokens);
-  /// Writes one syncer-owned control word of unit u (kRejoinServed, ...).
-  void set_control(int u, Control word, int64_t value);
+  /// Writes one syncer-owned control word of unit u (kRejoinServed, ...); false when the unit
+  /// could not be reached.
+  bool set_control(int u, Control word, int64_t value);
   /// Reads one control word of unit u now (not as of the last poll); false when it is absent.
   bool fetch_control(int u, Control word, int64_t& value);
 
@@ -285,7 +289,7 @@ class SyncerWindow {
   uint64_t bytes_written() const { return bytes_written_; }
 
  private:
-  void put_word(int u, size_t byte_offset, int64_t value);
+  bool put_word(int u, size_t byte_offset, int64_t value);
   void prune_references(const std::vector<UnitHeaders>& headers);
   comm::RemoteMemory* remote_;
   const WindowLayout* layout_;

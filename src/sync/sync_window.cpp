@@ -300,8 +300,9 @@ SyncerWindow::Fetched SyncerWindow::fetch(int u, int p, const UnitHeaders& heade
   bool ok = remote_->get(u, layout_->outbox_offset(p), scratch_);
   ok = ok && remote_->fetch_word(u, layout_->header_offset(p) + kOutSeq * 8, got.seq_after);
   if (!ok) {
-    got.seq_after = -1;  // the caller sees a torn read and tries nothing more of this unit
-    got.problem = "the unit was lost during the read";
+    got.seq_after = -1;
+    got.unreachable = true;  // lost, or its link stalled: the caller tries nothing more of it now
+    got.problem = "the unit could not be read";
     return got;
   }
   got.wire_bytes = read;
@@ -334,8 +335,10 @@ SyncerWindow::Fetched SyncerWindow::fetch(int u, int p, const UnitHeaders& heade
   return got;
 }
 
-void SyncerWindow::put_word(int u, size_t byte_offset, int64_t value) {
-  if (remote_->put_word(u, byte_offset, value)) bytes_written_ += sizeof(int64_t);
+bool SyncerWindow::put_word(int u, size_t byte_offset, int64_t value) {
+  if (!remote_->put_word(u, byte_offset, value)) return false;
+  bytes_written_ += sizeof(int64_t);
+  return true;
 }
 
 void SyncerWindow::ack(int u, int p, int64_t seq) {
@@ -354,12 +357,13 @@ size_t SyncerWindow::deliver(int u, int p, int64_t version, std::span<const floa
   auto& refs = refs_[u][p];
   raw = raw || !lossy || refs.empty();
   std::span<const std::byte> bytes;
+  std::vector<float> next;  // the unit's reference once it takes this delivery (lossy formats)
   if (raw) {
     bytes = std::as_bytes(data);
     // The unit's reference becomes what it takes here. Older ones stay until prune_references
     // finds no unread snapshot naming them: a unit that starts over from Θ with its memory
     // intact (non-finite parameters) left snapshots against them for us to read.
-    if (lossy) refs[version] = std::vector<float>(data.begin(), data.end());
+    if (lossy) next.assign(data.begin(), data.end());
   } else {
     // Θ_p − R against the newest reference (the version the unit took last: the caller checked
     // in_ack); the unit's R then moves by exactly what it decodes, and ours with it.
@@ -369,20 +373,22 @@ size_t SyncerWindow::deliver(int u, int p, int64_t version, std::span<const floa
     scratch_.resize(layout_->wire_bytes(p));
     wire::encode(layout_->format(), delta_, layout_->block(), scratch_);
     wire::decode(layout_->format(), scratch_, layout_->block(), delta_);
-    std::vector<float> next(r);
+    next = r;
     for (size_t i = 0; i < next.size(); ++i) next[i] += delta_[i];
-    refs[version] = std::move(next);
     bytes = scratch_;
   }
   // The data is complete at the target before the words that announce it (put() returns
-  // after remote completion).
-  if (!remote_->put(u, layout_->inbox_offset(p), bytes)) return bytes.size();
+  // after remote completion). A unit that cannot be reached now (lost, or its link stalled)
+  // gets nothing, and our reference of it stays: the caller delivers again later.
+  if (!remote_->put(u, layout_->inbox_offset(p), bytes)) return 0;
   bytes_written_ += bytes.size();
   const size_t h = layout_->header_offset(p);
-  put_word(u, h + kInRaw * 8, raw ? 1 : 0);
-  put_word(u, h + kInBytes * 8, static_cast<int64_t>(bytes.size()));
-  put_word(u, h + kInChecksum * 8, static_cast<int64_t>(checksum(bytes)));
-  put_word(u, h + kInVersion * 8, version);
+  bool ok = put_word(u, h + kInRaw * 8, raw ? 1 : 0);
+  ok = ok && put_word(u, h + kInBytes * 8, static_cast<int64_t>(bytes.size()));
+  ok = ok && put_word(u, h + kInChecksum * 8, static_cast<int64_t>(checksum(bytes)));
+  ok = ok && put_word(u, h + kInVersion * 8, version);  // last: what makes the unit take it
+  if (!ok) return 0;
+  if (lossy) refs[version] = std::move(next);
   return bytes.size();
 }
 
@@ -400,8 +406,8 @@ bool SyncerWindow::fetch_control(int u, Control word, int64_t& value) {
   return remote_->fetch_word(u, static_cast<size_t>(word) * sizeof(int64_t), value);
 }
 
-void SyncerWindow::set_control(int u, Control word, int64_t value) {
-  put_word(u, static_cast<size_t>(word) * sizeof(int64_t), value);
+bool SyncerWindow::set_control(int u, Control word, int64_t value) {
+  return put_word(u, static_cast<size_t>(word) * sizeof(int64_t), value);
 }
 
 }  // namespace ddiloco::sync

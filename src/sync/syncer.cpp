@@ -40,8 +40,12 @@ Syncer::Syncer(const Config& config, const OuterPlan& plan, const Topology& topo
   if (door_) members_ = std::make_unique<sync::Membership>(config, link.run_id, link.secret, layout_.bytes());
   books_before_.resize(M_);
   core_.set_isolated(door_ != nullptr);
-  // Isolated, the units' links are real: polls take at most 5 % of the slowest one's rate.
-  if (door_) window_.set_poll_budget(0.05 * config.syncer.link_min_mbit_s * 1e6 / 8);
+  // Isolated, the units' links are real: polls take at most 5 % of the slowest one's rate,
+  // yet come at least four times per heartbeat timeout (else every unit would seem silent).
+  if (door_)
+    window_.set_poll_budget(std::max(0.05 * config.syncer.link_min_mbit_s * 1e6 / 8,
+                                     4.0 * static_cast<double>(layout_.header_block_bytes()) /
+                                         config.syncer.heartbeat_timeout_s));
   core_.on_merge([this](int p, const std::vector<int>& units) { after_merge(p, units); });
   if (resumed) {
     resumed_from_ = resumed_dir.string();
@@ -132,8 +136,9 @@ void Syncer::check_stop() {
   for (int u = 0; u < M_ && signal == 0 && !door_; ++u)
     signal = static_cast<int>(core_.headers(u).control(sync::kSignal));
   if (signal != 0 && door_ && !config_.syncer.signal_stops_units && !leave_units_) {
-    // The syncer's own job is being requeued (or preempted): it checkpoints and exits, and
-    // the units train on and reconnect to its next start.
+    // The syncer's own job is being requeued (or preempted): it exits, and the units train on
+    // and reconnect to its next start, which resumes from the last periodic checkpoint (the
+    // units are not asked for their parts of a final one: they go on).
     leave_units_ = true;
     interrupted_by_ = signal;
     log_.write({{"event", "interrupted"}, {"signal", signal}, {"units_left_running", true},

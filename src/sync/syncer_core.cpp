@@ -241,16 +241,22 @@ void SyncerCore::serve_rejoins() {
     if (pending_round && plan_.mode != Mode::decoupled) continue;
     const double start = now();
     const uint64_t before = window_.bytes_written();
-    for (int p = 0; p < fragments_.size(); ++p) {
+    bool reached = true;
+    for (int p = 0; p < fragments_.size() && reached; ++p) {
       // Raw fp32: the unit lost its reference. (Served at once: the unit waits for it; its
-      // bytes are counted on its link.)
-      links_.served(u, window_.deliver(u, p, version_[p], theta_[p], /*raw=*/true), now());
+      // bytes are counted on its link.) Unreachable now (its link stalled): served next poll.
+      const size_t bytes = window_.deliver(u, p, version_[p], theta_[p], /*raw=*/true);
+      if (bytes == 0) {
+        reached = false;
+        break;
+      }
+      links_.served(u, bytes, now());
       Slot& s = slots_[u][p];
       s.outgoing_version = 0;  // a delivery on its way is superseded
       s.delivered = version_[p];
       if (!s.fresh) s.meta.base_version = version_[p];
     }
-    window_.set_control(u, kRejoinServed, request);
+    if (!reached || !window_.set_control(u, kRejoinServed, request)) continue;  // next poll
     rejoin_served_[u] = request;
     log_({{"event", "rejoin"}, {"unit", u}, {"request", request}, {"versions", version_},
           {"bytes_out", window_.bytes_written() - before}, {"serve_s", now() - start},
@@ -353,7 +359,9 @@ bool SyncerCore::collect() {
         std::this_thread::sleep_for(std::chrono::milliseconds(config_.debug.syncer_read_delay_ms));
       // Read beside the slot: a refused snapshot leaves an earlier one that waits intact.
       const SyncerWindow::Fetched got = window_.fetch(u, p, headers_[u], incoming_[p]);
-      if (!window_.remote().connected(u)) break;  // lost mid-read: abandoned, unit_lost follows
+      // Lost mid-read (unit_lost follows), or its link stalled (read again once it is back):
+      // nothing of this unit now, and no work done.
+      if (got.unreachable || !window_.remote().connected(u)) break;
       any = true;
       if (const std::string problem = check_snapshot(p, meta, got, seq); !problem.empty()) {
         ++rejected_;
@@ -552,8 +560,10 @@ void SyncerCore::deliver(int u, int p) {
   Slot& s = slots_[u][p];
   const double lands = links_.merged(u, window_.delivery_bytes(u, p), theta_[p].size() * sizeof(float), now());
   if (lands <= now()) {
-    window_.deliver(u, p, version_[p], theta_[p]);
-    s.delivered = version_[p];
+    if (window_.deliver(u, p, version_[p], theta_[p]) > 0)
+      s.delivered = version_[p];
+    else
+      s.owed = true;  // unreachable now (its link stalled): the next poll delivers
   } else {
     s.outgoing = theta_[p];
     s.outgoing_version = version_[p];
@@ -571,7 +581,7 @@ bool SyncerCore::deliver_pending() {
       // unless wan.* limits it or a chaos degradation slows it); the next waits for it.
       if (s.outgoing_version > 0) {
         if (now() < s.lands_at) continue;
-        window_.deliver(u, p, s.outgoing_version, s.outgoing);
+        if (window_.deliver(u, p, s.outgoing_version, s.outgoing) == 0) continue;  // unreachable now
         s.delivered = s.outgoing_version;
         s.outgoing_version = 0;
         any = true;

@@ -219,9 +219,9 @@ const std::vector<Entry<Config>>& entries() {
                     positive<double>()),
       DDILOCO_FIELD(bool, "syncer.signal_stops_units", syncer.signal_stops_units,
                     "isolated deployment: a stop signal to the syncer (SIGTERM, SIGINT, SIGUSR1) "
-                    "stops every unit too, the job's end; false: the syncer checkpoints and exits "
-                    "alone, and the units train on and reconnect to its next start (its Slurm job "
-                    "requeued: slurm/syncer.sbatch sets false)"),
+                    "stops every unit too, the job's end; false: the syncer exits alone, and the units "
+                    "train on and reconnect to its next start, which resumes from the last periodic "
+                    "checkpoint (checkpoint.every; its Slurm job requeued: slurm/syncer.sbatch sets false)"),
       DDILOCO_FIELD(double, "syncer.link_min_mbit_s", syncer.link_min_mbit_s,
                     "isolated deployment: the slowest link between the syncer and a unit, Mbit/s, "
                     "that its waits allow for (above); set it below a real WAN link's rate, or a "

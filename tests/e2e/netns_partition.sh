@@ -11,7 +11,7 @@
 #      reconnects by itself with backoff, takes Θ from the syncer (rejoin) and is merged again;
 #   3. the syncer cut from every unit at once past the link timeout, then restored: both
 #      units reconnect by themselves and are merged again.
-# No split brain: every version a unit applied is one the syncer sent (rejoin or merge).
+# No split brain: every version a unit took at a join or rejoin is one the syncer sent.
 # Skipped (77) where network namespaces cannot be made (not root, no CAP_NET_ADMIN).
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
@@ -123,7 +123,7 @@ for u in (0, 1):
     pids = {e["pid"] for e in conn if e["unit"] == u}
     assert len(pids) == 1, (u, pids)
 assert sum(e["unit"] == 1 for e in conn) == 3 and sum(e["unit"] == 0 for e in conn) == 2, conn
-# No split brain: every version a unit applied was sent by the syncer (a merge's or a rejoin's).
+# No split brain: every version a unit took at a join or rejoin was sent by the syncer.
 sent = {(m["fragment"], m["version"]) for m in merges}
 sent |= {(p, v) for e in ev if e["event"] == "rejoin" for p, v in enumerate(e["versions"])}
 for u in (0, 1):

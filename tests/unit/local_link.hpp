@@ -32,6 +32,9 @@ class LocalRemote final : public comm::RemoteMemory {
   explicit LocalRemote(int units) : units_(units, nullptr) {}
   void attach(int u, LocalExposed* memory) { units_[u] = memory; }
   void detach(int u) { units_[u] = nullptr; }
+  /// As UcxSyncerLink with an operation stalled (a cut link): connected, but every operation
+  /// on the unit fails.
+  void stall(int u, bool on) { stalled_.resize(units_.size()); stalled_[u] = on; }
   int units() const override { return static_cast<int>(units_.size()); }
   bool connected(int u) const override { return units_[u] != nullptr; }
   void get_all(std::span<Read> reads) override {
@@ -63,9 +66,11 @@ class LocalRemote final : public comm::RemoteMemory {
 
  private:
   bool in(int u, size_t offset, size_t n) const {
-    return units_[u] != nullptr && offset + n <= units_[u]->bytes();
+    const bool stalled = static_cast<size_t>(u) < stalled_.size() && stalled_[u];
+    return units_[u] != nullptr && !stalled && offset + n <= units_[u]->bytes();
   }
   std::vector<LocalExposed*> units_;
+  std::vector<bool> stalled_;
 };
 
 }  // namespace ddiloco::test

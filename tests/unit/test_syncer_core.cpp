@@ -412,6 +412,36 @@ TEST(SyncerCore, MaxStalenessDropsASilentUnitsWaitingSnapshotThatAgedPastIt) {
   EXPECT_EQ(h.unit(1).inbox_version(0), 3);
 }
 
+TEST(SyncerCore, AStalledLinkLosesNoDeliveryAndLogsNoTornReads) {
+  // Unit 1's link stalls (a partition shorter than the link timeout) after the syncer saw its
+  // new snapshot: the failed read is no rejection, the merged fragment it is owed meanwhile is
+  // not counted as delivered, and both go through once the link is back.
+  Harness h(small_config(Mode::decoupled, 2, 1));
+  h.publish(0, 0, 1.0f, 4, 400, 0);
+  h.publish(1, 0, 2.0f, 4, 400, 0);
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 1u);
+  std::vector<float> got(h.layout.numel(0));
+  ASSERT_TRUE(h.unit(0).take_inbox(0, got));
+  ASSERT_TRUE(h.unit(1).take_inbox(0, got));
+  h.tick();  // the syncer sees both took version 1
+  h.publish(1, 0, 2.5f, 4, 400, 1);
+  h.core.poll();  // ... and unit 1's new snapshot, just before its link stalls
+  h.remote.stall(1, true);
+  h.core.collect();
+  EXPECT_TRUE(h.named("snapshot_rejected").empty()) << "a failed read was logged as a rejection";
+  h.publish(0, 0, 1.5f, 4, 400, 1);
+  for (int i = 0; i < 3; ++i) h.tick();  // unit 0's snapshot merges; unit 1 is owed it
+  ASSERT_EQ(h.merges(0).size(), 2u);
+  EXPECT_EQ(h.unit(1).inbox_version(0), 1) << "delivered over a stalled link";
+  EXPECT_TRUE(h.named("snapshot_rejected").empty());
+  h.remote.stall(1, false);
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 3u);
+  EXPECT_EQ(h.merges(0)[2]["units"], json({1})) << "its snapshot from before the stall is merged";
+  EXPECT_EQ(h.unit(1).inbox_version(0), 3) << "the deliveries owed since the stall were lost";
+}
+
 TEST(SyncerCore, ANonFiniteSnapshotIsRefusedAndNeverMerged) {
   Harness h(small_config(Mode::decoupled, 1, 1));
   std::vector<float> bad(h.layout.numel(0), 1.0f);

@@ -31,10 +31,17 @@ import json, os, sys, time
 path, pid, seconds, cond = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 deadline = time.time() + seconds
 while True:
+    ev = []
     try:
-        ev = [json.loads(l) for l in open(path) if l.endswith("\n")]
+        for l in open(path):
+            if not l.endswith("\n"):
+                break  # a line still being written
+            try:
+                ev.append(json.loads(l))
+            except ValueError:
+                break  # torn by a concurrent write: read again next round
     except FileNotFoundError:
-        ev = []
+        pass
     cut = next((i for i, e in enumerate(ev) if e["event"] == "resume"), len(ev))
     after_resume = ev[cut:]
     last = lambda name: max((i for i, e in enumerate(ev) if e["event"] == name), default=-1)

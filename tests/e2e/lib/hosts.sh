@@ -16,7 +16,7 @@
 # Topology: every host has one veth into the switch, so cutting a unit's link partitions that
 # unit only, and cutting the syncer's partitions the syncer from every unit at once. Two nodes
 # of one unit reach each other over the same switch.
-HOSTS_PREFIX="dd$$"     # unique per test process: ctest -j runs several of these at once
+export HOSTS_PREFIX="dd$$"  # unique per test process: ctest -j runs several of these at once
 declare -F fail > /dev/null || fail() { echo "FAIL: $*" >&2; exit 1; }  # (scripts/wan_kernel.sh)
 HOSTS_NET=169.254.100
 HOSTS=()

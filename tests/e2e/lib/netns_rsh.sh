@@ -6,7 +6,8 @@
 set -euo pipefail
 host=$1
 shift
-for ns in $(ip netns list | awk '{print $1}'); do
+# Only this test's namespaces (hosts.sh exports the prefix): other tests use the same addresses.
+for ns in $(ip netns list | awk -v p="${HOSTS_PREFIX:?netns_rsh: HOSTS_PREFIX unset (source hosts.sh)}-" 'index($1, p) == 1 {print $1}'); do
   if ip -n "$ns" -o -4 addr show 2>/dev/null | grep -q " inet $host/"; then
     exec ip netns exec "$ns" /bin/sh -c "$*"
   fi
