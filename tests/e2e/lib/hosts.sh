@@ -48,6 +48,9 @@ fi
 if ! out=$(ip -n "$HOSTS_PREFIX-switch" link add sw type bridge 2>&1); then
   hosts_skip "cannot make a bridge inside a network namespace: $out"
 fi
+if ! out=$(ip netns exec "$HOSTS_PREFIX-switch" true 2>&1); then
+  hosts_skip "cannot run a command inside a network namespace (ip netns exec): $out"
+fi
 ip -n "$HOSTS_PREFIX-switch" link set lo up
 ip -n "$HOSTS_PREFIX-switch" link set sw up
 
