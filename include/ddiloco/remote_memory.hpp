@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <vector>
@@ -66,6 +67,37 @@ class RemoteMemory {
   virtual bool fetch_word(int u, size_t offset, int64_t& value) = 0;
   /// Ends access to every unit (MPI: collective over the sync communicator).
   virtual void close() = 0;
+
+  // Transfers the caller does not wait for. Over real links each unit's link carries its own
+  // while the syncer goes on with the others: four units' snapshots over four slow links take
+  // the time of one, and a merge goes to one unit while another's snapshot is still arriving.
+  // Started by start_get / start_put, ended by test() or abandon(). The defaults do the
+  // blocking get() / put() at once (transports whose transfers are local: MPI RMA in one job);
+  // UCX overrides them.
+  using Ticket = int64_t;  ///< > 0, never reused by one object; 0: not started
+  /// Starts reading `bytes` bytes at `offset` of unit u's memory (into the transport's own
+  /// buffer). 0 when it cannot start now (the unit is absent, or an operation of it stalled).
+  /// Throws Error for a malformed request (out of the unit's memory).
+  virtual Ticket start_get(int u, size_t offset, size_t bytes);
+  /// Starts writing a copy of `src` at `offset` of unit u's memory (the caller's buffer is free
+  /// on return); complete at the target once test() says done. 0 when it cannot start now.
+  virtual Ticket start_put(int u, size_t offset, std::span<const std::byte> src);
+  enum class Status { running, done, failed };
+  /// Non-blocking; progresses the transport. done: a get's bytes are copied into `dst` (its
+  /// size must be the get's, else Error), and the ticket is forgotten. failed (the unit was
+  /// lost, its link timed out, or the ticket is unknown): forgotten, `dst` untouched.
+  virtual Status test(Ticket ticket, std::span<std::byte> dst = {});
+  /// Forgets a ticket: a running transfer goes on unseen (its buffers are the transport's) and
+  /// its outcome is dropped. Unknown tickets are ignored.
+  virtual void abandon(Ticket ticket);
+
+ private:
+  struct Finished {  // the defaults': transfers done before start_* returned
+    bool ok = false;
+    std::vector<std::byte> data;
+  };
+  std::map<Ticket, Finished> finished_;
+  Ticket next_ticket_ = 1;
 };
 
 /// The syncer's side of a transport where units come and go (UCX): connections that await a

@@ -53,6 +53,7 @@
 #include <vector>
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "ddiloco/checksum.hpp"
@@ -259,7 +260,8 @@ class SyncerWindow {
   /// Reads unit u's snapshot of fragment p as announced by the polled `headers` (kOutBytes,
   /// kOutRef, kOutChecksum), re-reads its sequence number, checks the checksum and decodes it
   /// into `dst` (θ_p, numel(p) floats). A snapshot against a reference no longer held, of the
-  /// wrong size, or failing its checksum is refused with a problem.
+  /// wrong size, or failing its checksum is refused with a problem. Blocking: start_fetch, then
+  /// end_fetch until it is over (unit u's lane must be idle, else Error).
   Fetched fetch(int u, int p, const UnitHeaders& headers, std::span<float> dst);
   /// Marks snapshot `seq` of (u, p) consumed, freeing the outbox.
   void ack(int u, int p, int64_t seq);
@@ -268,7 +270,45 @@ class SyncerWindow {
   /// when no reference is shared. Returns the bytes written.
   /// Returns 0 when the unit could not be reached (lost, or its link stalled): nothing was
   /// announced, our reference of the unit is unchanged, and the caller delivers again later.
+  /// Blocking: start_deliver, then end_deliver until it is over (the lane must be idle).
   size_t deliver(int u, int p, int64_t version, std::span<const float> data, bool raw = false);
+
+  // Lanes: the syncer's bulk transfers with a unit (a snapshot read, a delivery) run without
+  // the syncer waiting for them, one at a time per unit and side by side across units, as the
+  // units' own links carry them (RemoteMemory::start_get / start_put). While unit u's lane is
+  // busy, poll() leaves u's headers as they were, and the control words the syncer writes to
+  // it (acks, stop, progress, checkpoint words) wait and are written, latest value per word, as
+  // soon as the lane is idle: issued now they would queue behind the transfer on the unit's
+  // connection. The short words that end a transfer (a read's sequence re-read, a delivery's
+  // announcement) are issued when its bulk bytes are complete.
+  enum class Lane { idle, fetch, deliver };
+  Lane lane(int u) const { return lanes_[u].kind; }
+  /// The fragment unit u's lane carries (−1 when idle).
+  int lane_fragment(int u) const { return lanes_[u].fragment; }
+  /// Starts reading unit u's snapshot of fragment p as `headers` announce it (see fetch). False
+  /// when the lane is busy or the unit cannot be read now (absent, lost, its link stalled).
+  bool start_fetch(int u, int p, const UnitHeaders& headers);
+  /// The read of unit u's lane once its bytes are in (nullopt while they are on their way):
+  /// re-reads the sequence number, checks and decodes into `dst` (numel(lane_fragment(u))
+  /// floats) as fetch() does; the lane is idle afterwards. Error when the lane holds no read.
+  std::optional<Fetched> end_fetch(int u, std::span<float> dst);
+  /// Starts writing Θ_p as deliver() does; false when the lane is busy or the unit cannot be
+  /// reached now (nothing announced, references unchanged).
+  bool start_deliver(int u, int p, int64_t version, std::span<const float> data, bool raw = false);
+  /// The delivery of unit u's lane once its bytes are at the unit (nullopt while on their way):
+  /// announces it (raw flag, size, checksum, then the version) and returns the bytes written,
+  /// or 0 when the unit could not be reached (as deliver()). The lane is idle afterwards.
+  /// Error when the lane holds no delivery.
+  std::optional<size_t> end_deliver(int u);
+  /// Drops what unit u's lane carries and the words waiting for it (the unit is lost, or a
+  /// new process of it connected).
+  void abandon(int u);
+  /// Is unit u's lane busy with a transfer younger than its patience, 0.25 s + its bytes at the
+  /// slowest link rate allowed for (set_link_min_rate)?
+  bool lane_on_time(int u) const;
+  /// The slowest link rate the lanes' patience allows for, bytes per second (default 1e7, as
+  /// UcxSyncerLink's). Error when not positive.
+  void set_link_min_rate(double bytes_per_s);
   /// Bytes the next deliver(u, p) will write.
   size_t delivery_bytes(int u, int p) const;
   /// Sets unit u's reference R of fragment p (as the learner does).
@@ -289,8 +329,26 @@ class SyncerWindow {
   uint64_t bytes_written() const { return bytes_written_; }
 
  private:
-  bool put_word(int u, size_t byte_offset, int64_t value);
+  bool put_word(int u, size_t byte_offset, int64_t value);   // waits for a busy lane
+  bool write_word(int u, size_t byte_offset, int64_t value);  // now
+  void flush_words(int u);
   void prune_references(const std::vector<UnitHeaders>& headers);
+  struct LaneState {
+    Lane kind = Lane::idle;
+    int fragment = -1;
+    comm::RemoteMemory::Ticket ticket = 0;
+    std::vector<std::byte> bytes;  // a read's destination, a delivery's encoding
+    // A read: what the headers announced. A delivery: its version, and the unit's reference
+    // once it takes it.
+    int64_t ref = -1, announced = 0, version = 0;
+    uint64_t sum = 0;
+    bool raw = false;
+    std::vector<float> next;
+    std::map<size_t, int64_t> words;  // control words waiting for the lane: offset → value
+    std::chrono::steady_clock::time_point started;
+  };
+  double link_min_rate_ = 1e7;
+  std::vector<LaneState> lanes_;
   comm::RemoteMemory* remote_;
   const WindowLayout* layout_;
   int units_;
@@ -300,7 +358,6 @@ class SyncerWindow {
   // [unit][fragment]: the unit's reference R at every version it may still name (lossy
   // formats): from the older of its last taken version and the one its unread snapshot names.
   std::vector<std::vector<std::map<int64_t, std::vector<float>>>> refs_;
-  std::vector<std::byte> scratch_;
   std::vector<float> delta_;
 };
 

@@ -100,6 +100,9 @@ class SyncerCore {
   bool collect();
   bool merge_ready();
   bool deliver_pending();
+  /// Is a read or a delivery on its way on some connected unit's lane? (The final flush waits
+  /// for them.)
+  bool transfers_in_flight() const;
   /// Decoupled: every unit's learning-rate schedule follows the job's tokens, written to the
   /// units whenever they have moved by the smallest unit step since the last write.
   void publish_progress(int64_t tokens);
@@ -160,6 +163,11 @@ class SyncerCore {
  private:
   double now() const { return clock_(); }
   bool snapshot_pending(int u, int p) const;
+  bool collect_unit(int u);
+  bool end_read(int u);
+  bool send(int u, int p);
+  void end_delivery(int u, size_t bytes);
+  bool serve(int u);
   void hear(int u, int64_t beat);
   double silence_after_s(int u) const;
   std::string check_snapshot(int p, const SnapshotMeta& meta, const SyncerWindow::Fetched& got,
@@ -204,6 +212,21 @@ class SyncerCore {
   std::vector<double> heard_at_;               // ... when it last moved
   std::vector<bool> silent_;                   // heartbeat older than the timeout
   std::vector<int64_t> rejoin_served_;
+  // What each unit's lane (SyncerWindow) carries, as started here.
+  struct InFlight {
+    int p = -1;
+    int64_t seq = 0;     // a read: the snapshot's sequence number and counters as polled
+    SnapshotMeta meta;
+    int64_t version = 0;  // a delivery: the version of Θ_p ...
+    bool serve = false;   // ... served at a rejoin
+  };
+  std::vector<InFlight> in_flight_;
+  struct Serving {  // a rejoin being served
+    int next = 0;        // the next fragment to write
+    double started = 0;  // s
+    uint64_t bytes = 0;
+  };
+  std::vector<Serving> serving_;
   std::vector<int64_t> reads_started_;         // debug.crash_during_read
   std::vector<int64_t> tokens_before_, steps_before_;  // per unit: its earlier processes' work
   std::vector<std::vector<int64_t>> merged_seq_;  // [unit][fragment]: last snapshot merged

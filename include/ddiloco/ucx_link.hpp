@@ -148,6 +148,17 @@ class UcxSyncerLink final : public RemoteMemory, public UnitListener {
   bool put_word(int u, size_t offset, int64_t value) override;
   /// 64-bit atomic fetch-and-add of 0.
   bool fetch_word(int u, size_t offset, int64_t& value) override;
+  /// Transfers the syncer does not wait for (remote_memory.hpp): issued at once into (or from)
+  /// buffers of the link's own; while one runs, the caller should issue nothing else to that
+  /// unit (it would queue behind it on the unit's connection and outlive its patience). One
+  /// still running `set_op_timeout` + its bytes at the minimum rate after it started fails
+  /// its connection (take_lost() reports the unit). 0 when the unit is absent, lost or has an
+  /// operation stalled.
+  Ticket start_get(int u, size_t offset, size_t bytes) override;
+  /// ucp_put_nbx + ucp_ep_flush_nbx: done means complete at the target.
+  Ticket start_put(int u, size_t offset, std::span<const std::byte> src) override;
+  Status test(Ticket ticket, std::span<std::byte> dst = {}) override;
+  void abandon(Ticket ticket) override;
   /// Closes every connection and the listener; the object is unusable afterwards (every
   /// operation returns false, accept_pending() returns nothing). Idempotent.
   void close() override;

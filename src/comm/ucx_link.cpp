@@ -315,6 +315,9 @@ struct UcxSyncerLink::Impl {
     // While any is, every new operation on this unit fails at once (nothing queues behind a
     // silent link); the first one past its timeout closes the connection.
     std::vector<std::unique_ptr<Op>> stalled;
+    // Transfers the caller does not wait for (start_get / start_put), by ticket, until test()
+    // or abandon() takes them; one past its timeout fails the connection, as a stalled one.
+    std::map<Ticket, std::unique_ptr<Op>> transfers;
 
     void fail_with(std::string why) {
       if (failed) return;
@@ -337,6 +340,8 @@ struct UcxSyncerLink::Impl {
   double patience_s = 0.25;
   double floor_bytes_per_s = 1e7;  // the slowest link the timeouts allow for
   int64_t next_id = 1;
+  Ticket next_ticket = 1;
+  std::unordered_map<Ticket, int64_t> ticket_conn;  // a transfer's connection id
   bool closed = false;
 
   std::vector<ucp_conn_request_h> conn_requests;  // from the listener, handled after progress
@@ -435,7 +440,7 @@ struct UcxSyncerLink::Impl {
     // UCX wants the rkey destroyed after its operations are flushed and before its endpoint.
     // Operations here are synchronous, so none is in flight, except after an operation
     // timeout: then the forced close purges them first and the rkey goes after.
-    ops_in_flight = ops_in_flight || !c->stalled.empty();
+    ops_in_flight = ops_in_flight || !c->stalled.empty() || !c->transfers.empty();
     if (!ops_in_flight && c->rkey != nullptr) {
       ucp_rkey_destroy(c->rkey);
       c->rkey = nullptr;
@@ -454,6 +459,9 @@ struct UcxSyncerLink::Impl {
       for (auto& op : c.stalled)  // purged by the forced close: complete now
         for (Req& r : op->req) r.release();
       c.stalled.clear();
+      for (auto& [ticket, op] : c.transfers)
+        for (Req& r : op->req) r.release();
+      c.transfers.clear();
       if (c.rkey != nullptr) ucp_rkey_destroy(c.rkey);
       c.rkey = nullptr;
       c.reply_req.test();
@@ -524,6 +532,7 @@ struct UcxSyncerLink::Impl {
     std::span<std::byte> dst;
     uint64_t operand = 0;
     uint64_t result = 0;
+    bool is_put = false;
     Clock::time_point expires;  // issued + op_timeout_s + bytes at the floor rate
 
     // True once every request is complete; the first time, sets ok and fails the connection
@@ -557,10 +566,14 @@ struct UcxSyncerLink::Impl {
   // connection: reap() reports the unit lost and force-closes its endpoint.
   void settle_stalled(Conn& c, Clock::time_point now) {
     std::erase_if(c.stalled, [](const std::unique_ptr<Op>& op) { return op->settle(); });
-    for (const auto& op : c.stalled)
-      if (now >= op->expires)
-        c.fail_with(fmt::format("operation timed out after {:.1f} s (link down, or peer not progressing)",
-                                op_timeout_s + seconds_for(op->own.size())));
+    for (const auto& op : c.stalled) expire(c, *op, now);
+    for (const auto& [ticket, op] : c.transfers)
+      if (!op->settle()) expire(c, *op, now);
+  }
+  void expire(Conn& c, const Op& op, Clock::time_point now) {
+    if (now >= op.expires)
+      c.fail_with(fmt::format("operation timed out after {:.1f} s (link down, or peer not progressing)",
+                              op_timeout_s + seconds_for(op.own.size())));
   }
 
   // Waits for every op, at most their patience (patience_s + their bytes at the floor rate):
@@ -600,6 +613,18 @@ struct UcxSyncerLink::Impl {
     Conn* c = usable(u);
     return c != nullptr && c->stalled.empty() ? c : nullptr;
   }
+
+  // A put from the op's own copy of `src`, and a flush: the put's completion is local (the
+  // source may be reused), the flush's is remote.
+  void issue_put(Conn& c, Op& op, size_t offset, std::span<const std::byte> src) {
+    op.is_put = true;
+    std::memcpy(op.own.data(), src.data(), src.size());
+    ucp_request_param_t p{};
+    op.req[0] = Req::of(ucp_put_nbx(c.ep, op.own.data(), op.own.size(), c.base + offset, c.rkey, &p));
+    if (op.req[0].ptr != nullptr || op.req[0].status == UCS_OK)
+      op.req[1] = Req::of(ucp_ep_flush_nbx(c.ep, &p));
+  }
+  Ticket start(Conn& c, std::unique_ptr<Op> op);
 
   std::unique_ptr<Op> issue_get(int u, Conn& c, size_t offset, std::span<std::byte> dst) {
     auto op = new_op(u, c, dst.size());
@@ -805,15 +830,80 @@ bool UcxSyncerLink::put(int u, size_t offset, std::span<const std::byte> src) {
   if (src.empty()) return true;
   Impl::Ops ops;
   ops.push_back(s.new_op(u, *c, src.size()));
-  Impl::Op& op = *ops[0];
-  std::memcpy(op.own.data(), src.data(), src.size());
-  ucp_request_param_t p{};
-  op.req[0] = Req::of(ucp_put_nbx(c->ep, op.own.data(), op.own.size(), c->base + offset, c->rkey, &p));
-  // The put's completion is local (the source may be reused); the flush's is remote.
-  if (op.req[0].ptr != nullptr || op.req[0].status == UCS_OK)
-    op.req[1] = Req::of(ucp_ep_flush_nbx(c->ep, &p));
+  s.issue_put(*c, *ops[0], offset, src);
   s.finish(ops, src.size());
   return Impl::ok(ops, 0);
+}
+
+RemoteMemory::Ticket UcxSyncerLink::Impl::start(Conn& c, std::unique_ptr<Op> op) {
+  const Ticket t = next_ticket++;
+  ticket_conn[t] = c.id;
+  c.transfers.emplace(t, std::move(op));
+  return t;
+}
+
+RemoteMemory::Ticket UcxSyncerLink::start_get(int u, size_t offset, size_t bytes) {
+  Impl& s = *impl_;
+  if (!s.closed) s.refresh();
+  if (const Impl::Conn* c = s.usable(u)) Impl::check_range(*c, u, offset, bytes);
+  Impl::Conn* c = s.ready(u);
+  if (c == nullptr) return 0;
+  auto op = s.new_op(u, *c, bytes);
+  ucp_request_param_t p{};
+  if (bytes > 0)
+    op->req[0] = Req::of(ucp_get_nbx(c->ep, op->own.data(), op->own.size(), c->base + offset, c->rkey, &p));
+  return s.start(*c, std::move(op));
+}
+
+RemoteMemory::Ticket UcxSyncerLink::start_put(int u, size_t offset, std::span<const std::byte> src) {
+  Impl& s = *impl_;
+  if (!s.closed) s.refresh();
+  if (const Impl::Conn* c = s.usable(u)) Impl::check_range(*c, u, offset, src.size());
+  Impl::Conn* c = s.ready(u);
+  if (c == nullptr) return 0;
+  auto op = s.new_op(u, *c, src.size());
+  s.issue_put(*c, *op, offset, src);
+  return s.start(*c, std::move(op));
+}
+
+RemoteMemory::Status UcxSyncerLink::test(Ticket ticket, std::span<std::byte> dst) {
+  Impl& s = *impl_;
+  if (!s.closed) s.refresh();
+  const auto at = s.ticket_conn.find(ticket);
+  if (at == s.ticket_conn.end()) return Status::failed;
+  const auto conn = s.conns.find(at->second);
+  Impl::Conn* c = conn == s.conns.end() ? nullptr : conn->second.get();
+  const auto it = c == nullptr ? decltype(c->transfers)::iterator{} : c->transfers.find(ticket);
+  if (c == nullptr || it == c->transfers.end() || c->failed) {  // lost: a forced close purges it
+    s.ticket_conn.erase(at);
+    return Status::failed;
+  }
+  Impl::Op& op = *it->second;
+  if (!op.settle()) return Status::running;
+  if (op.ok && !op.is_put && !op.own.empty()) {
+    if (dst.size() != op.own.size())
+      fail("UCX link: transfer {} read {} bytes into a buffer of {}", ticket, op.own.size(), dst.size());
+    std::memcpy(dst.data(), op.own.data(), dst.size());
+  }
+  const Status result = op.ok ? Status::done : Status::failed;
+  c->transfers.erase(it);
+  s.ticket_conn.erase(at);
+  return result;
+}
+
+void UcxSyncerLink::abandon(Ticket ticket) {
+  Impl& s = *impl_;
+  const auto at = s.ticket_conn.find(ticket);
+  if (at == s.ticket_conn.end()) return;
+  const auto conn = s.conns.find(at->second);
+  s.ticket_conn.erase(at);
+  if (conn == s.conns.end()) return;
+  Impl::Conn& c = *conn->second;
+  const auto it = c.transfers.find(ticket);
+  if (it == c.transfers.end()) return;
+  // Still running: it keeps its buffers, as a stalled operation (new ones wait for it).
+  if (!it->second->settle()) c.stalled.push_back(std::move(it->second));
+  c.transfers.erase(it);
 }
 
 // A fetching atomic's reply comes back once the target performed it, so it is complete at the
@@ -871,6 +961,8 @@ void UcxSyncerLink::close() {
     c.req.release();
     c.conn->reply_req.release();
     for (auto& op : c.conn->stalled)
+      for (Req& r : op->req) r.release();
+    for (auto& [ticket, op] : c.conn->transfers)
       for (Req& r : op->req) r.release();
   }
   s.closed = true;

@@ -2,9 +2,11 @@
 
 #include <atomic>
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <cmath>
 #include <limits>
+#include <thread>
 
 #include "ddiloco/error.hpp"
 
@@ -229,10 +231,13 @@ void LearnerWindow::hold_inboxes() {
 
 SyncerWindow::SyncerWindow(comm::RemoteMemory& remote, const WindowLayout& layout)
     : remote_(&remote), layout_(&layout), units_(remote.units()),
-      refs_(units_, std::vector<std::map<int64_t, std::vector<float>>>(layout.fragments())) {}
+      refs_(units_, std::vector<std::map<int64_t, std::vector<float>>>(layout.fragments())) {
+  lanes_.resize(units_);
+}
 
 void SyncerWindow::reset_unit(int u) {
   for (auto& refs : refs_[u]) refs.clear();
+  abandon(u);
 }
 
 void SyncerWindow::poll(std::vector<UnitHeaders>& out, bool all) {
@@ -247,6 +252,7 @@ void SyncerWindow::poll(std::vector<UnitHeaders>& out, bool all) {
   for (int u = 0; u < units_; ++u) {
     if (out[u].words.size() != words) out[u].words.assign(words, 0);
     if (!all && poll_budget_ > 0 && now < next_poll_[u] && remote_->connected(u)) continue;  // within its budget
+    if (lanes_[u].kind != Lane::idle && remote_->connected(u)) continue;  // behind its transfer
     out[u].reachable = false;
     if (!remote_->connected(u)) continue;
     next_poll_[u] = now + spacing;
@@ -285,46 +291,70 @@ void SyncerWindow::set_reference(int u, int p, int64_t version, std::span<const 
   refs_[u][p] = {{version, std::vector<float>(values.begin(), values.end())}};
 }
 
-SyncerWindow::Fetched SyncerWindow::fetch(int u, int p, const UnitHeaders& headers,
-                                          std::span<float> dst) {
+// ---- lanes
+
+bool SyncerWindow::start_fetch(int u, int p, const UnitHeaders& headers) {
+  LaneState& l = lanes_[u];
+  if (l.kind != Lane::idle) return false;
+  const int64_t ref = headers.header(p, kOutRef);
+  const auto announced = headers.header(p, kOutBytes);
+  // Read what was announced, bounded by the outbox (a corrupt size is refused after the read).
+  const size_t read = std::min(static_cast<size_t>(std::max<int64_t>(announced, 0)), layout_->capacity(p));
+  l.ticket = remote_->start_get(u, layout_->outbox_offset(p), read);
+  if (l.ticket == 0) return false;
+  l.kind = Lane::fetch;
+  l.started = std::chrono::steady_clock::now();
+  l.fragment = p;
+  l.ref = ref;
+  l.announced = announced;
+  l.sum = static_cast<uint64_t>(headers.header(p, kOutChecksum));
+  l.bytes.resize(read);
+  return true;
+}
+
+std::optional<SyncerWindow::Fetched> SyncerWindow::end_fetch(int u, std::span<float> dst) {
+  LaneState& l = lanes_[u];
+  if (l.kind != Lane::fetch) fail("end_fetch: unit {}'s lane holds no read", u);
+  const int p = l.fragment;
   if (dst.size() != layout_->numel(p))
     fail("fetch: fragment {} has {} elements, got {}", p, layout_->numel(p), dst.size());
+  const comm::RemoteMemory::Status status = remote_->test(l.ticket, l.bytes);
+  if (status == comm::RemoteMemory::Status::running) return std::nullopt;
+  l.kind = Lane::idle;
+  l.fragment = -1;
+  l.ticket = 0;
   Fetched got;
-  const int64_t ref = headers.header(p, kOutRef);
-  const bool raw = ref < 0 || layout_->format() == wire::Format::fp32;
-  const auto bytes = static_cast<size_t>(headers.header(p, kOutBytes));
-  const size_t expected = raw ? dst.size_bytes() : layout_->wire_bytes(p);
-  // Read what was announced, bounded by the outbox (a corrupt size is refused after the read).
-  const size_t read = std::min(bytes, layout_->capacity(p));
-  scratch_.resize(read);
-  bool ok = remote_->get(u, layout_->outbox_offset(p), scratch_);
-  ok = ok && remote_->fetch_word(u, layout_->header_offset(p) + kOutSeq * 8, got.seq_after);
+  const bool ok = status == comm::RemoteMemory::Status::done &&
+                  remote_->fetch_word(u, layout_->header_offset(p) + kOutSeq * 8, got.seq_after);
+  flush_words(u);
   if (!ok) {
     got.seq_after = -1;
     got.unreachable = true;  // lost, or its link stalled: the caller tries nothing more of it now
     got.problem = "the unit could not be read";
     return got;
   }
-  got.wire_bytes = read;
-  bytes_read_ += read + sizeof(int64_t);
-  const auto sum = static_cast<uint64_t>(headers.header(p, kOutChecksum));
-  if (bytes != expected) {
-    got.problem = fmt::format("announced {} bytes, expected {} ({})", bytes, expected,
+  const std::span<const std::byte> data(l.bytes);
+  const bool raw = l.ref < 0 || layout_->format() == wire::Format::fp32;
+  const size_t expected = raw ? dst.size_bytes() : layout_->wire_bytes(p);
+  got.wire_bytes = data.size();
+  bytes_read_ += data.size() + sizeof(int64_t);
+  if (l.announced < 0 || static_cast<size_t>(l.announced) != expected) {
+    got.problem = fmt::format("announced {} bytes, expected {} ({})", l.announced, expected,
                               raw ? "fp32" : wire::format_name(layout_->format()));
-  } else if (checksum(std::span<const std::byte>(scratch_)) != sum) {
+  } else if (checksum(data) != l.sum) {
     got.problem = "checksum mismatch";
   } else if (raw) {
-    std::memcpy(dst.data(), scratch_.data(), read);
+    std::memcpy(dst.data(), data.data(), data.size());
   } else {
     const auto& refs = refs_[u][p];
-    const auto it = refs.find(ref);
+    const auto it = refs.find(l.ref);
     if (it == refs.end()) {
-      got.problem = fmt::format("reference version {} is not held (held: {})", ref,
+      got.problem = fmt::format("reference version {} is not held (held: {})", l.ref,
                                 refs.empty() ? std::string("none") : std::to_string(refs.begin()->first) + ".." +
                                                                          std::to_string(refs.rbegin()->first));
     } else {
       try {
-        wire::decode(layout_->format(), scratch_, layout_->block(), dst);
+        wire::decode(layout_->format(), data, layout_->block(), dst);
       } catch (const Error& e) {
         got.problem = e.what();
         return got;
@@ -335,10 +365,129 @@ SyncerWindow::Fetched SyncerWindow::fetch(int u, int p, const UnitHeaders& heade
   return got;
 }
 
-bool SyncerWindow::put_word(int u, size_t byte_offset, int64_t value) {
+bool SyncerWindow::start_deliver(int u, int p, int64_t version, std::span<const float> data, bool raw) {
+  if (data.size() != layout_->numel(p))
+    fail("deliver: fragment {} has {} elements, got {}", p, layout_->numel(p), data.size());
+  LaneState& l = lanes_[u];
+  if (l.kind != Lane::idle) return false;
+  const bool lossy = layout_->format() != wire::Format::fp32;
+  auto& refs = refs_[u][p];
+  raw = raw || !lossy || refs.empty();
+  l.next.clear();  // the unit's reference once it takes this delivery (lossy formats)
+  if (raw) {
+    const auto bytes = std::as_bytes(data);
+    l.bytes.assign(bytes.begin(), bytes.end());
+    // The unit's reference becomes what it takes here. Older ones stay until prune_references
+    // finds no unread snapshot naming them: a unit that starts over from Θ with its memory
+    // intact (non-finite parameters) left snapshots against them for us to read.
+    if (lossy) l.next.assign(data.begin(), data.end());
+  } else {
+    // Θ_p − R against the newest reference (the version the unit took last: the caller checked
+    // in_ack); the unit's R then moves by exactly what it decodes, and ours with it.
+    const std::vector<float>& r = refs.rbegin()->second;
+    delta_.resize(data.size());
+    for (size_t i = 0; i < data.size(); ++i) delta_[i] = data[i] - r[i];
+    l.bytes.resize(layout_->wire_bytes(p));
+    wire::encode(layout_->format(), delta_, layout_->block(), l.bytes);
+    wire::decode(layout_->format(), l.bytes, layout_->block(), delta_);
+    l.next = r;
+    for (size_t i = 0; i < l.next.size(); ++i) l.next[i] += delta_[i];
+  }
+  // A unit that cannot be reached now (lost, or its link stalled) gets nothing, and our
+  // reference of it stays: the caller delivers again later.
+  l.ticket = remote_->start_put(u, layout_->inbox_offset(p), l.bytes);
+  if (l.ticket == 0) return false;
+  l.kind = Lane::deliver;
+  l.started = std::chrono::steady_clock::now();
+  l.fragment = p;
+  l.version = version;
+  l.raw = raw;
+  l.sum = checksum(std::span<const std::byte>(l.bytes));
+  return true;
+}
+
+std::optional<size_t> SyncerWindow::end_deliver(int u) {
+  LaneState& l = lanes_[u];
+  if (l.kind != Lane::deliver) fail("end_deliver: unit {}'s lane holds no delivery", u);
+  const comm::RemoteMemory::Status status = remote_->test(l.ticket);
+  if (status == comm::RemoteMemory::Status::running) return std::nullopt;
+  const int p = l.fragment;
+  l.kind = Lane::idle;
+  l.fragment = -1;
+  l.ticket = 0;
+  // The data is complete at the target (done: the put was flushed) before the words that
+  // announce it.
+  bool ok = status == comm::RemoteMemory::Status::done;
+  if (ok) bytes_written_ += l.bytes.size();
+  const size_t h = layout_->header_offset(p);
+  ok = ok && write_word(u, h + kInRaw * 8, l.raw ? 1 : 0);
+  ok = ok && write_word(u, h + kInBytes * 8, static_cast<int64_t>(l.bytes.size()));
+  ok = ok && write_word(u, h + kInChecksum * 8, static_cast<int64_t>(l.sum));
+  ok = ok && write_word(u, h + kInVersion * 8, l.version);  // last: what makes the unit take it
+  flush_words(u);
+  if (!ok) return size_t{0};
+  if (layout_->format() != wire::Format::fp32) refs_[u][p][l.version] = std::move(l.next);
+  return l.bytes.size();
+}
+
+bool SyncerWindow::lane_on_time(int u) const {
+  const LaneState& l = lanes_[u];
+  if (l.kind == Lane::idle) return false;
+  const double patience = 0.25 + static_cast<double>(l.bytes.size()) / link_min_rate_;
+  return std::chrono::steady_clock::now() - l.started < std::chrono::duration<double>(patience);
+}
+
+void SyncerWindow::set_link_min_rate(double bytes_per_s) {
+  if (!(bytes_per_s > 0)) fail("link min rate must be positive, got {}", bytes_per_s);
+  link_min_rate_ = bytes_per_s;
+}
+
+void SyncerWindow::abandon(int u) {
+  LaneState& l = lanes_[u];
+  if (l.ticket != 0) remote_->abandon(l.ticket);
+  l = LaneState{};
+}
+
+SyncerWindow::Fetched SyncerWindow::fetch(int u, int p, const UnitHeaders& headers, std::span<float> dst) {
+  if (lanes_[u].kind != Lane::idle) fail("fetch: unit {}'s lane is busy", u);
+  if (!start_fetch(u, p, headers)) {
+    Fetched got;
+    got.seq_after = -1;
+    got.unreachable = true;
+    got.problem = "the unit could not be read";
+    return got;
+  }
+  for (;;) {
+    if (auto got = end_fetch(u, dst)) return *got;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+size_t SyncerWindow::deliver(int u, int p, int64_t version, std::span<const float> data, bool raw) {
+  if (lanes_[u].kind != Lane::idle) fail("deliver: unit {}'s lane is busy", u);
+  if (!start_deliver(u, p, version, data, raw)) return 0;
+  for (;;) {
+    if (auto bytes = end_deliver(u)) return *bytes;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+bool SyncerWindow::write_word(int u, size_t byte_offset, int64_t value) {
   if (!remote_->put_word(u, byte_offset, value)) return false;
   bytes_written_ += sizeof(int64_t);
   return true;
+}
+
+bool SyncerWindow::put_word(int u, size_t byte_offset, int64_t value) {
+  if (lanes_[u].kind == Lane::idle) return write_word(u, byte_offset, value);
+  lanes_[u].words[byte_offset] = value;
+  return true;
+}
+
+void SyncerWindow::flush_words(int u) {
+  std::map<size_t, int64_t> words;
+  words.swap(lanes_[u].words);
+  for (const auto& [offset, value] : words) write_word(u, offset, value);
 }
 
 void SyncerWindow::ack(int u, int p, int64_t seq) {
@@ -348,48 +497,6 @@ void SyncerWindow::ack(int u, int p, int64_t seq) {
 size_t SyncerWindow::delivery_bytes(int u, int p) const {
   const bool raw = layout_->format() == wire::Format::fp32 || refs_[u][p].empty();
   return raw ? layout_->numel(p) * sizeof(float) : layout_->wire_bytes(p);
-}
-
-size_t SyncerWindow::deliver(int u, int p, int64_t version, std::span<const float> data, bool raw) {
-  if (data.size() != layout_->numel(p))
-    fail("deliver: fragment {} has {} elements, got {}", p, layout_->numel(p), data.size());
-  const bool lossy = layout_->format() != wire::Format::fp32;
-  auto& refs = refs_[u][p];
-  raw = raw || !lossy || refs.empty();
-  std::span<const std::byte> bytes;
-  std::vector<float> next;  // the unit's reference once it takes this delivery (lossy formats)
-  if (raw) {
-    bytes = std::as_bytes(data);
-    // The unit's reference becomes what it takes here. Older ones stay until prune_references
-    // finds no unread snapshot naming them: a unit that starts over from Θ with its memory
-    // intact (non-finite parameters) left snapshots against them for us to read.
-    if (lossy) next.assign(data.begin(), data.end());
-  } else {
-    // Θ_p − R against the newest reference (the version the unit took last: the caller checked
-    // in_ack); the unit's R then moves by exactly what it decodes, and ours with it.
-    const std::vector<float>& r = refs.rbegin()->second;
-    delta_.resize(data.size());
-    for (size_t i = 0; i < data.size(); ++i) delta_[i] = data[i] - r[i];
-    scratch_.resize(layout_->wire_bytes(p));
-    wire::encode(layout_->format(), delta_, layout_->block(), scratch_);
-    wire::decode(layout_->format(), scratch_, layout_->block(), delta_);
-    next = r;
-    for (size_t i = 0; i < next.size(); ++i) next[i] += delta_[i];
-    bytes = scratch_;
-  }
-  // The data is complete at the target before the words that announce it (put() returns
-  // after remote completion). A unit that cannot be reached now (lost, or its link stalled)
-  // gets nothing, and our reference of it stays: the caller delivers again later.
-  if (!remote_->put(u, layout_->inbox_offset(p), bytes)) return 0;
-  bytes_written_ += bytes.size();
-  const size_t h = layout_->header_offset(p);
-  bool ok = put_word(u, h + kInRaw * 8, raw ? 1 : 0);
-  ok = ok && put_word(u, h + kInBytes * 8, static_cast<int64_t>(bytes.size()));
-  ok = ok && put_word(u, h + kInChecksum * 8, static_cast<int64_t>(checksum(bytes)));
-  ok = ok && put_word(u, h + kInVersion * 8, version);  // last: what makes the unit take it
-  if (!ok) return 0;
-  if (lossy) refs[version] = std::move(next);
-  return bytes.size();
 }
 
 void SyncerWindow::request_stop(int u) { put_word(u, kStop * sizeof(int64_t), 1); }

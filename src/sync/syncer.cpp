@@ -42,6 +42,7 @@ Syncer::Syncer(const Config& config, const OuterPlan& plan, const Topology& topo
   core_.set_isolated(door_ != nullptr);
   // Isolated, the units' links are real: polls take at most 5 % of the slowest one's rate,
   // yet come at least four times per heartbeat timeout (else every unit would seem silent).
+  if (door_) window_.set_link_min_rate(config.syncer.link_min_mbit_s * 1e6 / 8);
   if (door_)
     window_.set_poll_budget(std::max(0.05 * config.syncer.link_min_mbit_s * 1e6 / 8,
                                      4.0 * static_cast<double>(layout_.header_block_bytes()) /
@@ -92,7 +93,8 @@ int Syncer::run() {
     if (all_done && !work) {
       // Units are done, but their last snapshots may have been published after this poll.
       core_.poll();
-      if (!core_.collect() && !core_.merge_ready()) break;
+      const bool more = core_.collect() | core_.merge_ready() | core_.deliver_pending();
+      if (!more && !core_.transfers_in_flight()) break;  // else reads or deliveries on their way
     }
     if (work)
       backoff.reset();

@@ -55,6 +55,8 @@ SyncerCore::SyncerCore(const Config& config, const OuterPlan& plan, SyncerWindow
   silent_.assign(M_, false);
   rejoin_served_.assign(M_, 0);
   reads_started_.assign(M_, 0);
+  in_flight_.assign(M_, InFlight{});
+  serving_.assign(M_, Serving{});
   tokens_before_.assign(M_, 0);
   steps_before_.assign(M_, 0);
   merged_seq_.assign(M_, std::vector<int64_t>(P, 0));
@@ -144,6 +146,7 @@ void SyncerCore::unit_connected(int u) {
   heard_at_[u] = now();
   silent_[u] = false;
   rejoin_served_[u] = 0;
+  serving_[u] = Serving{};
   reads_started_[u] = 0;
   if (plan_.mode == Mode::decoupled) window_.set_job_tokens(u, progress_sent_);
   if (stopping_) window_.request_stop(u);
@@ -153,6 +156,8 @@ void SyncerCore::unit_lost(int u) {
   tokens_before_[u] += headers_[u].control(kTokensDone);
   steps_before_[u] += headers_[u].control(kStepsDone);
   std::fill(headers_[u].words.begin(), headers_[u].words.end(), 0);
+  window_.abandon(u);
+  serving_[u] = Serving{};
   for (Slot& s : slots_[u]) {
     s.fresh = false;
     s.owed = false;
@@ -197,7 +202,9 @@ void SyncerCore::watch_liveness() {
   for (int u = 0; u < M_; ++u) {
     if (unit_done(u) || !window_.remote().connected(u)) continue;
     const int64_t beat = headers_[u].control(kHeartbeat);
-    if (beat != heartbeat_[u]) {
+    // A unit whose transfer is on its way is not polled (its headers wait behind it): bytes
+    // moving within the transfer's patience are a sign of life; past it, silence counts.
+    if (beat != heartbeat_[u] || window_.lane_on_time(u)) {
       hear(u, beat);
     } else if (!silent_[u] && now() - heard_at_[u] > silence_after_s(u)) {
       // Weight 0 and out of every quorum until it beats again (unit_back). Isolated, this is
@@ -238,30 +245,44 @@ void SyncerCore::serve_rejoins() {
     // count the pending round as its next and stay one round behind.
     bool pending_round = false;
     for (int p = 0; p < fragments_.size(); ++p) pending_round |= slots_[u][p].fresh;
-    if (pending_round && plan_.mode != Mode::decoupled) continue;
-    const double start = now();
-    const uint64_t before = window_.bytes_written();
-    bool reached = true;
-    for (int p = 0; p < fragments_.size() && reached; ++p) {
-      // Raw fp32: the unit lost its reference. (Served at once: the unit waits for it; its
-      // bytes are counted on its link.) Unreachable now (its link stalled): served next poll.
-      const size_t bytes = window_.deliver(u, p, version_[p], theta_[p], /*raw=*/true);
-      if (bytes == 0) {
-        reached = false;
-        break;
-      }
-      links_.served(u, bytes, now());
-      Slot& s = slots_[u][p];
-      s.outgoing_version = 0;  // a delivery on its way is superseded
-      s.delivered = version_[p];
-      if (!s.fresh) s.meta.base_version = version_[p];
-    }
-    if (!reached || !window_.set_control(u, kRejoinServed, request)) continue;  // next poll
+    if (pending_round && plan_.mode != Mode::decoupled && serving_[u].next == 0) continue;
+    if (!serve(u)) continue;  // on its way, or unreachable now: the next poll goes on
+    if (!window_.set_control(u, kRejoinServed, request)) continue;  // next poll
     rejoin_served_[u] = request;
     log_({{"event", "rejoin"}, {"unit", u}, {"request", request}, {"versions", version_},
-          {"bytes_out", window_.bytes_written() - before}, {"serve_s", now() - start},
+          {"bytes_out", serving_[u].bytes}, {"serve_s", now() - serving_[u].started},
           {"tokens", tokens_total()}, {"elapsed_s", now()}});
+    serving_[u] = Serving{};
   }
+}
+
+// Every fragment into unit u's inbox, raw fp32 (the unit lost its reference), one after another
+// on its lane. The unit waits for them; their bytes are counted on its link. True once all are
+// written.
+bool SyncerCore::serve(int u) {
+  Serving& sv = serving_[u];
+  if (sv.next == 0 && window_.lane(u) == SyncerWindow::Lane::idle) sv.started = now();
+  while (sv.next < fragments_.size()) {
+    if (window_.lane(u) == SyncerWindow::Lane::deliver && in_flight_[u].serve) {
+      const std::optional<size_t> bytes = window_.end_deliver(u);
+      if (!bytes) return false;
+      if (*bytes == 0) return false;  // unreachable now (its link stalled): served again next poll
+      const int p = in_flight_[u].p;
+      links_.served(u, *bytes, now());
+      sv.bytes += *bytes;
+      Slot& s = slots_[u][p];
+      s.outgoing_version = 0;  // a delivery on its way is superseded
+      s.delivered = in_flight_[u].version;
+      if (!s.fresh) s.meta.base_version = in_flight_[u].version;
+      ++sv.next;
+      continue;
+    }
+    if (window_.lane(u) != SyncerWindow::Lane::idle) return false;  // a transfer of before: wait
+    const int p = sv.next;
+    if (!window_.start_deliver(u, p, version_[p], theta_[p], /*raw=*/true)) return false;
+    in_flight_[u] = InFlight{p, 0, {}, version_[p], true};
+  }
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -339,44 +360,73 @@ void SyncerCore::accept_snapshot(int u, int p, int64_t seq, const SnapshotMeta& 
 
 bool SyncerCore::collect() {
   bool any = false;
-  for (int u = 0; u < M_; ++u) {
-    if (!window_.remote().connected(u)) continue;
-    for (int p = 0; p < fragments_.size(); ++p) {
-      Slot& s = slots_[u][p];
-      if (s.unacked > 0) {  // the last one is still leaving the unit over its link
-        if (now() < s.ack_at) continue;
-        window_.ack(u, p, s.unacked);
-        s.acked = s.unacked;
-        s.unacked = 0;
-        any = true;
-      }
-      const int64_t seq = headers_[u].header(p, kOutSeq);
-      if (seq <= s.acked) continue;
-      const SnapshotMeta meta{headers_[u].header(p, kOutSteps), headers_[u].header(p, kOutTokens),
-                              headers_[u].header(p, kOutStep), headers_[u].header(p, kOutBaseVersion)};
-      if (config_.debug.crash_during_read && plan_.outer_steps) await_read_answer(u);
-      if (config_.debug.syncer_read_delay_ms > 0)  // test hook: a syncer slower than learners
-        std::this_thread::sleep_for(std::chrono::milliseconds(config_.debug.syncer_read_delay_ms));
-      // Read beside the slot: a refused snapshot leaves an earlier one that waits intact.
-      const SyncerWindow::Fetched got = window_.fetch(u, p, headers_[u], incoming_[p]);
-      // Lost mid-read (unit_lost follows), or its link stalled (read again once it is back):
-      // nothing of this unit now, and no work done.
-      if (got.unreachable || !window_.remote().connected(u)) break;
+  for (int u = 0; u < M_; ++u)
+    if (window_.remote().connected(u)) any |= collect_unit(u);
+  return any;
+}
+
+// Unit u's snapshots, one read at a time on its lane (SyncerWindow): the read that completed is
+// taken in, then the next fragment with a new snapshot is started; over a slow link it is on
+// its way while the syncer goes on with the other units.
+bool SyncerCore::collect_unit(int u) {
+  bool any = false;
+  if (window_.lane(u) == SyncerWindow::Lane::fetch) {
+    if (!end_read(u)) return false;  // on its way, or the unit could not be read
+    any = true;
+  }
+  for (int p = 0; p < fragments_.size(); ++p) {
+    Slot& s = slots_[u][p];
+    if (s.unacked > 0) {  // the last one is still leaving the unit over its link
+      if (now() < s.ack_at) continue;
+      window_.ack(u, p, s.unacked);
+      s.acked = s.unacked;
+      s.unacked = 0;
       any = true;
-      if (const std::string problem = check_snapshot(p, meta, got, seq); !problem.empty()) {
-        ++rejected_;
-        log_({{"event", "snapshot_rejected"}, {"unit", u}, {"fragment", p}, {"seq", seq},
-              {"reason", problem}, {"elapsed_s", now()}, {"tokens", tokens_total()}});
-        if (got.seq_after != seq) continue;  // re-read the newer snapshot next poll
-        window_.ack(u, p, seq);
-        s.acked = seq;
-        s.owed = true;  // a unit waiting for a merge gets the current one
-        continue;
-      }
-      accept_snapshot(u, p, seq, meta, got.wire_bytes);
     }
+    if (window_.lane(u) != SyncerWindow::Lane::idle) continue;  // a delivery on its way: acks only
+    const int64_t seq = headers_[u].header(p, kOutSeq);
+    if (seq <= s.acked) continue;
+    const SnapshotMeta meta{headers_[u].header(p, kOutSteps), headers_[u].header(p, kOutTokens),
+                            headers_[u].header(p, kOutStep), headers_[u].header(p, kOutBaseVersion)};
+    if (config_.debug.crash_during_read && plan_.outer_steps) await_read_answer(u);
+    if (config_.debug.syncer_read_delay_ms > 0)  // test hook: a syncer slower than learners
+      std::this_thread::sleep_for(std::chrono::milliseconds(config_.debug.syncer_read_delay_ms));
+    // Lost, or its link stalled (read again once it is back): nothing of this unit now.
+    if (!window_.start_fetch(u, p, headers_[u])) break;
+    in_flight_[u] = InFlight{p, seq, meta};
+    any = true;
+    if (!end_read(u)) break;  // on its way: taken in at a later poll
   }
   return any;
+}
+
+// The read on unit u's lane, once over: checked, then accepted or refused. False while it is on
+// its way, or when the unit could not be read (lost mid-read: unit_lost follows; or its link
+// stalled: read again once it is back), and nothing of it was done.
+bool SyncerCore::end_read(int u) {
+  const InFlight r = in_flight_[u];
+  // Read beside the slot: a refused snapshot leaves an earlier one that waits intact.
+  const std::optional<SyncerWindow::Fetched> got = window_.end_fetch(u, incoming_[r.p]);
+  if (!got || got->unreachable || !window_.remote().connected(u)) return false;
+  Slot& s = slots_[u][r.p];
+  if (const std::string problem = check_snapshot(r.p, r.meta, *got, r.seq); !problem.empty()) {
+    ++rejected_;
+    log_({{"event", "snapshot_rejected"}, {"unit", u}, {"fragment", r.p}, {"seq", r.seq},
+          {"reason", problem}, {"elapsed_s", now()}, {"tokens", tokens_total()}});
+    if (got->seq_after != r.seq) return true;  // re-read the newer snapshot next poll
+    window_.ack(u, r.p, r.seq);
+    s.acked = r.seq;
+    s.owed = true;  // a unit waiting for a merge gets the current one
+    return true;
+  }
+  accept_snapshot(u, r.p, r.seq, r.meta, got->wire_bytes);
+  return true;
+}
+
+bool SyncerCore::transfers_in_flight() const {
+  for (int u = 0; u < M_; ++u)
+    if (window_.lane(u) != SyncerWindow::Lane::idle && window_.remote().connected(u)) return true;
+  return false;
 }
 
 // Test hook (debug.crash_during_read): every read of a unit's snapshot is announced, and waits
@@ -555,36 +605,57 @@ void SyncerCore::prune_history(int p) {
 // ---------------------------------------------------------------------------------------------
 // Delivering merged fragments.
 
-// Θ_p goes to unit u now; over a link that takes time it lands later (the next waits for it).
+// Θ_p goes to unit u now; over an emulated link it lands later (the next waits for it).
 void SyncerCore::deliver(int u, int p) {
   Slot& s = slots_[u][p];
-  const double lands = links_.merged(u, window_.delivery_bytes(u, p), theta_[p].size() * sizeof(float), now());
-  if (lands <= now()) {
-    if (window_.deliver(u, p, version_[p], theta_[p]) > 0)
-      s.delivered = version_[p];
-    else
-      s.owed = true;  // unreachable now (its link stalled): the next poll delivers
-  } else {
-    s.outgoing = theta_[p];
-    s.outgoing_version = version_[p];
-    s.lands_at = lands;
-  }
+  s.lands_at = links_.merged(u, window_.delivery_bytes(u, p), theta_[p].size() * sizeof(float), now());
+  s.outgoing = theta_[p];
+  s.outgoing_version = version_[p];
+  send(u, p);
+}
+
+// Starts the delivery of Θ_p on its way to unit u once it has landed (over an emulated link)
+// and u's lane is free. False when it did not start (not landed, lane busy, unreachable now:
+// the next poll tries again).
+bool SyncerCore::send(int u, int p) {
+  Slot& s = slots_[u][p];
+  if (s.outgoing_version == 0 || now() < s.lands_at) return false;
+  if (!window_.start_deliver(u, p, s.outgoing_version, s.outgoing)) return false;
+  in_flight_[u] = InFlight{p, 0, {}, s.outgoing_version, false};
+  if (const std::optional<size_t> bytes = window_.end_deliver(u)) end_delivery(u, *bytes);
+  return true;
+}
+
+// The delivery (not a rejoin's) on unit u's lane is over: `bytes` written, or 0 when the unit
+// could not be reached (its Θ_p stays on its way, sent again at a later poll).
+void SyncerCore::end_delivery(int u, size_t bytes) {
+  const InFlight& d = in_flight_[u];
+  Slot& s = slots_[u][d.p];
+  if (bytes == 0) return;
+  s.delivered = d.version;
+  if (s.outgoing_version == d.version) s.outgoing_version = 0;
 }
 
 bool SyncerCore::deliver_pending() {
+  if (!plan_.outer_steps) return false;
   bool any = false;
   for (int u = 0; u < M_; ++u) {
-    if (!unit_live(u) || !plan_.outer_steps) continue;
+    // A delivery on its way ends whatever the unit's liveness (its lane is busy until then).
+    if (window_.lane(u) == SyncerWindow::Lane::deliver && !in_flight_[u].serve) {
+      const std::optional<size_t> bytes = window_.end_deliver(u);
+      if (!bytes) continue;
+      end_delivery(u, *bytes);
+      any = true;
+    }
+    if (!unit_live(u)) continue;
     for (int p = 0; p < fragments_.size(); ++p) {
+      if (window_.lane(u) != SyncerWindow::Lane::idle) break;
       Slot& s = slots_[u][p];
       // Θ_p as it was when sent lands on arrival over the unit's down link (an unlimited link,
       // unless wan.* limits it or a chaos degradation slows it); the next waits for it.
       if (s.outgoing_version > 0) {
-        if (now() < s.lands_at) continue;
-        if (window_.deliver(u, p, s.outgoing_version, s.outgoing) == 0) continue;  // unreachable now
-        s.delivered = s.outgoing_version;
-        s.outgoing_version = 0;
-        any = true;
+        any |= send(u, p);
+        continue;
       }
       // Owed a merge, and (flow control) the unit took what we delivered before.
       if (!s.owed || s.delivered >= version_[p] || headers_[u].header(p, kInAck) != s.delivered) continue;

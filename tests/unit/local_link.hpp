@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -64,13 +65,45 @@ class LocalRemote final : public comm::RemoteMemory {
   void close() override {}
   int64_t puts = 0;
 
+  /// As a slow link: unit u's transfers (start_get / start_put) stay running while held, and
+  /// are carried out at the first test() after the hold ends.
+  void hold(int u, bool on) { held_.resize(units_.size()); held_[u] = on; }
+  Ticket start_get(int u, size_t offset, size_t bytes) override {
+    if (!in(u, offset, bytes)) return 0;
+    transfers_[next_] = Transfer{u, offset, std::vector<std::byte>(bytes), false};
+    return next_++;
+  }
+  Ticket start_put(int u, size_t offset, std::span<const std::byte> src) override {
+    if (!in(u, offset, src.size())) return 0;
+    transfers_[next_] = Transfer{u, offset, std::vector<std::byte>(src.begin(), src.end()), true};
+    return next_++;
+  }
+  Status test(Ticket t, std::span<std::byte> dst) override {
+    const auto it = transfers_.find(t);
+    if (it == transfers_.end()) return Status::failed;
+    Transfer& x = it->second;
+    if (static_cast<size_t>(x.unit) < held_.size() && held_[x.unit]) return Status::running;
+    const bool ok = x.put ? put(x.unit, x.offset, x.bytes) : get(x.unit, x.offset, dst.first(x.bytes.size()));
+    transfers_.erase(it);
+    return ok ? Status::done : Status::failed;
+  }
+  void abandon(Ticket t) override { transfers_.erase(t); }
+
  private:
   bool in(int u, size_t offset, size_t n) const {
     const bool stalled = static_cast<size_t>(u) < stalled_.size() && stalled_[u];
     return units_[u] != nullptr && !stalled && offset + n <= units_[u]->bytes();
   }
   std::vector<LocalExposed*> units_;
-  std::vector<bool> stalled_;
+  std::vector<bool> stalled_, held_;
+  struct Transfer {
+    int unit;
+    size_t offset;
+    std::vector<std::byte> bytes;
+    bool put;
+  };
+  std::map<Ticket, Transfer> transfers_;
+  Ticket next_ = 1;
 };
 
 }  // namespace ddiloco::test

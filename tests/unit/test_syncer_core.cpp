@@ -442,6 +442,67 @@ TEST(SyncerCore, AStalledLinkLosesNoDeliveryAndLogsNoTornReads) {
   EXPECT_EQ(h.unit(1).inbox_version(0), 3) << "the deliveries owed since the stall were lost";
 }
 
+TEST(SyncerCore, ATransferOnItsWayHoldsNobodyUp) {
+  // Unit 2's link is slow: the read of its snapshot is still on its way while units 0 and 1
+  // merge and receive Θ; its delivery then takes as long while the others go on. Nothing is
+  // read twice or lost, and a unit with a transfer on its way is not silent.
+  Harness h(small_config(Mode::decoupled, 3, 2));
+  h.remote.hold(2, true);
+  h.publish(2, 0, 3.0f, 4, 400);
+  h.tick();
+  EXPECT_EQ(h.core.snapshots_unmerged(), 0) << "read before its bytes arrived";
+  EXPECT_TRUE(h.core.transfers_in_flight());
+  h.publish(0, 0, 1.0f, 4, 400);
+  h.publish(1, 0, 2.0f, 4, 400);
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 1u) << "units 0 and 1 waited for unit 2's read";
+  EXPECT_EQ(h.merges(0)[0]["units"], json({0, 1}));
+  EXPECT_EQ(h.unit(0).inbox_version(0), 1);
+  EXPECT_EQ(h.unit(1).inbox_version(0), 1);
+  EXPECT_TRUE(h.named("unit_silent").empty());
+  std::vector<float> got(h.layout.numel(0));
+  ASSERT_TRUE(h.unit(0).take_inbox(0, got));
+  h.remote.hold(2, false);
+  h.tick();
+  EXPECT_FALSE(h.core.transfers_in_flight());
+  EXPECT_EQ(h.core.snapshots_unmerged(), 1) << "unit 2's snapshot, once arrived, waits for a quorum";
+  EXPECT_TRUE(h.unit(2).outbox_free(0)) << "acknowledged once read";
+  // Unit 2's merge goes down its slow link while unit 0 is served at once.
+  h.publish(0, 0, 1.5f, 4, 400, 1);
+  h.remote.hold(2, true);
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 2u);
+  EXPECT_EQ(h.merges(0)[1]["units"], json({0, 2}));
+  EXPECT_EQ(h.unit(0).inbox_version(0), 2);
+  EXPECT_EQ(h.unit(2).inbox_version(0), 0) << "announced before its bytes arrived";
+  EXPECT_TRUE(h.core.transfers_in_flight());
+  h.remote.hold(2, false);
+  h.tick();
+  EXPECT_EQ(h.unit(2).inbox_version(0), 2);
+  EXPECT_FALSE(h.core.transfers_in_flight());
+  ASSERT_TRUE(h.unit(2).take_inbox(0, got)) << "its bytes and checksum match";
+  EXPECT_TRUE(h.named("snapshot_rejected").empty());
+}
+
+TEST(SyncerCore, ARejoinIsServedOverASlowLinkFragmentByFragment) {
+  Harness h(small_config(Mode::decoupled, 2, 1));
+  const int P = h.layout.fragments();
+  ASSERT_GT(P, 1);
+  h.remote.hold(1, true);
+  h.unit(1).set_control(sync::kRejoinRequest, 1);
+  h.tick();
+  EXPECT_EQ(h.unit(1).control(sync::kRejoinServed), 0);
+  EXPECT_TRUE(h.named("rejoin").empty());
+  h.remote.hold(1, false);
+  for (int i = 0; i < P + 1 && h.named("rejoin").empty(); ++i) h.tick();
+  ASSERT_EQ(h.named("rejoin").size(), 1u);
+  EXPECT_EQ(h.unit(1).control(sync::kRejoinServed), 1);
+  uint64_t raw_bytes = 0;
+  for (int p = 0; p < P; ++p) raw_bytes += h.layout.numel(p) * sizeof(float);
+  EXPECT_EQ(h.named("rejoin")[0]["bytes_out"], raw_bytes) << "every fragment served raw, once";
+  for (int p = 0; p < P; ++p) EXPECT_EQ(h.unit(1).inbox_version(p), 0) << "served at version 0";
+}
+
 TEST(SyncerCore, ANonFiniteSnapshotIsRefusedAndNeverMerged) {
   Harness h(small_config(Mode::decoupled, 1, 1));
   std::vector<float> bad(h.layout.numel(0), 1.0f);

@@ -668,6 +668,83 @@ TEST_F(UcxLink, StalledUnitHoldsNobodyUpAndIsUsableAgainOnceItProgresses) {
   EXPECT_TRUE(syncer.take_lost().empty()) << "a stall shorter than the timeout lost the unit";
 }
 
+TEST_F(UcxLink, TransfersRunSideBySideWithoutTheSyncerWaiting) {
+  // start_get / start_put return at once; unit 0 stops (as behind a slow or cut link) with a
+  // read on its way, while unit 1's read and write complete. Unit 0's ends once it progresses;
+  // a transfer to a unit killed meanwhile fails, and its ticket is forgotten.
+  if (std::string(env_or("UCX_TLS", "")) != "tcp")
+    GTEST_SKIP() << "needs UCX_TLS=tcp (see UnitThatStopsProgressingTimesOutAndIsLost)";
+  UcxSyncerLink syncer("127.0.0.1", 0, 2);
+  syncer.set_op_timeout(30.0);
+  const size_t bytes = size_t{1} << 20;
+  std::vector<std::unique_ptr<ChildProcess>> units;
+  for (int u = 0; u < 2; ++u) {
+    units.push_back(start_unit(syncer.address(), bytes, u + 1, 10));
+    const auto p = next_pending(syncer, 10);
+    ASSERT_TRUE(p);
+    syncer.admit(p->id, u);
+    ASSERT_EQ(units[u]->read_line(10).value_or("(nothing)"), "connected");
+  }
+  units[0]->signal(SIGSTOP);
+  ASSERT_TRUE(wait_stopped(units[0]->pid(), 10)) << "the unit did not stop";
+  const size_t n = 512 * 1024;
+  std::vector<std::byte> a(n), b(n), out(n);
+  fill(out.data(), 300'001, n, 11);
+  const auto t0 = Clock::now();
+  const RemoteMemory::Ticket ga = syncer.start_get(0, 8, n);
+  const RemoteMemory::Ticket gb = syncer.start_get(1, 8, n);
+  const RemoteMemory::Ticket pb = syncer.start_put(1, 300'001, out);
+  const double start_s = since(t0);
+  ASSERT_NE(ga, 0);
+  ASSERT_NE(gb, 0);
+  ASSERT_NE(pb, 0);
+  EXPECT_LT(start_s, 0.1) << "starting transfers waited for them";
+  std::fill(out.begin(), out.end(), std::byte{0});  // the link keeps its own copy
+  using S = RemoteMemory::Status;
+  S sgb = S::running, spb = S::running;
+  while ((sgb == S::running || spb == S::running) && since(t0) < 10) {
+    if (sgb == S::running) sgb = syncer.test(gb, b);
+    if (spb == S::running) spb = syncer.test(pb);
+    nap();
+  }
+  ASSERT_EQ(sgb, S::done);
+  ASSERT_EQ(spb, S::done);
+  EXPECT_EQ(mismatch(b.data(), 8, n, kInitialSeed), -1);
+  EXPECT_EQ(ask(*units[1], "check 300001 " + std::to_string(n) + " 11"), "ok");
+  EXPECT_EQ(syncer.test(gb, b), S::failed) << "a ticket is forgotten once done";
+  EXPECT_EQ(syncer.test(ga, a), S::running) << "unit 0 is stopped";
+  std::printf("[ measured ] unit 1's read and write done %.3f s after they started, unit 0's read on its way\n",
+              since(t0));
+  units[0]->signal(SIGCONT);
+  S sga = S::running;
+  const auto t1 = Clock::now();
+  while (sga == S::running && since(t1) < 10) {
+    sga = syncer.test(ga, a);
+    if (sga == S::running) nap();
+  }
+  ASSERT_EQ(sga, S::done);
+  EXPECT_EQ(mismatch(a.data(), 8, n, kInitialSeed), -1);
+  EXPECT_TRUE(syncer.take_lost().empty());
+  // kill -9 with a read on its way (stopped first, so that it cannot have completed).
+  units[1]->signal(SIGSTOP);
+  ASSERT_TRUE(wait_stopped(units[1]->pid(), 10));
+  const RemoteMemory::Ticket gk = syncer.start_get(1, 8, n);
+  ASSERT_NE(gk, 0);
+  EXPECT_EQ(syncer.test(gk, b), S::running);
+  units[1]->signal(SIGKILL);
+  S sgk = S::running;
+  const auto t2 = Clock::now();
+  while (sgk == S::running && since(t2) < 15) {
+    sgk = syncer.test(gk, b);
+    if (sgk == S::running) nap();
+  }
+  EXPECT_EQ(sgk, S::failed);
+  std::printf("[ measured ] a read on its way to a unit killed -9 failed after %.3f s\n", since(t2));
+  EXPECT_EQ(units[1]->wait(5).value_or(-1), 128 + SIGKILL);
+  EXPECT_FALSE(syncer.connected(1));
+  EXPECT_EQ(syncer.start_get(1, 8, n), 0) << "a lost unit starts nothing";
+}
+
 TEST_F(UcxLink, UnitSeesTheSyncerDieAndConnectsToANewOne) {
   UcxUnitLink unit(size_t{1} << 20);
   fill(unit.base(), 0, unit.bytes(), 4);
