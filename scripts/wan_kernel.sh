@@ -9,12 +9,18 @@
 #             the veth (0: the kernel here has no netem to add any).
 # Both runs set syncer.link_min_mbit_s to half of --mbit: the same syncer (its waits, and its
 # polls at most 5 % of that rate) over either kind of link.
-# Prints and writes (OUT/summary.md, OUT/summary.json) per run: wall time to the target
-# validation loss (the worst final loss of all runs, so every run reaches it), train time,
-# final loss, bytes per token as the syncer counts them, and for kernel runs the bytes the
-# veths carried per token (TCP and UCX headers included); then kernel ÷ emulator per spec.
+# Every rank runs one thread (run.threads=1 unless --set says otherwise): with two per rank,
+# 4 units and the syncer on 2 cores, the same 1000 steps took a unit 40 to 105 s of compute
+# from run to run, and that noise, not the link, decided time to target.
+# --repeat N runs each spec N times, kernel and emulator alternating.
+# Prints and writes (OUT/summary.md, OUT/summary.json) per spec and link (mean and spread over
+# the repeats): wall time to the target validation loss (the worst final loss of all runs, so
+# every run reaches it; interpolated between evaluations), train time, the units' mean compute
+# and wait (time.compute_s, time.wait_s: the wait is what a synchronous mode spends on the
+# link), final loss, merges, bytes per token as the syncer counts them, and the bytes the veths
+# carried per token (TCP and UCX headers included); then kernel ÷ emulator per spec.
 #
-#   scripts/wan_kernel.sh [--config configs/wan_experiment.yaml] [--mbit 0.7]
+#   scripts/wan_kernel.sh [--config configs/wan_experiment.yaml] [--mbit 0.7] [--repeat 1]
 #       [--runs decoupled,decoupled:wan.format=int4,diloco] [--set key=value ...]
 #       [--out runs/wan_kernel]
 #
@@ -29,18 +35,21 @@ CONFIG=$ROOT/configs/wan_experiment.yaml
 MBIT=0.7
 RUNS="decoupled,decoupled:wan.format=int4,diloco"
 OUT=$ROOT/runs/wan_kernel
-SETS=()
+REPEAT=1
+SETS=(--set run.threads=1)
 while (($#)); do
   case $1 in
     --config) CONFIG=$(realpath "$2"); shift 2 ;;
     --mbit) MBIT=$2; shift 2 ;;
     --runs) RUNS=$2; shift 2 ;;
+    --repeat) REPEAT=$2; shift 2 ;;
     --set) SETS+=(--set "$2"); shift 2 ;;
     --out) OUT=$(realpath -m "$2"); shift 2 ;;
-    -h|--help) sed -n 2,24p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,31p "$0"; exit 0 ;;
     *) echo "wan_kernel.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+[[ $REPEAT =~ ^[1-9][0-9]*$ ]] || { echo "wan_kernel.sh: --repeat must be a positive integer, got '$REPEAT'" >&2; exit 2; }
 [[ -x $DDILOCO ]] || { echo "wan_kernel.sh: $DDILOCO missing: run scripts/build.sh" >&2; exit 2; }
 [[ $(id -u) == 0 ]] || { echo "wan_kernel.sh: needs root (network namespaces and tc)" >&2; exit 2; }
 source "$ROOT/scripts/mpi_env.sh"
@@ -73,7 +82,7 @@ run_one() {  # run_one NAME KIND SPEC_SETS...
   for ((u = 0; u < units; u++)); do before=$((before + $(link_bytes "unit$u"))); done
   local sets=("${SETS[@]}" "$@" "${link[@]}" --set "run.dir=$dir" --set run.progress=false
               --set "syncer.listen=$(host_ip syncer):0" --set checkpoint.at_stop=false)
-  echo "== $name over the $kind link ($MBIT Mbit/s)"
+  echo "== $name over the $kind link ($MBIT Mbit/s) -> $dir"
   start_on syncer "$DDILOCO" syncer --config "$CONFIG" "${sets[@]}" > "$dir/syncer.log" 2>&1
   local syncer=$!; pids+=($syncer)
   local jobs=()
@@ -100,47 +109,81 @@ for spec in "${specs[@]}"; do
   fi
   name=$(echo "$spec" | tr ':;=' '_,-')
   names+=("$name")
-  for kind in kernel emulator; do run_one "$name" "$kind" --set "mode=$mode" "${extra[@]}"; done
+  for ((i = 1; i <= REPEAT; i++)); do
+    for kind in kernel emulator; do
+      run_one "$name" "$kind" --set "mode=$mode" "${extra[@]}"
+      if ((REPEAT > 1)); then rm -rf "$OUT/$name/$kind.$i"; mv "$OUT/$name/$kind" "$OUT/$name/$kind.$i"; fi
+    done
+  done
 done
 
-/usr/bin/python3 - "$OUT" "$MBIT" "${names[@]}" <<'PY'
-import json, os, sys
-out, mbit, names = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+/usr/bin/python3 - "$OUT" "$MBIT" "$REPEAT" "${names[@]}" <<'PY'
+import glob, json, os, statistics, sys
+out, mbit, repeat, names = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+KINDS = ("kernel", "emulator")
 def load(d):
     ev = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))]
     done = next(e for e in ev if e["event"] == "done")
     curve = [(e["elapsed_s"], e["val_loss"]) for e in ev if e["event"] == "global_eval"]
     veth = json.load(open(os.path.join(d, "veth.json")))["veth_bytes"]
+    books = [json.loads(l)["time"] for f in glob.glob(os.path.join(d, "unit_*.jsonl")) for l in open(f)
+             if '"event":"done"' in l.replace(" ", "") and '"time"' in l]
+    merges = sum(1 for e in ev if e["event"] == "merge")
     return {"curve": curve, "final": done["val_loss"], "train_s": done["train_s"], "tokens": done["tokens"],
+            "compute_s": statistics.mean(b["compute_s"] for b in books) if books else None,
+            "wait_s": statistics.mean(b["wait_s"] for b in books) if books else None,
             "bytes_per_token": done["bytes_per_token"], "veth_bytes_per_token": veth / done["tokens"],
-            "merges": sum(1 for e in ev if e["event"] == "merge"),
-            "merges_per_s": sum(1 for e in ev if e["event"] == "merge") / done["train_s"]}
-rows = {(n, k): load(os.path.join(out, n, k)) for n in names for k in ("kernel", "emulator")}
-target = max(r["final"] for r in rows.values())
-for r in rows.values():
-    r["time_to_target_s"] = next((t for t, v in r["curve"] if v <= target), None)
+            "merges": merges, "merges_per_s": merges / done["train_s"]}
+def dirs(n, k):
+    return [os.path.join(out, n, k)] if repeat == 1 else [os.path.join(out, n, f"{k}.{i}") for i in range(1, repeat + 1)]
+runs = {(n, k): [load(d) for d in dirs(n, k)] for n in names for k in KINDS}
+target = max(r["final"] for rs in runs.values() for r in rs)
+def time_to(curve, loss):  # linear between the evaluations around the crossing
+    for (t0, v0), (t1, v1) in zip([(0.0, float("inf"))] + curve, curve):
+        if v1 <= loss:
+            return t1 if v0 == float("inf") or v0 == v1 else t0 + (t1 - t0) * (v0 - loss) / (v0 - v1)
+    return None
+for rs in runs.values():
+    for r in rs:
+        r["time_to_target_s"] = time_to(r["curve"], target)
+KEYS = ("time_to_target_s", "train_s", "compute_s", "wait_s", "final", "merges", "bytes_per_token", "veth_bytes_per_token")
+def stat(rs, key):
+    xs = [r[key] for r in rs if r[key] is not None]
+    return (statistics.mean(xs), max(xs) - min(xs)) if xs else (None, None)
+def cell(rs, key, fmt):
+    m, spread = stat(rs, key)
+    if m is None:
+        return "—"
+    return format(m, fmt) + (f" ± {spread / 2:{fmt}}" if len(rs) > 1 else "")
 lines = [f"Links of {mbit:g} Mbit/s per unit, each direction; target validation loss {target:.4f} "
-         "(the worst final loss of these runs).", "",
-         "| run | link | time to target (s) | train time (s) | final val loss | merges | bytes/token (syncer) | bytes/token (veth) |",
-         "|---|---|---|---|---|---|---|---|"]
+         f"(the worst final loss of these runs); {repeat} run(s) each"
+         + (", mean ± half the range" if repeat > 1 else "") + ".", "",
+         "| run | link | time to target (s) | train time (s) | unit compute (s) | unit wait (s) | final val loss | merges | bytes/token (syncer) | bytes/token (veth) |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
 for n in names:
-    for k in ("kernel", "emulator"):
-        r = rows[(n, k)]
-        t = "—" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f}"
-        lines.append(f"| {n} | {k} | {t} | {r['train_s']:.1f} | {r['final']:.4f} | {r['merges']} | "
-                     f"{r['bytes_per_token']:.1f} | {r['veth_bytes_per_token']:.1f} |")
-lines += ["", "| run | time to target, kernel ÷ emulator | bytes/token (syncer), kernel ÷ emulator | merges per second, kernel ÷ emulator |", "|---|---|---|---|"]
+    for k in KINDS:
+        rs = runs[(n, k)]
+        lines.append(f"| {n} | {k} | {cell(rs, 'time_to_target_s', '.1f')} | {cell(rs, 'train_s', '.1f')} | "
+                     f"{cell(rs, 'compute_s', '.1f')} | {cell(rs, 'wait_s', '.1f')} | {cell(rs, 'final', '.4f')} | "
+                     f"{cell(rs, 'merges', '.0f')} | {cell(rs, 'bytes_per_token', '.2f')} | {cell(rs, 'veth_bytes_per_token', '.2f')} |")
+lines += ["", "| run (kernel ÷ emulator, of the means) | time to target | unit wait | bytes/token (syncer) | merges per second |",
+          "|---|---|---|---|---|"]
 ratios = {}
+def ratio(n, key):
+    k, e = stat(runs[(n, "kernel")], key)[0], stat(runs[(n, "emulator")], key)[0]
+    if key == "wait_s" and (e or 0) < 1 and (k or 0) < 1:
+        return None  # no mode that waits for the link: nothing to compare
+    return k / e if k is not None and e else None
 for n in names:
-    k, e = rows[(n, "kernel")], rows[(n, "emulator")]
-    tt = (k["time_to_target_s"] / e["time_to_target_s"]) if k["time_to_target_s"] and e["time_to_target_s"] else None
-    bt = k["bytes_per_token"] / e["bytes_per_token"]
-    ratios[n] = {"time_to_target": tt, "bytes_per_token": bt, "merges_per_s": k["merges_per_s"] / e["merges_per_s"]}
-    lines.append(f"| {n} | {'—' if tt is None else f'{tt:.2f}'} | {bt:.2f} | {ratios[n]['merges_per_s']:.2f} |")
+    ratios[n] = {key: ratio(n, key) for key in ("time_to_target_s", "wait_s", "bytes_per_token", "merges_per_s")}
+    f = lambda x: "—" if x is None else f"{x:.2f}"
+    lines.append(f"| {n} | {f(ratios[n]['time_to_target_s'])} | {f(ratios[n]['wait_s'])} | "
+                 f"{f(ratios[n]['bytes_per_token'])} | {f(ratios[n]['merges_per_s'])} |")
 text = "\n".join(lines)
 print(text)
 open(os.path.join(out, "summary.md"), "w").write(text + "\n")
-json.dump({"mbit_s": mbit, "target": target, "ratios": ratios,
-           "rows": [{"run": n, "link": k, **{x: y for x, y in r.items() if x != "curve"}} for (n, k), r in rows.items()]},
+json.dump({"mbit_s": mbit, "target": target, "repeat": repeat, "ratios": ratios,
+           "runs": [{"run": n, "link": k, **{x: y for x, y in r.items() if x != "curve"}}
+                    for (n, k), rs in runs.items() for r in rs]},
           open(os.path.join(out, "summary.json"), "w"), indent=1)
 PY
