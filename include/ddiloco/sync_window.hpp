@@ -306,6 +306,9 @@ class SyncerWindow {
   /// Is unit u's lane busy with a transfer younger than its patience, 0.25 s + its bytes at the
   /// slowest link rate allowed for (set_link_min_rate)?
   bool lane_on_time(int u) const;
+  /// Seconds since unit u's lane transfer started, and its bytes (0 and 0 when idle).
+  double lane_age_s(int u) const;
+  size_t lane_bytes(int u) const { return lanes_[u].kind == Lane::idle ? 0 : lanes_[u].bytes.size(); }
   /// The slowest link rate the lanes' patience allows for, bytes per second (default 1e7, as
   /// UcxSyncerLink's). Error when not positive.
   void set_link_min_rate(double bytes_per_s);

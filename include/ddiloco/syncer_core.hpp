@@ -227,6 +227,8 @@ class SyncerCore {
     uint64_t bytes = 0;
   };
   std::vector<Serving> serving_;
+  std::vector<bool> slow_reported_;  // per unit: its lane's transfer was logged as link_slow
+  void report_slow_link(int u);
   std::vector<int64_t> reads_started_;         // debug.crash_during_read
   std::vector<int64_t> tokens_before_, steps_before_;  // per unit: its earlier processes' work
   std::vector<std::vector<int64_t>> merged_seq_;  // [unit][fragment]: last snapshot merged

@@ -431,10 +431,13 @@ std::optional<size_t> SyncerWindow::end_deliver(int u) {
 }
 
 bool SyncerWindow::lane_on_time(int u) const {
-  const LaneState& l = lanes_[u];
-  if (l.kind == Lane::idle) return false;
-  const double patience = 0.25 + static_cast<double>(l.bytes.size()) / link_min_rate_;
-  return std::chrono::steady_clock::now() - l.started < std::chrono::duration<double>(patience);
+  if (lanes_[u].kind == Lane::idle) return false;
+  return lane_age_s(u) < 0.25 + static_cast<double>(lanes_[u].bytes.size()) / link_min_rate_;
+}
+
+double SyncerWindow::lane_age_s(int u) const {
+  if (lanes_[u].kind == Lane::idle) return 0.0;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - lanes_[u].started).count();
 }
 
 void SyncerWindow::set_link_min_rate(double bytes_per_s) {

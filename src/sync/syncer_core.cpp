@@ -56,6 +56,7 @@ SyncerCore::SyncerCore(const Config& config, const OuterPlan& plan, SyncerWindow
   rejoin_served_.assign(M_, 0);
   reads_started_.assign(M_, 0);
   in_flight_.assign(M_, InFlight{});
+  slow_reported_.assign(M_, false);
   serving_.assign(M_, Serving{});
   tokens_before_.assign(M_, 0);
   steps_before_.assign(M_, 0);
@@ -204,6 +205,7 @@ void SyncerCore::watch_liveness() {
     const int64_t beat = headers_[u].control(kHeartbeat);
     // A unit whose transfer is on its way is not polled (its headers wait behind it): bytes
     // moving within the transfer's patience are a sign of life; past it, silence counts.
+    report_slow_link(u);
     if (beat != heartbeat_[u] || window_.lane_on_time(u)) {
       hear(u, beat);
     } else if (!silent_[u] && now() - heard_at_[u] > silence_after_s(u)) {
@@ -217,6 +219,27 @@ void SyncerCore::watch_liveness() {
             {"tokens", tokens_total()}, {"elapsed_s", now()}});
     }
   }
+}
+
+// A transfer past its patience: the link is slower than the one the syncer was told to allow
+// for (syncer.link_min_mbit_s), or cut. Said once per transfer, so that a user sees why a unit
+// that trains on goes silent, and what to set.
+void SyncerCore::report_slow_link(int u) {
+  if (window_.lane(u) == SyncerWindow::Lane::idle) {
+    slow_reported_[u] = false;
+    return;
+  }
+  if (slow_reported_[u] || window_.lane_on_time(u)) return;
+  slow_reported_[u] = true;
+  const double age = window_.lane_age_s(u);
+  const auto bytes = window_.lane_bytes(u);
+  log_({{"event", "link_slow"}, {"unit", u}, {"fragment", window_.lane_fragment(u)},
+        {"transfer", window_.lane(u) == SyncerWindow::Lane::fetch ? "read" : "delivery"}, {"bytes", bytes},
+        {"after_s", age},
+        {"reason", fmt::format("{} bytes not through after {:.2f} s: the link is slower than "
+                               "syncer.link_min_mbit_s = {:g} allows for (or cut)",
+                               bytes, age, config_.syncer.link_min_mbit_s)},
+        {"tokens", tokens_total()}, {"elapsed_s", now()}});
 }
 
 void SyncerCore::watch_ddp_steps() {

@@ -214,8 +214,8 @@ const std::vector<Entry<Config>>& entries() {
                     "isolated deployment: a read or write of a unit's memory that has not completed "
                     "after this many seconds (plus its bytes at syncer.link_min_mbit_s) closes the "
                     "unit's connection (a cut link, a frozen process); the unit reconnects by itself. "
-                    "The syncer never waits for it meanwhile: one operation waits at most 0.25 s + "
-                    "its bytes at syncer.link_min_mbit_s, then is left in flight",
+                    "The syncer never waits for it meanwhile: snapshot reads and deliveries run side by "
+                    "side, one per unit, and a control word waits at most 0.25 s, then is left in flight",
                     positive<double>()),
       DDILOCO_FIELD(bool, "syncer.signal_stops_units", syncer.signal_stops_units,
                     "isolated deployment: a stop signal to the syncer (SIGTERM, SIGINT, SIGUSR1) "
@@ -224,8 +224,8 @@ const std::vector<Entry<Config>>& entries() {
                     "checkpoint (checkpoint.every; its Slurm job requeued: slurm/syncer.sbatch sets false)"),
       DDILOCO_FIELD(double, "syncer.link_min_mbit_s", syncer.link_min_mbit_s,
                     "isolated deployment: the slowest link between the syncer and a unit, Mbit/s, "
-                    "that its waits allow for (above); set it below a real WAN link's rate, or a "
-                    "fragment's read never completes within its patience",
+                    "that its waits allow for (above); set it below a real WAN link's rate: a transfer "
+                    "slower than that is logged (link_slow) and no longer counts as the unit's heartbeat",
                     positive<double>()),
       // chaos (fault injection)
       DDILOCO_FIELD(int64_t, "chaos.seed", chaos.seed, "seed of the fault schedule"),
