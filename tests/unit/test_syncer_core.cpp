@@ -5,6 +5,9 @@
 // learners are their windows (sync_window.hpp), driven by hand as a leader would drive them.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -482,6 +485,28 @@ TEST(SyncerCore, ATransferOnItsWayHoldsNobodyUp) {
   EXPECT_FALSE(h.core.transfers_in_flight());
   ASSERT_TRUE(h.unit(2).take_inbox(0, got)) << "its bytes and checksum match";
   EXPECT_TRUE(h.named("snapshot_rejected").empty());
+}
+
+TEST(SyncerCore, ATransferPastItsPatienceIsLoggedOnceAsASlowLink) {
+  // The lane's patience: 0.25 s + its bytes at the slowest rate allowed for (1e7 B/s here).
+  Harness h(small_config(Mode::decoupled, 2, 1));
+  h.remote.hold(1, true);
+  h.publish(1, 0, 1.0f, 4, 400);
+  h.tick();
+  EXPECT_TRUE(h.named("link_slow").empty()) << "a transfer on time is no slow link";
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  h.tick();
+  h.tick();
+  ASSERT_EQ(h.named("link_slow").size(), 1u) << "once per transfer";
+  const json e = h.named("link_slow")[0];
+  EXPECT_EQ(e["unit"], 1);
+  EXPECT_EQ(e["transfer"], "read");
+  EXPECT_EQ(e["bytes"], h.layout.numel(0) * sizeof(float));
+  EXPECT_GE(e["after_s"].get<double>(), 0.25);
+  EXPECT_NE(e["reason"].get<std::string>().find("syncer.link_min_mbit_s"), std::string::npos);
+  h.remote.hold(1, false);
+  h.tick();
+  EXPECT_EQ(h.merges(0).size(), 1u) << "a slow transfer still ends";
 }
 
 TEST(SyncerCore, ARejoinIsServedOverASlowLinkFragmentByFragment) {
