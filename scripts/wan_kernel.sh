@@ -36,6 +36,7 @@ MBIT=0.7
 RUNS="decoupled,decoupled:wan.format=int4,diloco"
 OUT=$ROOT/runs/wan_kernel
 REPEAT=1
+RUN_LIMIT_S=${WAN_KERNEL_RUN_LIMIT_S:-3600}  # a run still going then is killed (and reported)
 SETS=(--set run.threads=1)
 while (($#)); do
   case $1 in
@@ -92,7 +93,7 @@ run_one() {  # run_one NAME KIND SPEC_SETS...
     jobs+=($!); pids+=($!)
   done
   local rc=0 p
-  for p in $syncer "${jobs[@]}"; do wait "$p" || rc=$?; done
+  for p in $syncer "${jobs[@]}"; do wait_within "$RUN_LIMIT_S" "$p" || rc=$?; done
   ((rc == 0)) || { tail -5 "$dir"/*.log >&2; echo "wan_kernel.sh: $name/$kind failed (exit $rc)" >&2; exit 1; }
   for ((u = 0; u < units; u++)); do after=$((after + $(link_bytes "unit$u"))); done
   echo "{\"veth_bytes\": $((after - before))}" > "$dir/veth.json"

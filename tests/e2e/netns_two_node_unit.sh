@@ -39,7 +39,7 @@ start_on node1a "${DDILOCO_MPIRUN[@]}" -np 2 -H "$(host_ip node1a),$(host_ip nod
   --mca plm_rsh_agent "$SRC/tests/e2e/lib/netns_rsh.sh" "$DDILOCO" unit --config c.yaml --unit 1 > unit1.log 2>&1
 job1=$!
 for job in $job1 $job0 $syncer; do
-  rc=0; wait $job || rc=$?
+  rc=0; wait_within 240 $job || rc=$?
   ((rc == 0)) || { tail -20 syncer.log unit0.log unit1.log; fail "a job exited $rc"; }
 done
 tx=$(ip -n "$(ns_of node1b)" -s -j link show eth0 | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["stats64"]["tx"]["bytes"])')

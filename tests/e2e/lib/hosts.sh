@@ -7,6 +7,7 @@
 #   source lib/hosts.sh            (after common.sh; exits 77 where namespaces cannot be made)
 #   hosts_add syncer 1             namespace "<prefix>-syncer", 169.254.100.1, link "<prefix>-syncer"
 #   on syncer CMD...               run CMD inside the namespace; start_on: in the background
+#   wait_within SECONDS PID        wait for a background job; kill it past SECONDS (status 124)
 #   link_down syncer / link_up     cut / restore that host's link (both ends: the kernel drops
 #                                  every packet; the processes on either side keep running)
 #   link_shape syncer RATE [BURST] tbf on both directions of the link (e.g. 700kbit); link_unshape
@@ -78,6 +79,22 @@ hosts_add() {
 # (`ip netns exec` execs it; `on ... &` would give a subshell's pid instead).
 on() { local ns="$HOSTS_PREFIX-$1"; shift; ip netns exec "$ns" "$@"; }
 start_on() { local ns="$HOSTS_PREFIX-$1"; shift; ip netns exec "$ns" "$@" & }
+
+# wait_within SECONDS PID: waits for a background job (sleeping, 0.2 s checks); one still
+# running after SECONDS is killed (its process group too, then itself) and the status is 124,
+# so that a hung run ends in the caller's own time, its EXIT trap cleaning up, not ctest's.
+wait_within() {
+  local limit=$1 pid=$2 waited=0
+  while kill -0 "$pid" 2>/dev/null && ((waited < limit * 5)); do sleep 0.2; waited=$((waited + 1)); done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "hosts.sh: pid $pid still running after ${limit}s: killed" >&2
+    pkill -KILL -P "$pid" 2>/dev/null || true
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    return 124
+  fi
+  wait "$pid"
+}
 
 link_down() {
   ip -n "$HOSTS_PREFIX-$1" link set eth0 down
