@@ -6,8 +6,9 @@
 #      rejoins (restart 1) and is merged again; unit 0 is merged throughout;
 #   2. kill -9 of unit 0's rank (a crash): its mpirun fails, the task requeues itself; unit 0
 #      rejoins (restart 1) while unit 1 is merged throughout;
-#   3. `scontrol requeue` of the syncer's job: it checkpoints, starts again and resumes from
-#      that checkpoint, while both units train on and reconnect by themselves;
+#   3. `scontrol requeue` of the syncer's job: it stops, starts again and resumes from its
+#      newest periodic checkpoint, while both units train on and reconnect by themselves; then
+#      its time-limit warning (SIGUSR1 to the batch shell): it requeues itself and resumes;
 #   4. scancel of both jobs ends the run early: every process of it ends.
 # Skipped (77) only where Slurm cannot run (the helper exits 77), as slurm_requeue.sh.
 source "$(dirname "$0")/lib/common.sh"
@@ -72,6 +73,15 @@ ev_wait 120 "any(e['event'] == 'resume' for e in ev[$mark:])" "the syncer's job 
 ev_wait 120 "all(sum(1 for e in ev[[x['event'] for x in ev].index('resume', $mark):] if e['event'] == 'merge' and u in e['units']) >= 2 for u in (0, 1))" \
   "the units were not merged by the resumed syncer"
 mark3=$mark
+
+# 3b. The syncer's time limit near: Slurm's warning signal (what --signal=B:USR1@120 sends to
+# the batch shell, sent now by hand): the job requeues itself and resumes.
+mark=$(wc -l < "$M")
+scancel --batch --signal=USR1 "$syncer_job" || fail "scancel --batch --signal=USR1 $syncer_job failed"
+ev_wait 120 "any(e['event'] == 'resume' for e in ev[$mark:])" "the syncer's job did not requeue itself on its time-limit warning"
+ev_wait 120 "all(sum(1 for e in ev[[x['event'] for x in ev].index('resume', $mark):] if e['event'] == 'merge' and u in e['units']) >= 1 for u in (0, 1))" \
+  "the units were not merged after the time-limit requeue"
+grep -q "time limit near" "$WORK"/out/syncer-*.out || fail "syncer.sbatch did not log the time-limit warning"
 
 # 4. The end: scancel of both jobs; every process of the run ends (the pid files name them).
 scancel "$syncer_job" "$array_job"
