@@ -225,6 +225,7 @@ class SyncerCore {
     int next = 0;        // the next fragment to write
     double started = 0;  // s
     uint64_t bytes = 0;
+    double lands_at = 0;  // s: when the last fragment lands (emulated link)
   };
   std::vector<Serving> serving_;
   std::vector<bool> slow_reported_;  // per unit: its lane's transfer was logged as link_slow

@@ -42,9 +42,10 @@ class UnitLinks {
   /// A merged fragment of `wire_bytes` (`raw_bytes` as fp32) sent to unit u at `now_s`: when it
   /// lands in u's inbox. Counted on u's down link.
   double merged(int u, uint64_t wire_bytes, uint64_t raw_bytes, double now_s);
-  /// Θ served raw to a unit that rejoins: written at once (the unit waits for it), counted on
-  /// its down link.
-  void served(int u, uint64_t bytes, double now_s);
+  /// Θ served raw (`bytes`, fp32) to a unit that joins or rejoins, sent at `now_s`: when it
+  /// lands (the syncer tells the unit it is served then; the unit waits for it). Counted on its
+  /// down link.
+  double served(int u, uint64_t bytes, double now_s);
 
   /// The chaos schedule the degradations come from (the syncer logs and saves it).
   const chaos::Schedule& schedule() const { return schedule_; }

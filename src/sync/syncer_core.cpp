@@ -280,8 +280,8 @@ void SyncerCore::serve_rejoins() {
 }
 
 // Every fragment into unit u's inbox, raw fp32 (the unit lost its reference), one after another
-// on its lane. The unit waits for them; their bytes are counted on its link. True once all are
-// written.
+// on its lane. The unit waits for them; their bytes cross its down link, over which (emulated)
+// they land later, as they would over a real one. True once all are written and landed.
 bool SyncerCore::serve(int u) {
   Serving& sv = serving_[u];
   if (sv.next == 0 && window_.lane(u) == SyncerWindow::Lane::idle) sv.started = now();
@@ -291,7 +291,7 @@ bool SyncerCore::serve(int u) {
       if (!bytes) return false;
       if (*bytes == 0) return false;  // unreachable now (its link stalled): served again next poll
       const int p = in_flight_[u].p;
-      links_.served(u, *bytes, now());
+      sv.lands_at = std::max(sv.lands_at, links_.served(u, *bytes, now()));
       sv.bytes += *bytes;
       Slot& s = slots_[u][p];
       s.outgoing_version = 0;  // a delivery on its way is superseded
@@ -305,7 +305,7 @@ bool SyncerCore::serve(int u) {
     if (!window_.start_deliver(u, p, version_[p], theta_[p], /*raw=*/true)) return false;
     in_flight_[u] = InFlight{p, 0, {}, version_[p], true};
   }
-  return true;
+  return now() >= sv.lands_at;  // over an emulated link: once the last fragment has landed
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ double UnitLinks::merged(int u, uint64_t wire_bytes, uint64_t raw_bytes, double 
          degradation_s(u, raw_bytes, now_s);
 }
 
-void UnitLinks::served(int u, uint64_t bytes, double now_s) { links_[u].down.transfer(bytes, now_s); }
+double UnitLinks::served(int u, uint64_t bytes, double now_s) { return merged(u, bytes, bytes, now_s); }
 
 uint64_t UnitLinks::down_bytes() const {
   uint64_t b = 0;

@@ -528,6 +528,29 @@ TEST(SyncerCore, ARejoinIsServedOverASlowLinkFragmentByFragment) {
   for (int p = 0; p < P; ++p) EXPECT_EQ(h.unit(1).inbox_version(p), 0) << "served at version 0";
 }
 
+TEST(SyncerCore, ARejoinOverAnEmulatedLinkIsServedOnceThetaLanded) {
+  // The unit waits for Θ: over an emulated link of 1 s per Θ, it is told so 1 s later, as over
+  // a real link of that rate (where the bytes themselves take that long).
+  Config c = small_config(Mode::decoupled, 1, 1);
+  Harness probe(c);
+  double raw = 0;
+  for (int p = 0; p < probe.layout.fragments(); ++p) raw += probe.layout.numel(p) * sizeof(float);
+  c.wan.bandwidth_mbit_s = 8.0 * raw / 1e6;
+  c.wan.burst_kb = 0.001;
+  Harness h(c);
+  h.unit(0).set_control(sync::kRejoinRequest, 1);
+  h.tick();
+  EXPECT_EQ(h.unit(0).control(sync::kRejoinServed), 0) << "served before Θ landed";
+  h.clock = 0.9;
+  h.tick();
+  EXPECT_EQ(h.unit(0).control(sync::kRejoinServed), 0);
+  h.clock = 1.01;
+  h.tick();
+  EXPECT_EQ(h.unit(0).control(sync::kRejoinServed), 1);
+  ASSERT_EQ(h.named("rejoin").size(), 1u);
+  EXPECT_NEAR(h.named("rejoin")[0]["serve_s"].get<double>(), 1.01, 1e-9);
+}
+
 TEST(SyncerCore, ANonFiniteSnapshotIsRefusedAndNeverMerged) {
   Harness h(small_config(Mode::decoupled, 1, 1));
   std::vector<float> bad(h.layout.numel(0), 1.0f);
