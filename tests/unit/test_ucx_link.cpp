@@ -668,6 +668,18 @@ TEST_F(UcxLink, StalledUnitHoldsNobodyUpAndIsUsableAgainOnceItProgresses) {
   EXPECT_TRUE(syncer.take_lost().empty()) << "a stall shorter than the timeout lost the unit";
 }
 
+// Tests a transfer until it is no longer running, at most `seconds`.
+RemoteMemory::Status until_ended(UcxSyncerLink& syncer, RemoteMemory::Ticket t, std::span<std::byte> dst,
+                                 double seconds) {
+  const auto t0 = Clock::now();
+  RemoteMemory::Status s = syncer.test(t, dst);
+  while (s == RemoteMemory::Status::running && since(t0) < seconds) {
+    nap();
+    s = syncer.test(t, dst);
+  }
+  return s;
+}
+
 TEST_F(UcxLink, TransfersRunSideBySideWithoutTheSyncerWaiting) {
   // start_get / start_put return at once; unit 0 stops (as behind a slow or cut link) with a
   // read on its way, while unit 1's read and write complete. Unit 0's ends once it progresses;
@@ -716,13 +728,7 @@ TEST_F(UcxLink, TransfersRunSideBySideWithoutTheSyncerWaiting) {
   std::printf("[ measured ] unit 1's read and write done %.3f s after they started, unit 0's read on its way\n",
               since(t0));
   units[0]->signal(SIGCONT);
-  S sga = S::running;
-  const auto t1 = Clock::now();
-  while (sga == S::running && since(t1) < 10) {
-    sga = syncer.test(ga, a);
-    if (sga == S::running) nap();
-  }
-  ASSERT_EQ(sga, S::done);
+  ASSERT_EQ(until_ended(syncer, ga, a, 10), S::done);
   EXPECT_EQ(mismatch(a.data(), 8, n, kInitialSeed), -1);
   EXPECT_TRUE(syncer.take_lost().empty());
   // kill -9 with a read on its way (stopped first, so that it cannot have completed).
@@ -732,13 +738,8 @@ TEST_F(UcxLink, TransfersRunSideBySideWithoutTheSyncerWaiting) {
   ASSERT_NE(gk, 0);
   EXPECT_EQ(syncer.test(gk, b), S::running);
   units[1]->signal(SIGKILL);
-  S sgk = S::running;
   const auto t2 = Clock::now();
-  while (sgk == S::running && since(t2) < 15) {
-    sgk = syncer.test(gk, b);
-    if (sgk == S::running) nap();
-  }
-  EXPECT_EQ(sgk, S::failed);
+  EXPECT_EQ(until_ended(syncer, gk, b, 15), S::failed);
   std::printf("[ measured ] a read on its way to a unit killed -9 failed after %.3f s\n", since(t2));
   EXPECT_EQ(units[1]->wait(5).value_or(-1), 128 + SIGKILL);
   EXPECT_FALSE(syncer.connected(1));
