@@ -945,6 +945,22 @@ void UcxSyncerLink::close() {
   if (!impl_ || impl_->closed) return;
   Impl& s = *impl_;
   s.progress();
+  // Transfers still on their way end first (bounded): a put that reaches a unit after its
+  // endpoint failed makes UCX 1.13 abort that unit (its software RMA cannot send the put's
+  // completion: "ucp_request.inl Fatal: unexpected error"), and the unit must outlive us.
+  s.wait(
+      [&] {
+        s.reap();
+        for (const auto& [id, c] : s.conns) {
+          if (c->failed) continue;
+          for (const auto& [ticket, op] : c->transfers)
+            if (!op->settle()) return false;
+          for (const auto& op : c->stalled)
+            if (!op->settle()) return false;
+        }
+        return true;
+      },
+      after(2));
   std::vector<int64_t> ids;
   for (const auto& [id, c] : s.conns) ids.push_back(id);
   for (int64_t id : ids) s.start_close(id, false);

@@ -82,6 +82,9 @@ ev_wait 120 "any(e['event'] == 'resume' for e in ev[$mark:])" "the syncer's job 
 ev_wait 120 "all(sum(1 for e in ev[[x['event'] for x in ev].index('resume', $mark):] if e['event'] == 'merge' and u in e['units']) >= 1 for u in (0, 1))" \
   "the units were not merged after the time-limit requeue"
 grep -q "time limit near" "$WORK"/out/syncer-*.out || fail "syncer.sbatch did not log the time-limit warning"
+# No unit aborted when the syncer stopped (UCX aborts a unit that gets a put after the
+# syncer's endpoint failed: the syncer ends its transfers before it closes).
+! grep -l "Fatal" "$WORK"/out/unit-*.out || fail "a unit aborted (UCX Fatal) when the syncer stopped"
 
 # 4. The end: scancel of both jobs; every process of the run ends (the pid files name them).
 scancel "$syncer_job" "$array_job"

@@ -3,8 +3,10 @@ set -euo pipefail
 DDILOCO=$1
 SRC=$2
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ddiloco-e2e-XXXXXX")
-# Background jobs a test started (training runs it signals) never outlive it.
-trap 'for p in $(jobs -p); do pkill -TERM -P "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done; rm -rf "$WORK"' EXIT
+# Background jobs a test started (training runs it signals) never outlive it. The work
+# directory goes too, unless DDILOCO_E2E_KEEP=1 (to read a failed test's logs).
+trap 'for p in $(jobs -p); do pkill -TERM -P "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done
+      if [[ ${DDILOCO_E2E_KEEP:-0} == 1 ]]; then echo "kept $WORK" >&2; else rm -rf "$WORK"; fi' EXIT
 source "$SRC/scripts/mpi_env.sh"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
