@@ -1,14 +1,15 @@
 # Kernel-shaped WAN links beside the in-program emulator (README "Several hosts"): runs
 # scripts/wan_kernel.sh on a small decoupled job, two units, links of 4 Mbit/s each way
 # (tc tbf on veth pairs between network namespaces), then the same over unlimited veths with
-# the emulator at 4 Mbit/s. Checked, on the kernel-shaped run:
+# the emulator at 4 Mbit/s. Checked:
 #   - the link is what it claims: serving Θ to a joining unit (fp32, ~0.48 MB) took the
-#     bytes over 4 Mbit/s, less the 64 KB burst, within 20 % (the emulator's rate model);
+#     bytes over 4 Mbit/s, less the 64 KB burst, within 20 % (the emulator's rate model), and
+#     the emulator books the same serve as long;
 #   - the syncer's byte count is the wire's: bytes per token as the syncer counts them within
 #     20 % of what the veths carried (TCP and UCX headers included);
-# and both runs complete their token budget; the side-by-side table is printed. The whole
-# job's time to target and merge rate do NOT agree yet (README: the syncer's transfers are
-# one at a time and block it, the emulator's run side by side): reported, not asserted.
+# and both runs complete their token budget; the side-by-side table is printed. Whole runs'
+# time to target is compared by hand (README: a run this short on a loaded CI machine is
+# noise): reported, not asserted.
 # Skipped (77) where network namespaces or tc cannot be used (not root, no CAP_NET_ADMIN).
 source "$(dirname "$0")/lib/common.sh"
 cd "$WORK"
@@ -38,19 +39,22 @@ DDILOCO_BIN=$DDILOCO "$SRC/scripts/wan_kernel.sh" --config c.yaml --mbit 4 --run
 cat wk.log
 /usr/bin/python3 - <<'PY' || fail "the kernel-shaped link does not match the emulator's model"
 import json
-rows = {r["link"]: r for r in json.load(open("out/summary.json"))["rows"]}
+rows = {r["link"]: r for r in json.load(open("out/summary.json"))["runs"]}
 for link, r in rows.items():
     start = next(json.loads(l) for l in open(f"out/decoupled/{link}/metrics.jsonl") if '"event":"start"' in l)
     assert r["tokens"] >= start["token_budget"], (link, r)
 k = rows["kernel"]
 rate = 4e6 / 8
-for line in open("out/decoupled/kernel/metrics.jsonl"):
-    e = json.loads(line)
-    if e["event"] != "rejoin":
-        continue
-    expect = (e["bytes_out"] - 64 * 1024) / rate
-    assert 0.8 * expect <= e["serve_s"] <= 1.2 * expect, f"Θ ({e['bytes_out']} B) took {e['serve_s']:.3f} s, the link's rate says {expect:.3f} s"
-    print(f"unit {e['unit']}: Θ, {e['bytes_out']} B, served in {e['serve_s']:.3f} s over the kernel link; {expect:.3f} s by its rate")
+# Θ served to a joining unit takes its bytes at the link's rate, over the kernel link and, as
+# the emulator books it, over the emulated one.
+for link in ("kernel", "emulator"):
+    for line in open(f"out/decoupled/{link}/metrics.jsonl"):
+        e = json.loads(line)
+        if e["event"] != "rejoin":
+            continue
+        expect = (e["bytes_out"] - 64 * 1024) / rate
+        assert 0.8 * expect <= e["serve_s"] <= 1.2 * expect, f"{link}: Θ ({e['bytes_out']} B) took {e['serve_s']:.3f} s, the link's rate says {expect:.3f} s"
+        print(f"unit {e['unit']}: Θ, {e['bytes_out']} B, served in {e['serve_s']:.3f} s over the {link} link; {expect:.3f} s by its rate")
 ratio = k["bytes_per_token"] / k["veth_bytes_per_token"]
 assert 0.8 <= ratio <= 1.0 + 1e-9, f"the syncer counted {k['bytes_per_token']:.2f} B/token, the veths carried {k['veth_bytes_per_token']:.2f}"
 print(f"bytes per token: syncer {k['bytes_per_token']:.2f}, veths {k['veth_bytes_per_token']:.2f} (ratio {ratio:.2f})")
