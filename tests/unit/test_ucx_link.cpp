@@ -336,6 +336,17 @@ class UcxLink : public ::testing::Test {
     ::setenv("UCX_NET_DEVICES", "lo", 0);
   }
 
+  // Units 0..n−1, each a helper process with `bytes` of memory, connected and admitted.
+  static void connect_units(UcxSyncerLink& syncer, size_t bytes, int n,
+                            std::vector<std::unique_ptr<ChildProcess>>& units) {
+    for (int u = 0; u < n; ++u) {
+      units.push_back(start_unit(syncer.address(), bytes, u + 1, 10));
+      const auto p = next_pending(syncer, 10);
+      ASSERT_TRUE(p);
+      syncer.admit(p->id, u);
+      ASSERT_EQ(units[u]->read_line(10).value_or("(nothing)"), "connected");
+    }
+  }
   static std::unique_ptr<ChildProcess> start_unit(const std::string& addr, size_t bytes,
                                                   uint64_t payload_seed, size_t payload_len) {
     return std::make_unique<ChildProcess>(
@@ -625,13 +636,8 @@ TEST_F(UcxLink, StalledUnitHoldsNobodyUpAndIsUsableAgainOnceItProgresses) {
   UcxSyncerLink syncer("127.0.0.1", 0, 2);
   syncer.set_op_timeout(30.0);
   std::vector<std::unique_ptr<ChildProcess>> units;
-  for (int u = 0; u < 2; ++u) {
-    units.push_back(start_unit(syncer.address(), 65536, u + 1, 10));
-    const auto p = next_pending(syncer, 10);
-    ASSERT_TRUE(p);
-    syncer.admit(p->id, u);
-    ASSERT_EQ(units[u]->read_line(10).value_or("(nothing)"), "connected");
-  }
+  connect_units(syncer, 65536, 2, units);
+  ASSERT_FALSE(HasFatalFailure());
   units[0]->signal(SIGSTOP);
   ASSERT_TRUE(wait_stopped(units[0]->pid(), 10)) << "the unit did not stop";
   std::vector<std::byte> a(4096), b(4096);
@@ -690,13 +696,8 @@ TEST_F(UcxLink, TransfersRunSideBySideWithoutTheSyncerWaiting) {
   syncer.set_op_timeout(30.0);
   const size_t bytes = size_t{1} << 20;
   std::vector<std::unique_ptr<ChildProcess>> units;
-  for (int u = 0; u < 2; ++u) {
-    units.push_back(start_unit(syncer.address(), bytes, u + 1, 10));
-    const auto p = next_pending(syncer, 10);
-    ASSERT_TRUE(p);
-    syncer.admit(p->id, u);
-    ASSERT_EQ(units[u]->read_line(10).value_or("(nothing)"), "connected");
-  }
+  connect_units(syncer, bytes, 2, units);
+  ASSERT_FALSE(HasFatalFailure());
   units[0]->signal(SIGSTOP);
   ASSERT_TRUE(wait_stopped(units[0]->pid(), 10)) << "the unit did not stop";
   const size_t n = 512 * 1024;
