@@ -306,6 +306,15 @@ class SyncerWindow {
   /// Is unit u's lane busy with a transfer younger than its patience, 0.25 s + its bytes at the
   /// slowest link rate allowed for (set_link_min_rate)?
   bool lane_on_time(int u) const;
+  /// Transfers started on unit u's lane so far (tells one slow transfer from the next).
+  uint64_t lane_serial(int u) const { return lanes_[u].serial; }
+  /// The next poll reads unit u whatever the poll budget (its headers are known stale: a torn
+  /// read).
+  void request_poll(int u) { poll_now_[u] = true; }
+  /// Has a poll of unit u been requested and not made yet?
+  bool poll_pending(int u) const { return poll_now_[u]; }
+  /// Writes the control words waiting for unit u (its lane idle): true when none is left.
+  bool flush_words(int u);
   /// Seconds since unit u's lane transfer started, and its bytes (0 and 0 when idle).
   double lane_age_s(int u) const;
   size_t lane_bytes(int u) const { return lanes_[u].kind == Lane::idle ? 0 : lanes_[u].bytes.size(); }
@@ -334,7 +343,6 @@ class SyncerWindow {
  private:
   bool put_word(int u, size_t byte_offset, int64_t value);   // waits for a busy lane
   bool write_word(int u, size_t byte_offset, int64_t value);  // now
-  void flush_words(int u);
   void prune_references(const std::vector<UnitHeaders>& headers);
   struct LaneState {
     Lane kind = Lane::idle;
@@ -347,9 +355,13 @@ class SyncerWindow {
     uint64_t sum = 0;
     bool raw = false;
     std::vector<float> next;
-    std::map<size_t, int64_t> words;  // control words waiting for the lane: offset → value
     std::chrono::steady_clock::time_point started;
+    uint64_t serial = 0;  // transfers started on this lane so far
   };
+  // Per unit: control words waiting to be written (the lane was busy, or the write failed), in
+  // the order issued, the latest value per word; kept until written or the unit is lost.
+  std::vector<std::vector<std::pair<size_t, int64_t>>> waiting_words_;
+  std::vector<bool> poll_now_;
   double link_min_rate_ = 1e7;
   std::vector<LaneState> lanes_;
   comm::RemoteMemory* remote_;

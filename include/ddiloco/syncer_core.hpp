@@ -228,7 +228,11 @@ class SyncerCore {
     double lands_at = 0;  // s: when the last fragment lands (emulated link)
   };
   std::vector<Serving> serving_;
-  std::vector<bool> slow_reported_;  // per unit: its lane's transfer was logged as link_slow
+  std::vector<uint64_t> slow_reported_;  // per unit: the lane transfer last logged as link_slow
+  // Per unit: a read came back torn, so its polled headers are stale: no read starts before a
+  // poll has read them again (else the same stale announcement is read again and again).
+  std::vector<bool> torn_, repolled_;
+  bool polled_since_torn(int u) const;
   void report_slow_link(int u);
   std::vector<int64_t> reads_started_;         // debug.crash_during_read
   std::vector<int64_t> tokens_before_, steps_before_;  // per unit: its earlier processes' work

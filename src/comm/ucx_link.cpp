@@ -961,6 +961,10 @@ void UcxSyncerLink::close() {
         return true;
       },
       after(2));
+  for (auto& [id, c] : s.conns) {  // ended ones are not in flight: the closes stay graceful
+    std::erase_if(c->transfers, [](auto& t) { return t.second->settle(); });
+    std::erase_if(c->stalled, [](auto& op) { return op->settle(); });
+  }
   std::vector<int64_t> ids;
   for (const auto& [id, c] : s.conns) ids.push_back(id);
   for (int64_t id : ids) s.start_close(id, false);

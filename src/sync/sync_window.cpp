@@ -233,6 +233,8 @@ SyncerWindow::SyncerWindow(comm::RemoteMemory& remote, const WindowLayout& layou
     : remote_(&remote), layout_(&layout), units_(remote.units()),
       refs_(units_, std::vector<std::map<int64_t, std::vector<float>>>(layout.fragments())) {
   lanes_.resize(units_);
+  waiting_words_.resize(units_);
+  poll_now_.assign(units_, false);
 }
 
 void SyncerWindow::reset_unit(int u) {
@@ -251,8 +253,11 @@ void SyncerWindow::poll(std::vector<UnitHeaders>& out, bool all) {
   std::vector<std::vector<int64_t>> fresh(units_);
   for (int u = 0; u < units_; ++u) {
     if (out[u].words.size() != words) out[u].words.assign(words, 0);
-    if (!all && poll_budget_ > 0 && now < next_poll_[u] && remote_->connected(u)) continue;  // within its budget
+    if (!all && !poll_now_[u] && poll_budget_ > 0 && now < next_poll_[u] && remote_->connected(u))
+      continue;  // within its budget
     if (lanes_[u].kind != Lane::idle && remote_->connected(u)) continue;  // behind its transfer
+    if (!waiting_words_[u].empty()) flush_words(u);  // written before what they said is read
+    poll_now_[u] = false;
     out[u].reachable = false;
     if (!remote_->connected(u)) continue;
     next_poll_[u] = now + spacing;
@@ -296,6 +301,7 @@ void SyncerWindow::set_reference(int u, int p, int64_t version, std::span<const 
 bool SyncerWindow::start_fetch(int u, int p, const UnitHeaders& headers) {
   LaneState& l = lanes_[u];
   if (l.kind != Lane::idle) return false;
+  flush_words(u);  // (acks first: they free outboxes)
   const int64_t ref = headers.header(p, kOutRef);
   const auto announced = headers.header(p, kOutBytes);
   // Read what was announced, bounded by the outbox (a corrupt size is refused after the read).
@@ -304,6 +310,7 @@ bool SyncerWindow::start_fetch(int u, int p, const UnitHeaders& headers) {
   if (l.ticket == 0) return false;
   l.kind = Lane::fetch;
   l.started = std::chrono::steady_clock::now();
+  ++l.serial;
   l.fragment = p;
   l.ref = ref;
   l.announced = announced;
@@ -370,6 +377,7 @@ bool SyncerWindow::start_deliver(int u, int p, int64_t version, std::span<const 
     fail("deliver: fragment {} has {} elements, got {}", p, layout_->numel(p), data.size());
   LaneState& l = lanes_[u];
   if (l.kind != Lane::idle) return false;
+  flush_words(u);
   const bool lossy = layout_->format() != wire::Format::fp32;
   auto& refs = refs_[u][p];
   raw = raw || !lossy || refs.empty();
@@ -399,6 +407,7 @@ bool SyncerWindow::start_deliver(int u, int p, int64_t version, std::span<const 
   if (l.ticket == 0) return false;
   l.kind = Lane::deliver;
   l.started = std::chrono::steady_clock::now();
+  ++l.serial;
   l.fragment = p;
   l.version = version;
   l.raw = raw;
@@ -448,7 +457,10 @@ void SyncerWindow::set_link_min_rate(double bytes_per_s) {
 void SyncerWindow::abandon(int u) {
   LaneState& l = lanes_[u];
   if (l.ticket != 0) remote_->abandon(l.ticket);
+  const uint64_t serial = l.serial;
   l = LaneState{};
+  l.serial = serial;
+  waiting_words_[u].clear();
 }
 
 SyncerWindow::Fetched SyncerWindow::fetch(int u, int p, const UnitHeaders& headers, std::span<float> dst) {
@@ -481,16 +493,25 @@ bool SyncerWindow::write_word(int u, size_t byte_offset, int64_t value) {
   return true;
 }
 
+// A word for a unit whose lane is busy, or behind words that wait, waits too (written in the
+// order issued once the lane is idle): true means it will be written unless the unit is lost.
 bool SyncerWindow::put_word(int u, size_t byte_offset, int64_t value) {
-  if (lanes_[u].kind == Lane::idle) return write_word(u, byte_offset, value);
-  lanes_[u].words[byte_offset] = value;
+  auto& waiting = waiting_words_[u];
+  if (lanes_[u].kind == Lane::idle && waiting.empty()) return write_word(u, byte_offset, value);
+  if (!remote_->connected(u)) return false;
+  std::erase_if(waiting, [&](const auto& w) { return w.first == byte_offset; });
+  waiting.emplace_back(byte_offset, value);
   return true;
 }
 
-void SyncerWindow::flush_words(int u) {
-  std::map<size_t, int64_t> words;
-  words.swap(lanes_[u].words);
-  for (const auto& [offset, value] : words) write_word(u, offset, value);
+bool SyncerWindow::flush_words(int u) {
+  auto& waiting = waiting_words_[u];
+  size_t written = 0;
+  while (written < waiting.size() && lanes_[u].kind == Lane::idle &&
+         write_word(u, waiting[written].first, waiting[written].second))
+    ++written;
+  waiting.erase(waiting.begin(), waiting.begin() + static_cast<ptrdiff_t>(written));
+  return waiting.empty();
 }
 
 void SyncerWindow::ack(int u, int p, int64_t seq) {

@@ -56,7 +56,9 @@ SyncerCore::SyncerCore(const Config& config, const OuterPlan& plan, SyncerWindow
   rejoin_served_.assign(M_, 0);
   reads_started_.assign(M_, 0);
   in_flight_.assign(M_, InFlight{});
-  slow_reported_.assign(M_, false);
+  slow_reported_.assign(M_, 0);
+  torn_.assign(M_, false);
+  repolled_.assign(M_, false);
   serving_.assign(M_, Serving{});
   tokens_before_.assign(M_, 0);
   steps_before_.assign(M_, 0);
@@ -120,7 +122,13 @@ bool SyncerCore::snapshot_pending(int u, int p) const {
   return s.fresh || headers_[u].header(p, kOutSeq) > std::max(s.acked, s.unacked);
 }
 
-void SyncerCore::poll() { window_.poll(headers_); }
+void SyncerCore::poll() {
+  window_.poll(headers_);
+  for (int u = 0; u < M_; ++u)
+    if (torn_[u] && !window_.poll_pending(u)) repolled_[u] = true;
+}
+
+bool SyncerCore::polled_since_torn(int u) const { return repolled_[u]; }
 
 void SyncerCore::set_stopping() {
   stopping_ = true;
@@ -148,6 +156,7 @@ void SyncerCore::unit_connected(int u) {
   silent_[u] = false;
   rejoin_served_[u] = 0;
   serving_[u] = Serving{};
+  torn_[u] = repolled_[u] = false;
   reads_started_[u] = 0;
   if (plan_.mode == Mode::decoupled) window_.set_job_tokens(u, progress_sent_);
   if (stopping_) window_.request_stop(u);
@@ -159,6 +168,7 @@ void SyncerCore::unit_lost(int u) {
   std::fill(headers_[u].words.begin(), headers_[u].words.end(), 0);
   window_.abandon(u);
   serving_[u] = Serving{};
+  torn_[u] = repolled_[u] = false;
   for (Slot& s : slots_[u]) {
     s.fresh = false;
     s.owed = false;
@@ -225,12 +235,10 @@ void SyncerCore::watch_liveness() {
 // for (syncer.link_min_mbit_s), or cut. Said once per transfer, so that a user sees why a unit
 // that trains on goes silent, and what to set.
 void SyncerCore::report_slow_link(int u) {
-  if (window_.lane(u) == SyncerWindow::Lane::idle) {
-    slow_reported_[u] = false;
+  if (window_.lane(u) == SyncerWindow::Lane::idle || window_.lane_on_time(u) ||
+      slow_reported_[u] == window_.lane_serial(u))
     return;
-  }
-  if (slow_reported_[u] || window_.lane_on_time(u)) return;
-  slow_reported_[u] = true;
+  slow_reported_[u] = window_.lane_serial(u);
   const double age = window_.lane_age_s(u);
   const auto bytes = window_.lane_bytes(u);
   log_({{"event", "link_slow"}, {"unit", u}, {"fragment", window_.lane_fragment(u)},
@@ -393,9 +401,14 @@ bool SyncerCore::collect() {
 // its way while the syncer goes on with the other units.
 bool SyncerCore::collect_unit(int u) {
   bool any = false;
+  if (torn_[u]) {  // a torn read: wait for the poll that reads its headers again
+    if (!headers_[u].reachable || !polled_since_torn(u)) return false;
+    torn_[u] = repolled_[u] = false;
+  }
   if (window_.lane(u) == SyncerWindow::Lane::fetch) {
     if (!end_read(u)) return false;  // on its way, or the unit could not be read
     any = true;
+    if (torn_[u]) return true;  // its headers are stale: nothing more before a fresh poll
   }
   for (int p = 0; p < fragments_.size(); ++p) {
     Slot& s = slots_[u][p];
@@ -418,7 +431,7 @@ bool SyncerCore::collect_unit(int u) {
     if (!window_.start_fetch(u, p, headers_[u])) break;
     in_flight_[u] = InFlight{p, seq, meta};
     any = true;
-    if (!end_read(u)) break;  // on its way: taken in at a later poll
+    if (!end_read(u) || torn_[u]) break;  // on its way: taken in at a later poll
   }
   return any;
 }
@@ -436,7 +449,11 @@ bool SyncerCore::end_read(int u) {
     ++rejected_;
     log_({{"event", "snapshot_rejected"}, {"unit", u}, {"fragment", r.p}, {"seq", r.seq},
           {"reason", problem}, {"elapsed_s", now()}, {"tokens", tokens_total()}});
-    if (got->seq_after != r.seq) return true;  // re-read the newer snapshot next poll
+    if (got->seq_after != r.seq) {  // re-read the newer snapshot after a fresh poll
+      torn_[u] = true;
+      window_.request_poll(u);
+      return true;
+    }
     window_.ack(u, r.p, r.seq);
     s.acked = r.seq;
     s.owed = true;  // a unit waiting for a merge gets the current one

@@ -54,6 +54,7 @@ class LocalRemote final : public comm::RemoteMemory {
   }
   bool put_word(int u, size_t offset, int64_t value) override {
     if (!in(u, offset, 8)) return false;
+    words_written.emplace_back(u, offset);
     std::atomic_ref<int64_t>(*reinterpret_cast<int64_t*>(units_[u]->base() + offset)).store(value);
     return true;
   }
@@ -64,6 +65,7 @@ class LocalRemote final : public comm::RemoteMemory {
   }
   void close() override {}
   int64_t puts = 0;
+  std::vector<std::pair<int, size_t>> words_written;  ///< (unit, offset) of every put_word, in order
 
   /// As a slow link: unit u's transfers (start_get / start_put) stay running while held, and
   /// are carried out at the first test() after the hold ends.

@@ -509,6 +509,74 @@ TEST(SyncerCore, ATransferPastItsPatienceIsLoggedOnceAsASlowLink) {
   EXPECT_EQ(h.merges(0).size(), 1u) << "a slow transfer still ends";
 }
 
+TEST(SyncerCore, AUnitWithATransferOnTimeIsHeardAndSilentOncePastIt) {
+  // Its headers are not polled while its read is on its way: within the read's patience
+  // (0.25 s + its bytes at 1e7 B/s, real time) it is not silent, whatever the syncer's clock says.
+  Harness h(small_config(Mode::decoupled, 2, 1));
+  h.remote.hold(1, true);
+  h.publish(1, 0, 1.0f, 4, 400);
+  h.tick();
+  h.clock = 6.0;  // past heartbeat_timeout_s = 5, unit 1 never beat
+  h.beat(0);
+  h.tick();
+  EXPECT_TRUE(h.named("unit_silent").empty()) << "a unit with a transfer on time was declared silent";
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  h.clock = 12.0;
+  h.beat(0);
+  h.tick();
+  ASSERT_EQ(h.named("unit_silent").size(), 1u) << "a transfer past its patience still made the unit heard";
+  EXPECT_EQ(h.named("unit_silent")[0]["unit"], 1);
+  EXPECT_EQ(h.named("link_slow").size(), 1u);
+}
+
+TEST(SyncerCore, WordsForAUnitWithATransferOnItsWayWaitInOrderUntilWritten) {
+  // Control words issued while unit 1's read is on its way wait (issued now they would queue
+  // behind it); then they are written in the order issued, and kept while its link is stalled.
+  Harness h(small_config(Mode::decoupled, 2, 1));
+  h.remote.hold(1, true);
+  h.publish(1, 0, 1.0f, 4, 400);
+  h.tick();
+  ASSERT_TRUE(h.core.transfers_in_flight());
+  h.remote.words_written.clear();
+  ASSERT_TRUE(h.window.set_control(1, sync::kCheckpointWant, 7));
+  h.core.set_stopping();  // kStop to every unit
+  EXPECT_EQ(h.unit(1).control(sync::kCheckpointWant), 0) << "written behind a transfer on its way";
+  EXPECT_EQ(h.unit(1).control(sync::kStop), 0);
+  EXPECT_EQ(h.unit(0).control(sync::kStop), 1) << "a unit with no transfer waits for nothing";
+  h.remote.hold(1, false);
+  h.remote.stall(1, true);  // the lane ends unreachable, the words cannot be written yet
+  h.tick();
+  EXPECT_EQ(h.unit(1).control(sync::kStop), 0);
+  h.remote.stall(1, false);
+  h.tick();
+  EXPECT_EQ(h.unit(1).control(sync::kCheckpointWant), 7) << "a word that could not be written was dropped";
+  EXPECT_EQ(h.unit(1).control(sync::kStop), 1);
+  std::vector<size_t> order;
+  for (const auto& [u, offset] : h.remote.words_written)
+    if (u == 1 && (offset == sync::kCheckpointWant * 8u || offset == sync::kStop * 8u)) order.push_back(offset);
+  ASSERT_GE(order.size(), 2u);
+  EXPECT_EQ(order[0], sync::kCheckpointWant * 8u) << "written out of the order issued";
+}
+
+TEST(SyncerCore, ATornReadWaitsForAFreshPollBeforeReadingAgain) {
+  // The unit's sequence number moved during the read (as if it published over it): refused as
+  // torn once, then, after a poll has read its headers again, the newer snapshot is read.
+  Harness h(small_config(Mode::decoupled, 1, 1));
+  h.remote.hold(0, true);
+  h.publish(0, 0, 1.0f, 4, 400);
+  h.tick();
+  auto& seq = *reinterpret_cast<int64_t*>(h.memory[0]->base() + h.layout.header_offset(0) + sync::kOutSeq * 8);
+  seq += 1;
+  h.remote.hold(0, false);
+  h.tick();
+  ASSERT_EQ(h.named("snapshot_rejected").size(), 1u) << "the stale announcement was read again at once";
+  EXPECT_NE(h.named("snapshot_rejected")[0]["reason"].get<std::string>().find("torn"), std::string::npos);
+  h.tick();
+  h.tick();
+  EXPECT_EQ(h.named("snapshot_rejected").size(), 1u);
+  EXPECT_EQ(h.merges(0).size(), 1u) << "the newer snapshot was not read after the fresh poll";
+}
+
 TEST(SyncerCore, ARejoinIsServedOverASlowLinkFragmentByFragment) {
   Harness h(small_config(Mode::decoupled, 2, 1));
   const int P = h.layout.fragments();
@@ -525,7 +593,11 @@ TEST(SyncerCore, ARejoinIsServedOverASlowLinkFragmentByFragment) {
   uint64_t raw_bytes = 0;
   for (int p = 0; p < P; ++p) raw_bytes += h.layout.numel(p) * sizeof(float);
   EXPECT_EQ(h.named("rejoin")[0]["bytes_out"], raw_bytes) << "every fragment served raw, once";
-  for (int p = 0; p < P; ++p) EXPECT_EQ(h.unit(1).inbox_version(p), 0) << "served at version 0";
+  for (int p = 0; p < P; ++p) {
+    std::vector<float> got(h.layout.numel(p));
+    ASSERT_TRUE(h.unit(1).take_inbox(p, got)) << "fragment " << p << " not served intact";
+    EXPECT_EQ(got, std::vector<float>(h.core.theta(p).begin(), h.core.theta(p).end())) << "fragment " << p;
+  }
 }
 
 TEST(SyncerCore, ARejoinOverAnEmulatedLinkIsServedOnceThetaLanded) {
