@@ -357,6 +357,12 @@ class SyncerWindow {
     std::vector<float> next;
     std::chrono::steady_clock::time_point started;
     uint64_t serial = 0;  // transfers started on this lane so far
+    void busy(Lane k, int p) {  // a transfer of fragment p started now
+      kind = k;
+      fragment = p;
+      started = std::chrono::steady_clock::now();
+      ++serial;
+    }
   };
   // Per unit: control words waiting to be written (the lane was busy, or the write failed), in
   // the order issued, the latest value per word; kept until written or the unit is lost.

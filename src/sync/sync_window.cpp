@@ -308,10 +308,7 @@ bool SyncerWindow::start_fetch(int u, int p, const UnitHeaders& headers) {
   const size_t read = std::min(static_cast<size_t>(std::max<int64_t>(announced, 0)), layout_->capacity(p));
   l.ticket = remote_->start_get(u, layout_->outbox_offset(p), read);
   if (l.ticket == 0) return false;
-  l.kind = Lane::fetch;
-  l.started = std::chrono::steady_clock::now();
-  ++l.serial;
-  l.fragment = p;
+  l.busy(Lane::fetch, p);
   l.ref = ref;
   l.announced = announced;
   l.sum = static_cast<uint64_t>(headers.header(p, kOutChecksum));
@@ -405,10 +402,7 @@ bool SyncerWindow::start_deliver(int u, int p, int64_t version, std::span<const 
   // reference of it stays: the caller delivers again later.
   l.ticket = remote_->start_put(u, layout_->inbox_offset(p), l.bytes);
   if (l.ticket == 0) return false;
-  l.kind = Lane::deliver;
-  l.started = std::chrono::steady_clock::now();
-  ++l.serial;
-  l.fragment = p;
+  l.busy(Lane::deliver, p);
   l.version = version;
   l.raw = raw;
   l.sum = checksum(std::span<const std::byte>(l.bytes));
