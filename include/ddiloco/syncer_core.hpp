@@ -232,7 +232,6 @@ class SyncerCore {
   // Per unit: a read came back torn, so its polled headers are stale: no read starts before a
   // poll has read them again (else the same stale announcement is read again and again).
   std::vector<bool> torn_, repolled_;
-  bool polled_since_torn(int u) const;
   void report_slow_link(int u);
   std::vector<int64_t> reads_started_;         // debug.crash_during_read
   std::vector<int64_t> tokens_before_, steps_before_;  // per unit: its earlier processes' work

@@ -128,7 +128,6 @@ void SyncerCore::poll() {
     if (torn_[u] && !window_.poll_pending(u)) repolled_[u] = true;
 }
 
-bool SyncerCore::polled_since_torn(int u) const { return repolled_[u]; }
 
 void SyncerCore::set_stopping() {
   stopping_ = true;
@@ -402,7 +401,7 @@ bool SyncerCore::collect() {
 bool SyncerCore::collect_unit(int u) {
   bool any = false;
   if (torn_[u]) {  // a torn read: wait for the poll that reads its headers again
-    if (!headers_[u].reachable || !polled_since_torn(u)) return false;
+    if (!headers_[u].reachable || !repolled_[u]) return false;
     torn_[u] = repolled_[u] = false;
   }
   if (window_.lane(u) == SyncerWindow::Lane::fetch) {
