@@ -92,11 +92,7 @@ class RemoteMemory {
   virtual void abandon(Ticket ticket);
 
  private:
-  struct Finished {  // the defaults': transfers done before start_* returned
-    bool ok = false;
-    std::vector<std::byte> data;
-  };
-  std::map<Ticket, Finished> finished_;
+  std::map<Ticket, std::vector<std::byte>> finished_;  // the defaults': done, a get's bytes
   Ticket next_ticket_ = 1;
 };
 

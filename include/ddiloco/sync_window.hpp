@@ -343,6 +343,7 @@ class SyncerWindow {
  private:
   bool put_word(int u, size_t byte_offset, int64_t value);   // waits for a busy lane
   bool write_word(int u, size_t byte_offset, int64_t value);  // now
+  static Fetched unreadable();
   void prune_references(const std::vector<UnitHeaders>& headers);
   struct LaneState {
     Lane kind = Lane::idle;
@@ -362,6 +363,11 @@ class SyncerWindow {
       fragment = p;
       started = std::chrono::steady_clock::now();
       ++serial;
+    }
+    void end() {  // its transfer is over (its bytes and announcement stay for the caller)
+      kind = Lane::idle;
+      fragment = -1;
+      ticket = 0;
     }
   };
   // Per unit: control words waiting to be written (the lane was busy, or the write failed), in

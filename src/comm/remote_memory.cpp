@@ -8,31 +8,27 @@
 namespace ddiloco::comm {
 
 RemoteMemory::Ticket RemoteMemory::start_get(int u, size_t offset, size_t bytes) {
-  if (!connected(u)) return 0;
-  Finished f;
-  f.data.resize(bytes);
-  f.ok = get(u, offset, f.data);
-  if (!f.ok) return 0;
-  const Ticket t = next_ticket_++;
-  finished_.emplace(t, std::move(f));
-  return t;
+  std::vector<std::byte> data(bytes);
+  if (!get(u, offset, data)) return 0;  // (absent: false at once)
+  finished_.emplace(next_ticket_, std::move(data));
+  return next_ticket_++;
 }
 
 RemoteMemory::Ticket RemoteMemory::start_put(int u, size_t offset, std::span<const std::byte> src) {
-  if (!connected(u) || !put(u, offset, src)) return 0;
-  const Ticket t = next_ticket_++;
-  finished_.emplace(t, Finished{true, {}});
-  return t;
+  if (!put(u, offset, src)) return 0;
+  finished_.emplace(next_ticket_, std::vector<std::byte>());
+  return next_ticket_++;
 }
 
 RemoteMemory::Status RemoteMemory::test(Ticket ticket, std::span<std::byte> dst) {
   const auto it = finished_.find(ticket);
   if (it == finished_.end()) return Status::failed;
-  if (!it->second.data.empty() && it->second.data.size() != dst.size())
-    fail("transfer {}: read {} bytes into a buffer of {}", ticket, it->second.data.size(), dst.size());
-  if (!dst.empty() && it->second.data.size() == dst.size())
-    std::memcpy(dst.data(), it->second.data.data(), dst.size());
+  const std::vector<std::byte> data = std::move(it->second);  // a get's bytes; a put's: none
   finished_.erase(it);
+  if (!data.empty()) {
+    if (data.size() != dst.size()) fail("transfer {}: read {} bytes into a buffer of {}", ticket, data.size(), dst.size());
+    std::memcpy(dst.data(), data.data(), dst.size());
+  }
   return Status::done;
 }
 

@@ -298,6 +298,15 @@ void SyncerWindow::set_reference(int u, int p, int64_t version, std::span<const 
 
 // ---- lanes
 
+// Lost, or its link stalled: the caller tries nothing more of the unit now.
+SyncerWindow::Fetched SyncerWindow::unreadable() {
+  Fetched got;
+  got.seq_after = -1;
+  got.unreachable = true;
+  got.problem = "the unit could not be read";
+  return got;
+}
+
 bool SyncerWindow::start_fetch(int u, int p, const UnitHeaders& headers) {
   LaneState& l = lanes_[u];
   if (l.kind != Lane::idle) return false;
@@ -324,19 +333,12 @@ std::optional<SyncerWindow::Fetched> SyncerWindow::end_fetch(int u, std::span<fl
     fail("fetch: fragment {} has {} elements, got {}", p, layout_->numel(p), dst.size());
   const comm::RemoteMemory::Status status = remote_->test(l.ticket, l.bytes);
   if (status == comm::RemoteMemory::Status::running) return std::nullopt;
-  l.kind = Lane::idle;
-  l.fragment = -1;
-  l.ticket = 0;
+  l.end();
   Fetched got;
   const bool ok = status == comm::RemoteMemory::Status::done &&
                   remote_->fetch_word(u, layout_->header_offset(p) + kOutSeq * 8, got.seq_after);
   flush_words(u);
-  if (!ok) {
-    got.seq_after = -1;
-    got.unreachable = true;  // lost, or its link stalled: the caller tries nothing more of it now
-    got.problem = "the unit could not be read";
-    return got;
-  }
+  if (!ok) return unreadable();
   const std::span<const std::byte> data(l.bytes);
   const bool raw = l.ref < 0 || layout_->format() == wire::Format::fp32;
   const size_t expected = raw ? dst.size_bytes() : layout_->wire_bytes(p);
@@ -415,9 +417,7 @@ std::optional<size_t> SyncerWindow::end_deliver(int u) {
   const comm::RemoteMemory::Status status = remote_->test(l.ticket);
   if (status == comm::RemoteMemory::Status::running) return std::nullopt;
   const int p = l.fragment;
-  l.kind = Lane::idle;
-  l.fragment = -1;
-  l.ticket = 0;
+  l.end();
   // The data is complete at the target (done: the put was flushed) before the words that
   // announce it.
   bool ok = status == comm::RemoteMemory::Status::done;
@@ -459,13 +459,7 @@ void SyncerWindow::abandon(int u) {
 
 SyncerWindow::Fetched SyncerWindow::fetch(int u, int p, const UnitHeaders& headers, std::span<float> dst) {
   if (lanes_[u].kind != Lane::idle) fail("fetch: unit {}'s lane is busy", u);
-  if (!start_fetch(u, p, headers)) {
-    Fetched got;
-    got.seq_after = -1;
-    got.unreachable = true;
-    got.problem = "the unit could not be read";
-    return got;
-  }
+  if (!start_fetch(u, p, headers)) return unreadable();
   for (;;) {
     if (auto got = end_fetch(u, dst)) return *got;
     std::this_thread::sleep_for(std::chrono::microseconds(100));
