@@ -91,6 +91,11 @@ struct OuterConfig {
   /// (merge.hpp); no effect on merges of every unit (the synchronous modes, but for the final
   /// flush of an interrupted job).
   bool share_steps = true;
+  /// Post-local SGD (Lin et al., "Don't use large mini-batches, use local SGD", ICLR 2020):
+  /// over the first `warmup_steps` inner steps every fragment is synchronised after every
+  /// step and applied at once (H = 1, τ = 0), and each such merge is a plain average
+  /// (η = 1, μ = 0; the momentum stays untouched); H local steps start after it. 0 = off.
+  int warmup_steps = 0;
 };
 
 struct SyncerConfig {

@@ -29,18 +29,24 @@ struct Fragment {
 /// (t − offset_p) mod H = 0, i.e. at t = offset_p + k·H, k ≥ 1: every fragment gets at least
 /// H steps before its first synchronisation, and with P = H exactly one fragment is due per
 /// step. P = 1 is plain DiLoCo (due every H steps).
+/// With a warm-up of W steps (outer.warmup_steps, post-local SGD) every fragment is due after
+/// every step t ≤ W, and the schedule above runs on t − W after it.
 class FragmentPlan {
  public:
-  /// Throws Error when P < 1, P > number of tensors, or H < 1.
-  FragmentPlan(const ParameterLayout& layout, int fragments, int h);
+  /// Throws Error when P < 1, P > number of tensors, H < 1 or W < 0.
+  FragmentPlan(const ParameterLayout& layout, int fragments, int h, int64_t warmup = 0);
 
   const std::vector<Fragment>& fragments() const { return fragments_; }
   /// The parameter layout it splits (it must outlive the plan).
   const ParameterLayout& layout() const { return *layout_; }
   int size() const { return static_cast<int>(fragments_.size()); }
   int h() const { return h_; }
+  /// Is inner step t (t ≥ 1) in the warm-up, where every step is synchronised and applied at once?
+  bool warm(int64_t t) const { return t <= warmup_; }
   /// Is fragment p due after inner step t (t ≥ 1)?
   bool due(int p, int64_t t) const;
+  /// The inner step after which fragment p's k-th synchronisation is due (k ≥ 0; 0 → 0).
+  int64_t step_of_sync(int p, int64_t k) const;
   /// Fragments due after inner step t, in index order.
   std::vector<int> due_after(int64_t t) const;
 
@@ -61,6 +67,7 @@ class FragmentPlan {
   std::vector<Fragment> fragments_;
   std::vector<std::vector<Segment>> segments_;
   int h_;
+  int64_t warmup_;
 };
 
 }  // namespace ddiloco

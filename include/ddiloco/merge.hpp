@@ -20,6 +20,11 @@
 //        (momentum decays by μ per round either way) instead of once per piece. Shares count
 //        tokens per step, not speed: a slow unit's merges come less often, so per unit of time
 //        it moves Θ less, as it contributes less.
+//   warm-up merge    (`outer.warmup_steps`, post-local SGD: Lin et al., ICLR 2020)
+//                    Θ ← Θ − s·Δ, i.e. η = 1 and μ = 0 with v left as it is: a plain
+//                    (share-scaled) average of the units' one-step progress, because a
+//                    momentum of μ fed every step would multiply the inner learning rate by
+//                    about η/(1 − μ).
 // All arithmetic is in double; Θ and v are stored in fp32. With one contribution, η = 1 and
 // μ = 0 the result is θ_1 exactly (x − (x − y) = y in double for fp32 x, y).
 #pragma once
@@ -63,10 +68,11 @@ class OuterOptimizer {
   /// Merges the contributions into fragment p's Θ (packed, in place) and updates its momentum.
   /// Each segment (tensor) uses the mean (embeddings, or every tensor with MergeRule::mean)
   /// or RDA. `share` ∈ (0, 1] scales the step (see the header comment; 1 = plain Nesterov).
+  /// `warm`: a warm-up merge, η = 1 and μ = 0 whatever the optimizer's, the momentum untouched.
   /// Returns false and changes nothing when every weight is 0. Throws Error when a
   /// contribution's (or its anchor's) size is not the fragment's, or share is outside (0, 1].
   bool step(int p, std::span<float> theta, const std::vector<Contribution>& contributions,
-            double share = 1.0);
+            double share = 1.0, bool warm = false);
 
   std::span<float> momentum(int p) { return momentum_[p]; }
   double lr() const { return lr_; }

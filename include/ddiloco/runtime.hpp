@@ -37,6 +37,7 @@ struct OuterPlan {
   int fragments = 1;
   int h = 1;
   int overlap = 0;
+  int64_t warmup = 0;          ///< outer.warmup_steps: every step synchronised up to it (not ddp)
   int quorum = 1;
   bool learners_wait = false;  ///< a unit blocks at send + τ until its merge has arrived
   bool outer_steps = true;     ///< false for ddp: the syncer only evaluates

@@ -366,6 +366,7 @@ void write_manifest(const fs::path& dir, int64_t id, const Config& config,
                       {"unit_ranks", unit_ranks},
                       {"fragments", config.mode == Mode::diloco ? 1 : config.outer.fragments},
                       {"h", config.outer.h},
+                      {"warmup_steps", config.outer.warmup_steps},
                       {"files", files}};
   if (summary.is_object()) m.update(summary);
   write_text_atomically(dir / "manifest.json", m.dump(2) + "\n");
@@ -442,9 +443,12 @@ void check_compatible(const nlohmann::json& m, const Config& config, const fs::p
     if (m.at("fragments").get<int>() != fragments)
       mismatch("outer.fragments", m.at("fragments").get<int>(), fragments);
     // diloco counts rounds in steps (a unit back from a crash redoes its round from step
-    // round·H): H cannot change under it.
+    // round·H, after the warm-up's rounds of one step): neither can change under it.
     if (config.mode == Mode::diloco && m.at("h").get<int>() != config.outer.h)
       mismatch("outer.h (diloco counts its rounds in steps)", m.at("h").get<int>(), config.outer.h);
+    const int warmup = m.value("warmup_steps", 0);  // checkpoints from before the key: none
+    if (config.mode == Mode::diloco && warmup != config.outer.warmup_steps)
+      mismatch("outer.warmup_steps (diloco counts its rounds in steps)", warmup, config.outer.warmup_steps);
   } catch (const nlohmann::json::exception& e) {
     fail("{}/manifest.json: invalid manifest: {}", where, e.what());
   }

@@ -8,13 +8,14 @@
 
 namespace ddiloco {
 
-FragmentPlan::FragmentPlan(const ParameterLayout& layout, int fragments, int h)
-    : layout_(&layout), h_(h) {
+FragmentPlan::FragmentPlan(const ParameterLayout& layout, int fragments, int h, int64_t warmup)
+    : layout_(&layout), h_(h), warmup_(warmup) {
   const auto& tensors = layout.tensors();
   if (fragments < 1 || fragments > static_cast<int>(tensors.size()))
     fail("outer.fragments: must be in [1, {}] (the model's tensors), got {}", tensors.size(),
          fragments);
   if (h < 1) fail("outer.h: must be ≥ 1, got {}", h);
+  if (warmup < 0) fail("outer.warmup_steps: must be ≥ 0, got {}", warmup);
 
   std::vector<int> order(tensors.size());
   std::iota(order.begin(), order.end(), 0);
@@ -45,8 +46,15 @@ FragmentPlan::FragmentPlan(const ParameterLayout& layout, int fragments, int h)
 }
 
 bool FragmentPlan::due(int p, int64_t t) const {
+  if (warm(t)) return true;
+  t -= warmup_;
   const int64_t offset = fragments_[p].offset;
   return t >= offset + h_ && (t - offset) % h_ == 0;
+}
+
+int64_t FragmentPlan::step_of_sync(int p, int64_t k) const {
+  if (k <= warmup_) return k;
+  return warmup_ + fragments_[p].offset + (k - warmup_) * h_;
 }
 
 std::vector<int> FragmentPlan::due_after(int64_t t) const {

@@ -50,7 +50,7 @@ Learner::Learner(const Config& config, const OuterPlan& plan, const Topology& to
       max_steps_(plan.mode == Mode::decoupled ? INT64_MAX : config.train.steps),
       eval_period_(static_cast<int64_t>(plan.h) * config.syncer.eval_every),
       job_step_tokens_(config.job_tokens_per_step()),
-      fragments_(trainer.model().layout(), plan.fragments, plan.h),
+      fragments_(trainer.model().layout(), plan.fragments, plan.h, plan.warmup),
       // In ddp the window only ships θ to the syncer for evaluation, not across the WAN: fp32.
       layout_(fragments_, plan.outer_steps ? wire::parse_format(config.wan.format) : wire::Format::fp32,
               static_cast<size_t>(config.wan.block)),

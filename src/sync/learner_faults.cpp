@@ -122,12 +122,13 @@ bool Learner::crash_and_rejoin(const Actions& a, int64_t& t, bool joining) {
   if (topo_.unit_size > 1) mpi::broadcast_patient(words, 0, topo_.unit_comm);
   if (words[0]) return false;
   if (plan_.outer_steps) start_over_from(words);
-  // diloco counts rounds in steps: every unit's k-th snapshot is its step k·H (P = 1). A
+  // diloco counts rounds in steps: every unit's k-th snapshot is its step k·H (P = 1; after a
+  // warm-up of W steps synchronised every step, W + (k − W)·H). A
   // unit back from a crash redoes, from the Θ it fetched (round words[1]), the steps of the
   // round it lost, so that its snapshots and its last step stay in line with the others'.
   const int64_t crashed_at = t;
   if (plan_.mode == Mode::diloco) {
-    t = words[1] * plan_.h;
+    t = fragments_.step_of_sync(0, words[1]);
     trainer_.set_steps_done(t);  // the learning rate follows the round too
   }
   if (topo_.leader) {

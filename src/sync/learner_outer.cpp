@@ -90,14 +90,17 @@ bool Learner::take_merges(int64_t t, Actions& actions) {
   for (int p = 0; p < P_ && plan_.outer_steps; ++p) {
     take(p);
     const FragmentState& f = frag_[p];
-    const bool owed = f.sent_step >= 0 && t >= f.sent_step + plan_.overlap;
-    if (owed && plan_.learners_wait) crash_ready = wait_for_merge(p, crash_ready);
+    // Warm-up (post-local SGD): every step's merge is applied before the next step.
+    const bool warm = fragments_.warm(t);
+    const bool owed = f.sent_step >= 0 && t >= f.sent_step + (warm ? 0 : plan_.overlap);
+    if (owed && (plan_.learners_wait || warm)) crash_ready = wait_for_merge(p, crash_ready);
     if (owed && f.pending_version > f.applied) actions.apply.emplace_back(p, f.pending_version);
   }
   return crash_ready;
 }
 
-// Leader, synchronous modes and decoupled with τ = 0: waits (beating) for the merge owed on p.
+// Leader, synchronous modes, decoupled with τ = 0 and every mode in the warm-up: waits
+// (beating) for the merge owed on p.
 bool Learner::wait_for_merge(int p, bool crash_ready) {
   const FragmentState& f = frag_[p];
   // Synchronous modes: every merge includes every unit, so the merge of our k-th snapshot is

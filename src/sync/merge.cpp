@@ -83,7 +83,7 @@ OuterOptimizer::OuterOptimizer(const FragmentPlan& plan, double lr, double momen
 }
 
 bool OuterOptimizer::step(int p, std::span<float> theta,
-                          const std::vector<Contribution>& contributions, double share) {
+                          const std::vector<Contribution>& contributions, double share, bool warm) {
   const size_t numel = plan_->fragments()[p].numel;
   if (theta.size() != numel) fail("outer step: fragment {} has {} elements, got {}", p, numel, theta.size());
   if (!(share > 0 && share <= 1)) fail("outer step: share must be in (0, 1], got {}", share);
@@ -107,6 +107,11 @@ bool OuterOptimizer::step(int p, std::span<float> theta,
     merge_segment(theta, contributions, seg.packed_offset, seg.numel, rda, delta);
     float* th = theta.data() + seg.packed_offset;
     float* vv = v + seg.packed_offset;
+    if (warm) {
+      for (size_t i = 0; i < seg.numel; ++i)
+        th[i] = static_cast<float>(static_cast<double>(th[i]) - share * delta[i]);
+      continue;
+    }
     for (size_t i = 0; i < seg.numel; ++i) {
       const double vel = decay * vv[i] + share * delta[i];
       th[i] = static_cast<float>(static_cast<double>(th[i]) - step * (delta[i] + mu_ * vel));

@@ -46,6 +46,7 @@ OuterPlan OuterPlan::from(const Config& c) {
       plan.learners_wait = c.outer.overlap == 0;
       break;
   }
+  plan.warmup = plan.outer_steps ? c.outer.warmup_steps : 0;
   if (plan.overlap >= plan.h)
     fail("outer.overlap: must be < outer.h = {} (a merge must land before the fragment is due "
          "again), got {}",

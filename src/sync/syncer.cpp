@@ -24,7 +24,7 @@ Syncer::Syncer(const Config& config, const OuterPlan& plan, const Topology& topo
       M_(topo.units),
       topo_(topo),
       parameters_(ParameterLayout::gpt2(config.model)),
-      fragments_(parameters_, plan.fragments, plan.h),
+      fragments_(parameters_, plan.fragments, plan.h, plan.warmup),
       layout_(fragments_, plan.outer_steps ? wire::parse_format(config.wan.format) : wire::Format::fp32,
               static_cast<size_t>(config.wan.block)),
       remote_(*link.remote),
@@ -59,7 +59,11 @@ Syncer::Syncer(const Config& config, const OuterPlan& plan, const Topology& topo
 }
 
 int64_t Syncer::eval_stride() const {
-  return plan_.outer_steps ? static_cast<int64_t>(config_.syncer.eval_every) * fragments_.size() : 1;
+  if (!plan_.outer_steps) return 1;
+  // In the warm-up every fragment merges after every step: H times the merges per step, and
+  // evaluations stay as many per step as after it.
+  const bool warm = fragments_.warm(core_.steps_total() / M_ + 1);
+  return static_cast<int64_t>(config_.syncer.eval_every) * fragments_.size() * (warm ? plan_.h : 1);
 }
 
 // An idle poll finds nothing new: the syncer sleeps between them, at most 1/16 of the units'

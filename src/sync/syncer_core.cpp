@@ -570,7 +570,10 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
     at_steps.push_back(s.meta.step);
   }
   const double share = config_.outer.share_steps ? merge_share(units) : 1.0;
-  const bool merged = outer_.step(p, theta_[p], contributions, share);
+  // A warm-up merge (post-local SGD) averages snapshots of warm-up steps only.
+  const bool warm = std::all_of(units.begin(), units.end(),
+                                [&](int u) { return fragments_.warm(slots_[u][p].meta.step); });
+  const bool merged = outer_.step(p, theta_[p], contributions, share, warm);
   for (int u : units) slots_[u][p].fresh = false;
   rounds_[p] = Round{};
   if (!merged) return;  // every weight zero: nothing learned, nothing to send
@@ -599,6 +602,7 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
         {"weights", w},
         {"staleness", staleness},
         {"share", share},
+        {"warm", warm},
         {"period_s", nominal_period()},
         {"base_versions", base_versions},
         {"inner_steps", steps},

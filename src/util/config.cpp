@@ -173,6 +173,11 @@ const std::vector<Entry<Config>>& entries() {
                     "outer gradient Δ_m = anchor − θ_m from: current (Θ now) | base (the Θ "
                     "version unit m last received)",
                     one_of({"current", "base"})),
+      DDILOCO_FIELD(int, "outer.warmup_steps", outer.warmup_steps,
+                    "post-local SGD: inner steps from the start during which every fragment is "
+                    "synchronised after every step, applied at once, by a plain average (H = 1, "
+                    "τ = 0, η = 1, μ = 0); 0 = off",
+                    at_least(0)),
       DDILOCO_FIELD(bool, "outer.share_steps", outer.share_steps,
                     "a merge of some units steps by their share s of the live units' tokens per "
                     "step (v ← μ^s·v + s·Δ, Θ ← Θ − η·s·(Δ + μ·v))"),
@@ -555,6 +560,7 @@ std::vector<Unused> unused_in(const Config& c) {
       return {{"outer.fragments", no_outer}, {"outer.overlap", no_outer}, {"outer.apply", no_outer},
               {"outer.blend_alpha", no_outer}, {"outer.lr", no_outer}, {"outer.momentum", no_outer},
               {"outer.merge", no_outer}, {"outer.anchor", no_outer}, {"outer.share_steps", no_outer},
+              {"outer.warmup_steps", no_outer},
               {"syncer.quorum", no_outer}, {"syncer.grace_gamma", no_outer},
               {"syncer.grace_cap_steps", no_outer}};
     case Mode::diloco: {

@@ -77,4 +77,32 @@ c, o = counted("tau_carry"), counted("tau_overwrite")
 assert len(c) == 6 and set(c) == {4}, c
 assert len(o) == 6 and o[0] == 4 and set(o[1:]) == {2}, o
 PY
+# Post-local SGD: every step of the warm-up is synchronised, applied at once (τ does not
+# apply) and merged by a plain average whatever η and μ say. A warm-up over the whole run is
+# plain training bit for bit even with streaming's τ = 2, overwrite and Nesterov 0.7 / 0.9
+# (fed every step, the momentum would multiply the step by about 7); diloco warmed up for 10
+# steps then takes rounds of H = 5 (13 merges) and, plain, is still plain training.
+ddiloco_mpirun -np 2 "$DDILOCO" train --config base.yaml --set run.dir=warm --set mode=streaming \
+  --set train.steps=24 --set outer.fragments=2 --set outer.h=4 --set outer.overlap=2 \
+  --set outer.lr=0.7 --set outer.momentum=0.9 --set outer.warmup_steps=24 > warm.log 2>&1 ||
+  { cat warm.log; fail "streaming with a warm-up over the whole run failed"; }
+ddiloco_mpirun -np 2 "$DDILOCO" train --config base.yaml --set run.dir=dil_warm --set mode=diloco \
+  --set outer.h=5 --set outer.warmup_steps=10 > dil_warm.log 2>&1 ||
+  { cat dil_warm.log; fail "diloco with a warm-up failed"; }
+/usr/bin/python3 - <<'PY' || fail "outer.warmup_steps: the warm-up is not plain training"
+import h5py, json, numpy as np
+def same(plain, run):
+    a, b = h5py.File(f"{plain}/model.h5"), h5py.File(f"{run}/model.h5")
+    return all(np.array_equal(a["params"][n][...], b["params"][n][...]) for n in a["params"])
+def merges(run):
+    return [m for m in map(json.loads, open(f"{run}/metrics.jsonl")) if m["event"] == "merge"]
+w, d = merges("warm"), merges("dil_warm")
+print(f"warm-up: streaming {len(w)} merges, diloco {len(d)} "
+      f"(at steps {[m['at_steps'][0] for m in d]})")
+assert len(w) == 48 and all(m["warm"] for m in w), len(w)
+assert [m["at_steps"][0] for m in d] == list(range(1, 11)) + [15, 20, 25], d
+assert [m["warm"] for m in d] == [True] * 10 + [False] * 3
+assert same("plain24", "warm"), "streaming, whole run warm"
+assert same("plain", "dil_warm"), "diloco, warm-up then H = 5"
+PY
 echo "runtime_identity: passed"

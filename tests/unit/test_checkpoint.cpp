@@ -272,6 +272,20 @@ TEST(Checkpoint, AnotherJobsCheckpointIsRefusedNamingTheField) {
   c.mode = Mode::diloco;
   EXPECT_NE(error_of([&] { checkpoint::check_compatible(m, c, dir); }).find("mode is decoupled there, diloco"),
             std::string::npos);
+  // diloco counts its rounds in steps: its warm-up cannot change on resume. A manifest from
+  // before the key had none.
+  nlohmann::json dm = m;
+  dm["mode"] = "diloco";
+  dm["fragments"] = 1;
+  dm.erase("warmup_steps");
+  EXPECT_NO_THROW(checkpoint::check_compatible(dm, c, dir));
+  dm["warmup_steps"] = 300;
+  EXPECT_NE(error_of([&] { checkpoint::check_compatible(dm, c, dir); })
+                .find("outer.warmup_steps (diloco counts its rounds in steps) is 300 there, 0"),
+            std::string::npos);
+  c.outer.warmup_steps = 300;
+  EXPECT_NO_THROW(checkpoint::check_compatible(dm, c, dir));
+  EXPECT_EQ(m.at("warmup_steps"), 0);  // written with every checkpoint
   // A file whose tensor has another shape than its /model says, and one with fewer fragments.
   const fs::path file = checkpoint::unit_file(dir, 0);
   {

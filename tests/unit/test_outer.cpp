@@ -62,6 +62,30 @@ TEST(Fragments, StaggeredScheduleOffsets) {
   for (int64_t t = 1; t <= 15; ++t) EXPECT_EQ(diloco.due(0, t), t % 5 == 0) << t;
 }
 
+TEST(Fragments, WarmUpSynchronisesEveryStepThenTheScheduleStartsOver) {
+  const ParameterLayout layout = ParameterLayout::gpt2(GptConfig{8, 4, 1, 1, 2});
+  // P = 2, H = 4 (offsets 0, 2), a warm-up of W = 3 steps: both fragments after steps 1, 2, 3,
+  // then the schedule on t − 3: fragment 0 at 3 + 4k (7, 11), fragment 1 at 3 + 2 + 4k (9, 13).
+  const FragmentPlan plan(layout, 2, 4, 3);
+  std::vector<std::vector<int64_t>> due(2);
+  for (int64_t t = 1; t <= 13; ++t) {
+    EXPECT_EQ(plan.warm(t), t <= 3) << t;
+    for (int p : plan.due_after(t)) due[p].push_back(t);
+  }
+  EXPECT_EQ(due[0], (std::vector<int64_t>{1, 2, 3, 7, 11}));
+  EXPECT_EQ(due[1], (std::vector<int64_t>{1, 2, 3, 9, 13}));
+  // step_of_sync names the step of each fragment's k-th synchronisation: the same list.
+  for (int p = 0; p < 2; ++p) {
+    EXPECT_EQ(plan.step_of_sync(p, 0), 0);
+    for (size_t k = 1; k <= due[p].size(); ++k) EXPECT_EQ(plan.step_of_sync(p, k), due[p][k - 1]) << p << " " << k;
+  }
+  // Without a warm-up: step_of_sync of plain DiLoCo is k·H.
+  const FragmentPlan diloco(layout, 1, 5);
+  EXPECT_EQ(diloco.step_of_sync(0, 3), 15);
+  EXPECT_FALSE(diloco.warm(1));
+  EXPECT_THROW(FragmentPlan(layout, 2, 4, -1), Error);
+}
+
 TEST(Fragments, PackUnpackRoundTrip) {
   const ParameterLayout layout = ParameterLayout::gpt2(GptConfig{8, 4, 1, 1, 2});
   const FragmentPlan plan(layout, 3, 6);
@@ -201,6 +225,26 @@ TEST(Merge, ShareScaledNesterovByHand) {
   EXPECT_THROW(outer.step(0, theta, {{unit, 1.0}}, 0.0), Error);
   EXPECT_THROW(outer.step(0, theta, {{unit, 1.0}}, 1.5), Error);
   EXPECT_THROW(outer.step(0, theta, {{unit, 1.0, std::vector<float>(n + 1)}}), Error);
+}
+
+TEST(Merge, AWarmUpMergeIsAPlainAverageAndLeavesTheMomentumAlone) {
+  const ParameterLayout layout = ParameterLayout::gpt2(GptConfig{2, 1, 1, 1, 1});
+  const FragmentPlan plan(layout, 1, 1);
+  const size_t n = plan.fragments()[0].numel;
+  OuterOptimizer outer(plan, 0.5, 0.9, MergeRule::mean);
+  std::vector<float> theta(n, 1.0f), unit(n, 0.0f);
+  ASSERT_TRUE(outer.step(0, theta, {{unit, 1.0}}));  // v = 1, Θ = 0.05 (OuterNesterovByHand)
+  // Warm: units at −0.95 and −0.55 (Δ = 1 and 0.6, mean 0.8), whatever η and μ:
+  // Θ = 0.05 − 0.8 = −0.75, v still 1.
+  std::vector<float> a(n, -0.95f), b(n, -0.55f);
+  ASSERT_TRUE(outer.step(0, theta, {{a, 1.0}, {b, 1.0}}, 1.0, true));
+  for (float x : theta) EXPECT_NEAR(x, -0.75f, 1e-6);
+  for (float v : outer.momentum(0)) EXPECT_FLOAT_EQ(v, 1.0f);
+  // Share-scaled as any merge: half of the way to the unit at −1.75 (Δ = 1): Θ = −1.25.
+  std::vector<float> c(n, -1.75f);
+  ASSERT_TRUE(outer.step(0, theta, {{c, 1.0}}, 0.5, true));
+  for (float x : theta) EXPECT_NEAR(x, -1.25f, 1e-6);
+  for (float v : outer.momentum(0)) EXPECT_FLOAT_EQ(v, 1.0f);
 }
 
 TEST(Merge, SingleUnitWithUnitLrAndNoMomentumReturnsItsParametersExactly) {
