@@ -147,7 +147,7 @@ def main():
             best[r["mode"]] = r
     ref = best.get("ddp")
     print(f"\nsweep: {os.path.basename(args.config)}, {args.steps} steps per unit, "
-          f"{len(rows)} settings, seeds {args.seeds}")
+          f"{len(rows)} settings, seeds {args.seeds}" + (f", with {' '.join(args.set)}" if args.set else ""))
     print("| mode | inner lr | outer lr | momentum | H | final val loss (mean) | spread | runs |\n"
           "|---|---|---|---|---|---|---|---|")
     for r in rows:

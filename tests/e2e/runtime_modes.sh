@@ -9,7 +9,7 @@ for mode in ddp diloco streaming decoupled; do
   start=$SECONDS
   ddiloco_mpirun -np 5 "$DDILOCO" train --config "$SRC/configs/kjv_decoupled.yaml" \
     --set mode=$mode --set run.dir=$mode --set data.train='kjv/train_*.bin' --set data.val='kjv/val_*.bin' \
-    --set train.steps=8 --set outer.h=4 --set outer.fragments=2 --set outer.overlap=1 \
+    --set train.steps=8 --set outer.h=4 --set outer.fragments=2 --set outer.overlap=1 --set outer.warmup_steps=2 \
     --set train.warmup_steps=2 --set eval.val_tokens=2048 --set syncer.eval_every=1 \
     --set run.progress=false > $mode.log 2>&1 || { cat $mode.log; fail "$mode failed"; }
   "$DDILOCO" eval --model $mode/model.h5 > $mode.eval 2>&1 || { cat $mode.eval; fail "$mode: ddiloco eval of model.h5 failed"; }
