@@ -181,6 +181,7 @@ class SyncerCore {
   void drop_stale(int p);
   int quorum_needed(int p, int live, int done) const;
   void merge(int p, const std::vector<int>& units);
+  bool warm(int p, const std::vector<int>& units) const;
   double merge_share(const std::vector<int>& units) const;
   void prune_history(int p);
   void deliver(int u, int p);

@@ -539,7 +539,8 @@ bool SyncerCore::merge_ready() {
     }
     // Everyone alive has reported: nobody left to wait for.
     const bool everyone = static_cast<int>(ready.size()) >= live || stopping_;
-    const double grace = plan_.mode == Mode::decoupled ? grace_.seconds() : 0.0;
+    // In the warm-up the units wait for this merge (τ = 0): no slack to wait for stragglers in.
+    const double grace = plan_.mode == Mode::decoupled && !warm(p, ready) ? grace_.seconds() : 0.0;
     if (!everyone && now() < r.quorum_at + grace) continue;
     merge(p, ready);
     any = true;
@@ -570,10 +571,7 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
     at_steps.push_back(s.meta.step);
   }
   const double share = config_.outer.share_steps ? merge_share(units) : 1.0;
-  // A warm-up merge (post-local SGD) averages snapshots of warm-up steps only.
-  const bool warm = std::all_of(units.begin(), units.end(),
-                                [&](int u) { return fragments_.warm(slots_[u][p].meta.step); });
-  const bool merged = outer_.step(p, theta_[p], contributions, share, warm);
+  const bool merged = outer_.step(p, theta_[p], contributions, share, warm(p, units));
   for (int u : units) slots_[u][p].fresh = false;
   rounds_[p] = Round{};
   if (!merged) return;  // every weight zero: nothing learned, nothing to send
@@ -602,7 +600,7 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
         {"weights", w},
         {"staleness", staleness},
         {"share", share},
-        {"warm", warm},
+        {"warm", warm(p, units)},
         {"period_s", nominal_period()},
         {"base_versions", base_versions},
         {"inner_steps", steps},
@@ -616,6 +614,12 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
         {"bytes_out", links_.down_bytes() - bytes_out_before},  // sent now (lands later over a WAN)
         {"tokens", tokens_total()},
         {"elapsed_s", now()}});
+}
+
+// A warm-up merge (post-local SGD): snapshots of warm-up steps only.
+bool SyncerCore::warm(int p, const std::vector<int>& units) const {
+  return std::all_of(units.begin(), units.end(),
+                     [&](int u) { return fragments_.warm(slots_[u][p].meta.step); });
 }
 
 // The merged units' share of the tokens per step of every live unit (and of the merged ones,

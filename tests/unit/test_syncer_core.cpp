@@ -58,7 +58,7 @@ struct Harness {
       : config(c),
         plan(OuterPlan::from(config)),
         parameters(ParameterLayout::gpt2(config.model)),
-        fragments(parameters, plan.fragments, plan.h),
+        fragments(parameters, plan.fragments, plan.h, plan.warmup),
         layout(fragments, wire::parse_format(config.wan.format), static_cast<size_t>(config.wan.block)),
         remote(config.units.count),
         window(remote, layout),
@@ -184,6 +184,43 @@ TEST(SyncerCore, GraceWindowWaitsForAStragglerAndMergesWithoutItWhenItCloses) {
   ASSERT_EQ(h.merges(0).size(), 2u);
   EXPECT_EQ(h.merges(0)[1]["units"], json({0, 1}));
   EXPECT_NEAR(h.merges(0)[1]["grace_wait_s"].get<double>(), window + 0.01, 1e-9);
+}
+
+TEST(SyncerCore, AWarmUpMergeIsAPlainAverageAtTheQuorumWithoutAGraceWindow) {
+  // The grace test's settings (a 2 s window) with a warm-up of 10 steps and Nesterov 0.7 / 0.9.
+  Config c = small_config(Mode::decoupled, 3, 2);
+  c.outer.overlap = 2;
+  c.outer.lr = 0.7;
+  c.outer.momentum = 0.9;
+  c.outer.merge = "mean";
+  c.outer.share_steps = false;
+  c.outer.warmup_steps = 10;
+  c.syncer.grace_gamma = 1.0;
+  c.syncer.grace_cap_steps = 10;
+  Harness h(c);
+  for (int u = 0; u < 3; ++u) h.step_time(u, 1.0);
+  h.tick();
+  // Snapshots of step 4, in the warm-up: the units wait for this merge, so it is made at the
+  // quorum, and it is the plain mean of 1 and 3 (Θ₀ = 0 would go to 2·0.7·1.9 = 2.66 by Nesterov).
+  h.publish(0, 0, 1.0f, 4, 400);
+  h.publish(1, 0, 3.0f, 4, 400);
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 1u) << "a warm-up merge waited for a grace window";
+  EXPECT_EQ(h.merges(0)[0]["warm"], true);
+  EXPECT_DOUBLE_EQ(h.merges(0)[0]["grace_wait_s"].get<double>(), 0.0);
+  std::vector<float> theta(h.layout.numel(0));
+  ASSERT_TRUE(h.unit(0).take_inbox(0, theta));
+  for (float x : theta) EXPECT_FLOAT_EQ(x, 2.0f);
+  // After the warm-up (step 12) the grace window is open again.
+  h.publish(0, 0, 2.0f, 12, 1200, 1);
+  h.publish(1, 0, 2.0f, 12, 1200, 1);
+  h.tick();
+  EXPECT_EQ(h.merges(0).size(), 1u) << "merged at the quorum with a grace window open";
+  h.clock = 2.5;  // past the 2 s window
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 2u);
+  EXPECT_EQ(h.merges(0)[1]["warm"], false);
+  EXPECT_DOUBLE_EQ(h.merges(0)[1]["grace_wait_s"].get<double>(), 2.5);
 }
 
 TEST(SyncerCore, ADeliveryWaitsUntilTheUnitTookThePreviousOne) {
