@@ -97,7 +97,10 @@ import json
 ev = [json.loads(l) for l in open("s/metrics.jsonl")]
 done = next(e for e in ev if e["event"] == "done")
 links = {l["unit"]: l for l in done["links"]}
-assert links[2]["up_messages"] < links[0]["up_messages"] / 3, links  # the slow link carried less
+# The slow link carried less (a third of the others' at 44e5d7c; since the leaders stopped
+# yielding their core in every MPI_Win_sync, the fast units skip more publishes while the syncer
+# waits for a core: 5 against 14 in one run).
+assert links[2]["up_messages"] < links[0]["up_messages"] / 2, links
 assert done["snapshots_in_flight"] >= 1, done
 print(f"ok: slow unit sent {links[2]['up_messages']} snapshots (others {links[0]['up_messages']}); "
       f"{done['snapshots_in_flight']} still on their way at the end, not merged; final val_loss {done['val_loss']:.3f}")
