@@ -571,7 +571,8 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
     at_steps.push_back(s.meta.step);
   }
   const double share = config_.outer.share_steps ? merge_share(units) : 1.0;
-  const bool merged = outer_.step(p, theta_[p], contributions, share, warm(p, units));
+  const bool warm_up = warm(p, units);
+  const bool merged = outer_.step(p, theta_[p], contributions, share, warm_up);
   for (int u : units) slots_[u][p].fresh = false;
   rounds_[p] = Round{};
   if (!merged) return;  // every weight zero: nothing learned, nothing to send
@@ -600,7 +601,7 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
         {"weights", w},
         {"staleness", staleness},
         {"share", share},
-        {"warm", warm(p, units)},
+        {"warm", warm_up},
         {"period_s", nominal_period()},
         {"base_versions", base_versions},
         {"inner_steps", steps},
