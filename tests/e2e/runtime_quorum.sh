@@ -13,7 +13,7 @@ mode: decoupled
 run: {dir: q, log_every: 5, progress: false}
 model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16}
 data: {train: text/train_*.bin, val: text/val_*.bin}
-train: {batch_size: 2, steps: 400, warmup_steps: 2}  # a budget that outlasts the stall by far
+train: {batch_size: 2, steps: 4000, warmup_steps: 2}  # a budget that outlasts the stall by far (sub-ms steps: the syncer merges rarely)
 eval: {val_tokens: 512, sample_tokens: 0}
 units: {count: 3}
 outer: {fragments: 1, h: 2, overlap: 1}
