@@ -381,6 +381,12 @@ void SyncerCore::accept_snapshot(int u, int p, int64_t seq, const SnapshotMeta& 
   s.fresh = true;
   s.meta = meta;
   s.seq = seq;
+  // decoupled, warm-up: the unit now waits for a merge newer than the one it applied. A merge
+  // of the others may already be that one; it gets it at once (its own snapshot is merged
+  // next). Otherwise, with K < M, units each left out of a different fragment's merge could
+  // wait for one another for good.
+  if (plan_.mode == Mode::decoupled && fragments_.warm(meta.step) && version_[p] > s.delivered)
+    s.owed = true;
   if (s.unacked == 0) {
     window_.ack(u, p, seq);
     s.acked = seq;
