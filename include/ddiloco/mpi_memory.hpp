@@ -7,8 +7,6 @@
 // a dead rank ends the MPI job, so connected() is always true.
 #pragma once
 
-#include <chrono>
-
 #include <mpi.h>
 
 #include "ddiloco/remote_memory.hpp"
@@ -26,19 +24,13 @@ class MpiExposedMemory final : public ExposedMemory {
   MpiExposedMemory& operator=(const MpiExposedMemory&) = delete;
   std::byte* base() override { return base_; }
   size_t bytes() const override { return bytes_; }
-  /// A fence; MPI_Win_sync itself at most every kProgressInterval (always in MPI's separate
-  /// memory model).
   void sync() override;
   void close() override;
-
-  static constexpr std::chrono::microseconds kProgressInterval{1000};
 
  private:
   MPI_Win win_ = MPI_WIN_NULL;
   std::byte* base_ = nullptr;
   size_t bytes_ = 0;
-  bool unified_ = false;  ///< MPI_WIN_MODEL is MPI_WIN_UNIFIED
-  std::chrono::steady_clock::time_point last_sync_{};
 };
 
 /// The syncer's access to the `units` leaders' windows of `sync_comm` (it exposes none).

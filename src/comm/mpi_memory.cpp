@@ -1,6 +1,5 @@
 #include "ddiloco/mpi_memory.hpp"
 
-#include <atomic>
 #include <cstring>
 #include <exception>
 #include <vector>
@@ -37,10 +36,6 @@ MpiExposedMemory::MpiExposedMemory(MPI_Comm sync_comm, size_t bytes) : bytes_(by
              "Win_allocate(learner)");
   base_ = reinterpret_cast<std::byte*>(base);
   std::memset(base_, 0, bytes);
-  int* model = nullptr;
-  int found = 0;
-  MPI_Win_get_attr(win_, MPI_WIN_MODEL, &model, &found);
-  unified_ = found && *model == MPI_WIN_UNIFIED;
   mpi::check(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_), "Win_lock_all(learner)");
   MPI_Win_sync(win_);
   // Every window is initialised before the syncer's first read.
@@ -51,20 +46,7 @@ MpiExposedMemory::~MpiExposedMemory() {
   if (win_ != MPI_WIN_NULL && may_free_in_destructor()) close();
 }
 
-// The leader calls this with every window access, some twenty per step. MPI_Win_sync runs Open
-// MPI's progress engine, which on an oversubscribed node (mpirun --oversubscribe sets
-// mpi_yield_when_idle) gives the core away whenever it finds nothing to do: the demo's units
-// booked 10 % of their time as waiting there (README, "Faults, rejoin and goodput"). In the
-// unified memory model the window is this process's memory, and a fence orders its loads and
-// stores with the syncer's accesses; MPI's call, whose progress some one-sided components
-// need at the target, still runs at least every kProgressInterval of polling.
-void MpiExposedMemory::sync() {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  const auto now = std::chrono::steady_clock::now();
-  if (unified_ && now - last_sync_ < kProgressInterval) return;
-  MPI_Win_sync(win_);
-  last_sync_ = now;
-}
+void MpiExposedMemory::sync() { MPI_Win_sync(win_); }
 
 void MpiExposedMemory::close() {
   if (win_ == MPI_WIN_NULL) return;
