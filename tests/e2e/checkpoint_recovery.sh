@@ -91,8 +91,7 @@ echo "ok: $final: ddiloco eval val_loss=$ours, h5py + NumPy val_loss=$theirs"
 #    has written a checkpoint file, to the end of the job: the others make the budget) does
 #    not stop checkpoints: they complete with its newest file linked in, it writes its own at
 #    the stop (to the final checkpoint or to one still pending), and a job resumed from one of
-#    them completes its budget. (Checkpoints every 10 merges: these units' sub-millisecond steps
-#    make the budget in under a hundred merges.)
+#    them completes its budget.
 cat > s.yaml <<'YAML'
 mode: decoupled
 run: {dir: S, log_every: 50, progress: false}
@@ -103,7 +102,7 @@ eval: {val_tokens: 512, sample_tokens: 0}
 units: {count: 3}
 outer: {h: 8, fragments: 2, overlap: 2}
 syncer: {eval_every: 100000, quorum: 1, heartbeat_timeout_s: 0.5}
-checkpoint: {every: 10, keep: 100}
+checkpoint: {every: 20, keep: 100}
 debug: {stall_unit: 1, stall_at_step: 300, stall_after_checkpoints: 1, stall_until_merges: 1000000}
 YAML
 "${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config s.yaml > s.log 2>&1 || { cat s.log; fail "stalled-unit run failed"; }
