@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -280,7 +281,12 @@ std::vector<ConfigKeyDoc> config_keys(const Config& config = Config{});
 /// diloco: it synchronises all of θ every H steps (P = 1)"): a configuration written for one
 /// mode and run with another changes nothing there without saying so otherwise.
 std::vector<std::string> ignored_keys(const Config& config);
-/// Prints ignored_keys() to stderr, one "ddiloco: warning: ..." line each.
-void warn_ignored_keys(const Config& config);
+/// diloco only: when train.steps − outer.warmup_steps is not a multiple of outer.h, the steps
+/// after the last merge (step W + k·H) are trained on and never merged into Θ, the model the
+/// job evaluates and saves. Says how many and the nearest budgets without such a tail; empty
+/// otherwise. (streaming and decoupled stagger their fragments, so some tail is inherent there.)
+std::optional<std::string> unsynced_tail(const Config& config);
+/// Prints ignored_keys() and unsynced_tail() to stderr, one "ddiloco: warning: ..." line each.
+void warn_config(const Config& config);
 
 }  // namespace ddiloco

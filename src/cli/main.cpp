@@ -50,7 +50,7 @@ int cmd_train(const ConfigArgs& args) {
   install_stop_signals();
   const Config config =
       mpi::agree(MPI_COMM_WORLD, [&] { return load_config(args.path, args.overrides); });
-  if (mpi::rank(MPI_COMM_WORLD) == 0) warn_ignored_keys(config);
+  if (mpi::rank(MPI_COMM_WORLD) == 0) warn_config(config);
   if (config.mode == Mode::single) {
     if (!args.resume.empty())
       fail("--resume: mode single writes no checkpoints (modes diloco, streaming and decoupled do)");
@@ -65,7 +65,7 @@ int cmd_train(const ConfigArgs& args) {
 int cmd_syncer(const ConfigArgs& args) {
   install_stop_signals();
   const Config config = load_config(args.path, args.overrides);
-  warn_ignored_keys(config);  // once per job: the syncer's (the units say nothing)
+  warn_config(config);  // once per job: the syncer's (the units say nothing)
   const int signal = run_syncer_process(config, args.overwrite, args.resume);
   return signal != 0 ? signal_exit_status(signal) : 0;
 }
@@ -231,7 +231,7 @@ int cmd_config(const ConfigArgs& args, bool list, const std::string& get, bool r
     return 0;
   }
   const Config config = load_config(args.path, args.overrides);
-  warn_ignored_keys(config);
+  warn_config(config);
   std::printf("%s", to_yaml(config).c_str());
   return 0;
 }

@@ -601,8 +601,24 @@ std::vector<std::string> ignored_keys(const Config& config) {
   return lines;
 }
 
-void warn_ignored_keys(const Config& config) {
-  for (const std::string& line : ignored_keys(config)) std::fprintf(stderr, "ddiloco: warning: %s\n", line.c_str());
+std::optional<std::string> unsynced_tail(const Config& c) {
+  if (c.mode != Mode::diloco) return std::nullopt;
+  const int64_t W = c.outer.warmup_steps, H = c.outer.h, steps = c.train.steps;
+  if (steps <= W) return std::nullopt;
+  const int64_t tail = (steps - W) % H;
+  if (tail == 0) return std::nullopt;
+  const int64_t last = steps - tail;
+  return fmt::format(
+      "train.steps = {}: mode diloco merges every outer.h = {} steps after outer.warmup_steps "
+      "= {}, the last time after step {}, so the last {} inner steps of every unit never reach "
+      "the global model (trained on, then lost); set train.steps to {} or {}",
+      steps, H, W, last, tail, last, last + H);
+}
+
+void warn_config(const Config& config) {
+  std::vector<std::string> lines = ignored_keys(config);
+  if (auto tail = unsynced_tail(config)) lines.push_back(*tail);
+  for (const std::string& line : lines) std::fprintf(stderr, "ddiloco: warning: %s\n", line.c_str());
   std::fflush(stderr);
 }
 

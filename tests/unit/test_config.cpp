@@ -282,5 +282,27 @@ TEST(Config, KeysTheModeIgnoresAreNamed) {
   EXPECT_EQ(ignored_keys(c).size(), 5u);  // units.count and the four above
 }
 
+// diloco's steps after its last merge are trained on and never merged: said, with the budgets
+// that have no such tail.
+TEST(Config, DilocoStepsAfterTheLastMergeAreNamed) {
+  Config c;
+  c.mode = Mode::diloco;
+  c.train.steps = 2000;
+  c.outer.h = 150;
+  const auto tail = unsynced_tail(c);
+  ASSERT_TRUE(tail.has_value());
+  EXPECT_EQ(*tail, "train.steps = 2000: mode diloco merges every outer.h = 150 steps after "
+                   "outer.warmup_steps = 0, the last time after step 1950, so the last 50 inner "
+                   "steps of every unit never reach the global model (trained on, then lost); set "
+                   "train.steps to 1950 or 2100");
+  c.outer.warmup_steps = 200;  // merges after 1..200, then 350, ..., 2000
+  EXPECT_FALSE(unsynced_tail(c).has_value());
+  c.outer.warmup_steps = 2000;  // all of it warm-up
+  EXPECT_FALSE(unsynced_tail(c).has_value());
+  c.outer.warmup_steps = 0;
+  c.mode = Mode::decoupled;  // staggered fragments: a tail is part of the schedule
+  EXPECT_FALSE(unsynced_tail(c).has_value());
+}
+
 }  // namespace
 }  // namespace ddiloco
