@@ -21,7 +21,7 @@
 # carried per token (TCP and UCX headers included); then kernel ÷ emulator per spec.
 #
 #   scripts/wan_kernel.sh [--config configs/wan_experiment.yaml] [--mbit 0.7] [--repeat 1]
-#       [--runs decoupled,decoupled:wan.format=int4,diloco] [--set key=value ...]
+#       [--runs decoupled,decoupled:wan.format=int4,diloco:outer.momentum=0] [--set key=value ...]
 #       [--out runs/wan_kernel]
 #
 # Needs root (network namespaces, tc), build/ddiloco and the config's data. ddp cannot run in
@@ -33,7 +33,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DDILOCO=${DDILOCO_BIN:-$ROOT/build/ddiloco}
 CONFIG=$ROOT/configs/wan_experiment.yaml
 MBIT=0.7
-RUNS="decoupled,decoupled:wan.format=int4,diloco"
+RUNS="decoupled,decoupled:wan.format=int4,diloco:outer.momentum=0"
 OUT=$ROOT/runs/wan_kernel
 REPEAT=1
 RUN_LIMIT_S=${WAN_KERNEL_RUN_LIMIT_S:-3600}  # a run still going then is killed (and reported)

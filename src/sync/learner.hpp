@@ -162,6 +162,7 @@ class Learner {
   void decide_crash(Actions& actions, int64_t t, const StepStats& s, bool non_finite, bool crash_ready);
   void take_chaos_crash(Actions& actions);
   bool crash_now();
+  bool syncer_restarted();
   bool syncer_reading();
   void answer_reads();
   bool any_unread() const;
@@ -252,6 +253,7 @@ class Learner {
   mpi::Backoff backoff_;
   double crash_late_s_ = 0;  // leader: how long after its scheduled start the crash took effect
   std::string_view crash_cause_ = "chaos";  // leader: ... or "non_finite" or "syncer_restart"
+  std::optional<double> syncer_gone_s_;  // leader, isolated: a restarted syncer admitted us; it was gone this long
   bool nan_injected_ = false;  // leader: debug.nan_unit has struck
   bool stalled_ = false;       // leader: debug.stall_unit has stalled
   bool stopped_down_ = false;  // told to stop while down after a crash

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <limits>
 #include <thread>
+#include <utility>
 
 #include "ddiloco/error.hpp"
 
@@ -29,12 +30,12 @@ void Learner::decide_crash(Actions& actions, int64_t t, const StepStats& s, bool
     crash_cause_ = "non_finite";
     crash_late_s_ = 0;
     if (gpu_) publish_all();  // taken before the parameters went bad, as on the CPU path
-  } else if (const auto gone_s = !actions.stop && sync_link_.reconnected ? sync_link_.reconnected()
-                                                                          : std::nullopt) {
+  } else if (!actions.stop && syncer_restarted()) {
+    const double gone_s = *std::exchange(syncer_gone_s_, std::nullopt);
     // A restarted syncer (from its checkpoint) admitted us again: what we sent the old
     // one since is not in its Θ. Start over from its Θ, down for no time, like a rejoin.
     log_.write({{"event", "syncer_back"}, {"unit", u_}, {"step", t}, {"tokens", tokens_},
-                {"no_syncer_s", *gone_s}, {"elapsed_s", wall_.seconds()}});
+                {"no_syncer_s", gone_s}, {"elapsed_s", wall_.seconds()}});
     actions.crash = true;
     crash_cause_ = "syncer_restart";
     crash_late_s_ = 0;
@@ -67,6 +68,13 @@ bool Learner::crash_now() {
     return false;
   }
   return !config_.debug.crash_during_read || !plan_.outer_steps || syncer_reading();
+}
+
+// Leader, isolated: has a restarted syncer admitted us since we last started over? Asked after
+// every step and while waiting for a merge; the answer stays until decide_crash takes it.
+bool Learner::syncer_restarted() {
+  if (!syncer_gone_s_ && sync_link_.reconnected) syncer_gone_s_ = sync_link_.reconnected();
+  return syncer_gone_s_.has_value();
 }
 
 // Test hook (debug.crash_during_read): the syncer announces every read of one of our snapshots

@@ -108,8 +108,9 @@ bool Learner::wait_for_merge(int p, bool crash_ready) {
   const int64_t want = plan_.mode == Mode::decoupled ? f.applied + 1 : f.sends;
   // The merge may need our own snapshot, still on its way to host memory.
   if (gpu_ && f.pending_version < want) publish_all();
-  // A crash due meanwhile happens on time: a unit that waits can fail too.
-  while (f.pending_version < want && !stop_requested() && !crash_ready) {
+  // A crash due meanwhile happens on time: a unit that waits can fail too. A restarted syncer
+  // never sends the merge we wait for (it holds deliveries until we rejoin): we start over.
+  while (f.pending_version < want && !stop_requested() && !crash_ready && !syncer_restarted()) {
     if ((crash_ready = crash_now())) break;
     backoff_.idle();
     take(p);
