@@ -156,6 +156,7 @@ class SyncerCore {
   GlobalDowntime& downtime() { return downtime_; }
   int64_t snapshots_rejected() const { return rejected_; }
   int64_t snapshots_superseded() const { return superseded_; }
+
   /// Snapshots read but not merged (on a WAN link when the job ended).
   int64_t snapshots_unmerged() const;
   int64_t rejoins_served() const;
@@ -182,6 +183,7 @@ class SyncerCore {
   int quorum_needed(int p, int live, int done) const;
   void merge(int p, const std::vector<int>& units);
   bool warm(int p, const std::vector<int>& units) const;
+  bool warm_round_overdue(int p, const std::vector<int>& ready) const;
   double merge_share(const std::vector<int>& units) const;
   void prune_history(int p);
   void deliver(int u, int p);

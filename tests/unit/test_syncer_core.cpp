@@ -223,31 +223,40 @@ TEST(SyncerCore, AWarmUpMergeIsAPlainAverageAtTheQuorumWithoutAGraceWindow) {
   EXPECT_DOUBLE_EQ(h.merges(0)[1]["grace_wait_s"].get<double>(), 2.5);
 }
 
-TEST(SyncerCore, AUnitLeftOutOfAWarmUpMergeGetsItAtOnce) {
-  // K = 2 of 3, warm-up of 10 steps: units 0 and 1 merge; unit 2's snapshot of the same step
-  // comes later, and unit 2 waits for a merge newer than the one it applied. It is sent the
-  // merge of the others at once, not only the next merge that includes it (which, with units
-  // left out of different fragments, could wait for it in turn).
+TEST(SyncerCore, AWarmUpRoundShortOfItsQuorumMergesAfterFourSteps) {
+  // K = 2 of 3, warm-up of 10 steps, 1 s steps: units 0 and 1 merge; unit 2's snapshot of the
+  // same step comes later and waits for a snapshot of the next step to merge with. (With P = 3,
+  // K = 3 of 4, units each left out of a different fragment's merge would wait for one another
+  // for good.) Unit 2 waits for that merge: after four steps' time with nobody else, its
+  // snapshot is merged alone.
   Config c = small_config(Mode::decoupled, 3, 2);
   c.outer.warmup_steps = 10;
   Harness h(c);
+  for (int u = 0; u < 3; ++u) h.step_time(u, 1.0);
+  h.tick();
   h.publish(0, 0, 1.0f, 4, 400);
   h.publish(1, 0, 3.0f, 4, 400);
   h.tick();
   ASSERT_EQ(h.merges(0).size(), 1u);
-  EXPECT_EQ(h.unit(2).inbox_version(0), 0);
   h.publish(2, 0, 5.0f, 4, 400);
   h.tick();
-  EXPECT_EQ(h.merges(0).size(), 1u) << "one snapshot of a quorum of two was merged";
-  EXPECT_EQ(h.unit(2).inbox_version(0), 1) << "the unit left out waits for the others' next merge";
-  // After the warm-up a unit left out waits for a merge with its own snapshot, as before.
-  h.publish(0, 0, 1.0f, 12, 1200, 1);
-  h.publish(1, 0, 1.0f, 12, 1200, 1);
+  h.clock = 3.9;
   h.tick();
-  ASSERT_EQ(h.merges(0).size(), 2u);
+  EXPECT_EQ(h.merges(0).size(), 1u) << "merged before four steps' time";
+  h.clock = 4.1;
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 2u) << "a warm-up round short of its quorum waited for good";
+  EXPECT_EQ(h.merges(0)[1]["units"], json({2}));
+  EXPECT_EQ(h.merges(0)[1]["staleness"], json({1}));
+  EXPECT_EQ(h.unit(2).inbox_version(0), 2);
+  // After the warm-up a round short of its quorum waits.
   std::vector<float> theta(h.layout.numel(0));
   ASSERT_TRUE(h.unit(2).take_inbox(0, theta));
-  EXPECT_EQ(h.merges(0)[1]["units"], json({0, 1, 2}));  // its step-4 snapshot, merged late
+  h.publish(2, 0, 1.0f, 12, 1200, 2);
+  h.tick();
+  h.clock = 20;
+  h.tick();
+  EXPECT_EQ(h.merges(0).size(), 2u);
 }
 
 TEST(SyncerCore, ADeliveryWaitsUntilTheUnitTookThePreviousOne) {
