@@ -13,6 +13,7 @@
 #     none races the wall clock), Θ is finite, and no process outlives the launch.
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
+source "$(dirname "$0")/lib/launch.sh"
 cd "$WORK"
 make_text_shards text
 # The first kill is the launcher's: with an unbounded budget it fires whatever the machine's
@@ -38,10 +39,6 @@ YAML
 "$DDILOCO" launch --config c.yaml > launch.log 2>&1 &
 launcher=$!
 show() { grep -v '^  ' launch.log | grep -v global_eval | tail -40; }
-# wait_launch SECONDS PYTHON-CONDITION: until the condition over the syncer's events (`ev`,
-# `after_resume`: the restarted syncer's; lib/common.sh, wait_event) holds; fails when the
-# launcher ends or time runs out.
-wait_launch() { wait_event run/metrics.jsonl "$launcher" "$1" "$2" || { show; fail "timed out waiting for: $2"; }; }
 joined() { echo "any(e['event'] == 'unit_joined' and e['unit'] == $1 for e in ev)"; }
 wait_launch 90 "$(joined 1)"
 # The leader of unit 0 once the unit has been merged again after unit 1's heal.
@@ -50,7 +47,7 @@ kill -KILL "$(cat run/pids/unit0.rank0.pid)"
 wait_launch 90 "$(joined 0)"
 # The syncer once a checkpoint newer than unit 0's heal exists.
 wait_launch 60 "last('checkpoint') > last('unit_joined')"
-syncer=$(/usr/bin/python3 -c "import json; print([json.loads(l) for l in open('run/launch.jsonl') if '\"spawn\"' in l and '\"syncer\"' in l][-1]['pid'])")
+syncer=$(launch_syncer_pid)
 kill -KILL "$syncer"
 echo "killed the syncer (pid $syncer)"
 # The stop once both units are merged by the restarted syncer and have said they are back: a
@@ -58,10 +55,7 @@ echo "killed the syncer (pid $syncer)"
 # syncer can merge its waiting snapshot before that boundary.
 wait_launch 90 "len(after_resume) > 0 and {0, 1} <= {u for e in after_resume if e['event'] == 'merge' for u in e['units']}
   and all('\"syncer_back\"' in open(f'run/unit_{u}.jsonl').read() for u in (0, 1))"
-kill -USR1 $launcher
-rc=0
-wait $launcher || rc=$?
-((rc == 138)) || { show; fail "ddiloco launch exited $rc after SIGUSR1, expected 138 (the syncer's status)"; }
+stop_launch
 /usr/bin/python3 - <<'PY' || { show; fail "the job did not survive its kills"; }
 import json, math, h5py, numpy as np
 launch = [json.loads(l) for l in open("run/launch.jsonl")]
@@ -121,9 +115,5 @@ with h5py.File("run/model.h5") as f:
         assert np.isfinite(d[...]).all(), name
 print(f"stopped by SIGUSR1: {fin['tokens']} tokens, final val_loss {fin['val_loss']:.3f}")
 PY
-# Nothing outlives the launch: every process it spawned, and every rank that wrote a pid file.
-for p in $(/usr/bin/python3 -c "import json; [print(json.loads(l)['pid']) for l in open('run/launch.jsonl') if '\"spawn\"' in l]") \
-         $(cat run/pids/*.pid); do
-  ! kill -0 "$p" 2>/dev/null || fail "process $p outlived the launch"
-done
+launch_left_nothing
 echo "launch_kill: passed"

@@ -9,6 +9,7 @@
 #   - the job stops on SIGUSR1 with the syncer's status, and no process outlives the launch.
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
+source "$(dirname "$0")/lib/launch.sh"
 cd "$WORK"
 make_text_shards text
 cat > c.yaml <<'YAML'
@@ -27,18 +28,14 @@ YAML
 "$DDILOCO" launch --config c.yaml > launch.log 2>&1 &
 launcher=$!
 show() { grep -v '^  ' launch.log | grep -v global_eval | tail -40; for u in 0 1; do tail -3 run/unit_$u.jsonl; done; }
-wait_launch() { wait_event run/metrics.jsonl "$launcher" "$1" "$2" || { show; fail "timed out waiting for: $2"; }; }
 # Once the syncer has written a checkpoint and merged on after it.
 wait_launch 90 "last('checkpoint') >= 0 and sum(1 for e in ev[last('checkpoint'):] if e['event'] == 'merge') >= 4"
-syncer=$(/usr/bin/python3 -c "import json; print([json.loads(l) for l in open('run/launch.jsonl') if '\"spawn\"' in l and '\"syncer\"' in l][-1]['pid'])")
+syncer=$(launch_syncer_pid)
 kill -KILL "$syncer"
 echo "killed the syncer (pid $syncer) while the units wait for its merges"
 wait_launch 90 "len(after_resume) > 0 and {0, 1} <= {u for e in after_resume if e['event'] == 'merge' for u in e['units']}
   and all('\"syncer_back\"' in open(f'run/unit_{u}.jsonl').read() for u in (0, 1))"
-kill -USR1 $launcher
-rc=0
-wait $launcher || rc=$?
-((rc == 138)) || { show; fail "ddiloco launch exited $rc after SIGUSR1, expected 138 (the syncer's status)"; }
+stop_launch
 /usr/bin/python3 - <<'PY' || { show; fail "the units did not come back from waiting for the killed syncer"; }
 import json
 launch = [json.loads(l) for l in open("run/launch.jsonl")]
@@ -61,8 +58,5 @@ for u in (0, 1):
           f"{back[0]['step']}, trained to step {later[-1]['step']}")
 print(f"syncer resumed from {ev[cut]['path']}; {len(after)} merges after it, every one warm")
 PY
-for p in $(/usr/bin/python3 -c "import json; [print(json.loads(l)['pid']) for l in open('run/launch.jsonl') if '\"spawn\"' in l]") \
-         $(cat run/pids/*.pid); do
-  ! kill -0 "$p" 2>/dev/null || fail "process $p outlived the launch"
-done
+launch_left_nothing
 echo "launch_syncer_waited_for: passed"
