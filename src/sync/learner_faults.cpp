@@ -121,6 +121,7 @@ bool Learner::crash(const Actions& actions, int64_t& t) {
 // syncer like a unit back from a crash (with nothing lost, nothing to wait out).
 bool Learner::crash_and_rejoin(const Actions& a, int64_t& t, bool joining) {
   drop_unsent_work(a);
+  syncer_gone_s_.reset();  // we start over from the syncer's Θ now, whoever that syncer is
   std::vector<int64_t> words(1 + P_, 0);  // [stop, versions fetched...]
   if (topo_.leader) {
     go_down(a, t, joining);

@@ -531,12 +531,12 @@ bool SyncerCore::merge_ready() {
   for (int p = 0; p < fragments_.size(); ++p) {
     drop_stale(p);
     const std::vector<int> ready = ready_units(p);
-    if (static_cast<int>(ready.size()) < quorum_needed(p, live, done) && !warm_round_overdue(p, ready))
-      continue;
+    const bool quorum = static_cast<int>(ready.size()) >= quorum_needed(p, live, done);
+    if (!quorum && !warm_round_overdue(p, ready)) continue;
     Round& r = rounds_[p];
     if (r.quorum_at < 0) {
       r.quorum_at = now();
-      grace_.observe_quorum(r.quorum_at - r.first_at);
+      if (quorum) grace_.observe_quorum(r.quorum_at - r.first_at);
     }
     // Everyone alive has reported: nobody left to wait for.
     const bool everyone = static_cast<int>(ready.size()) >= live || stopping_;
@@ -622,18 +622,21 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
 // decoupled, warm-up: every unit waits for a merge newer than the one it applied, and a unit
 // left out of one (its snapshot came after K others') waits for the next, which merges its
 // snapshot with K − 1 of the next step. Units each left out of a different fragment's merge
-// can then wait for one another for good: a round whose oldest snapshot has waited past four
-// of the units' median steps merges what it has. Two other ways were run at the full budget
-// (one run each) and were worse: sending the unit left out the others' merge at once and
-// merging its snapshot later let the units drift apart and their stale outer gradients pull Θ
-// back (2.2543, still on the loss plateau); merging its snapshot at once, alone, 1.2794
-// (2.2382 with outer.anchor: base); dropping it, 1.2726; against 1.2337 this way.
+// can then wait for one another for good (with P > 1): a warm-up round whose oldest snapshot
+// has waited a heartbeat timeout merges what it has, as if the units missing were gone. (The
+// patience is that long so that it never splits a round that is only slow: a round trip over
+// a WAN link, a loaded host, a unit restarted into the warm-up alone.) Three other ways were
+// run at the full budget (one run each) and were worse: sending the unit left out the others'
+// merge at once and merging its snapshot later let the units drift apart and their stale
+// outer gradients pull Θ back (2.2543, still on the loss plateau); merging its snapshot at
+// once, alone, 1.2794 (2.2382 with outer.anchor: base); dropping it, 1.2726; against 1.2337
+// this way.
 bool SyncerCore::warm_round_overdue(int p, const std::vector<int>& ready) const {
-  if (plan_.mode != Mode::decoupled || ready.empty() || !warm(p, ready)) return false;
+  if (plan_.mode != Mode::decoupled || fragments_.size() == 1 || ready.empty() || !warm(p, ready))
+    return false;
   double oldest = now();
   for (int u : ready) oldest = std::min(oldest, slots_[u][p].arrives_at);
-  const double patience = median_step_s_ > 0 ? 4 * median_step_s_ : config_.syncer.heartbeat_timeout_s;
-  return now() - oldest > patience;
+  return now() - oldest > config_.syncer.heartbeat_timeout_s;
 }
 
 bool SyncerCore::warm(int p, const std::vector<int>& units) const {

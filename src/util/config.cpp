@@ -608,11 +608,15 @@ std::optional<std::string> unsynced_tail(const Config& c) {
   const int64_t tail = (steps - W) % H;
   if (tail == 0) return std::nullopt;
   const int64_t last = steps - tail;
+  const std::string when =
+      last > 0 ? fmt::format("the last time after step {}", last) : "never within the budget";
+  const std::string budgets =
+      last > 0 ? fmt::format("{} or {}", last, last + H) : fmt::format("{} (or lower outer.h)", H);
   return fmt::format(
       "train.steps = {}: mode diloco merges every outer.h = {} steps after outer.warmup_steps "
-      "= {}, the last time after step {}, so the last {} inner steps of every unit never reach "
-      "the global model (trained on, then lost); set train.steps to {} or {}",
-      steps, H, W, last, tail, last, last + H);
+      "= {}, {}, so the last {} inner steps of every unit never reach the global model "
+      "(trained on, then lost); set train.steps to {}",
+      steps, H, W, when, tail, budgets);
 }
 
 void warn_config(const Config& config) {

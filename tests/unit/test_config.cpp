@@ -300,6 +300,11 @@ TEST(Config, DilocoStepsAfterTheLastMergeAreNamed) {
   c.outer.warmup_steps = 2000;  // all of it warm-up
   EXPECT_FALSE(unsynced_tail(c).has_value());
   c.outer.warmup_steps = 0;
+  c.train.steps = 100;  // no merge at all
+  ASSERT_TRUE(unsynced_tail(c).has_value());
+  const std::string none = *unsynced_tail(c);
+  EXPECT_NE(none.find("never within the budget, so the last 100 inner steps"), std::string::npos) << none;
+  EXPECT_NE(none.find("set train.steps to 150 (or lower outer.h)"), std::string::npos) << none;
   c.mode = Mode::decoupled;  // staggered fragments: a tail is part of the schedule
   EXPECT_FALSE(unsynced_tail(c).has_value());
 }

@@ -223,40 +223,42 @@ TEST(SyncerCore, AWarmUpMergeIsAPlainAverageAtTheQuorumWithoutAGraceWindow) {
   EXPECT_DOUBLE_EQ(h.merges(0)[1]["grace_wait_s"].get<double>(), 2.5);
 }
 
-TEST(SyncerCore, AWarmUpRoundShortOfItsQuorumMergesAfterFourSteps) {
-  // K = 2 of 3, warm-up of 10 steps, 1 s steps: units 0 and 1 merge; unit 2's snapshot of the
-  // same step comes later and waits for a snapshot of the next step to merge with. (With P = 3,
-  // K = 3 of 4, units each left out of a different fragment's merge would wait for one another
-  // for good.) Unit 2 waits for that merge: after four steps' time with nobody else, its
-  // snapshot is merged alone.
+TEST(SyncerCore, AWarmUpRoundShortOfItsQuorumMergesAfterAHeartbeatTimeout) {
+  // K = 2 of 3, P = 2, warm-up of 10 steps, heartbeat timeout 5 s: units 0 and 1 merge
+  // fragment 0; unit 2's snapshot of the same step comes later and waits for a snapshot of
+  // the next step to merge with. (With P = 3, K = 3 of 4, units each left out of a different
+  // fragment's merge would wait for one another for good.) Everyone beats, as units waiting
+  // for a merge do: after a heartbeat timeout with nobody else, unit 2's snapshot is merged alone.
   Config c = small_config(Mode::decoupled, 3, 2);
   c.outer.warmup_steps = 10;
   Harness h(c);
   for (int u = 0; u < 3; ++u) h.step_time(u, 1.0);
-  h.tick();
+  auto tick_at = [&](double t) {
+    h.clock = t;
+    for (int u = 0; u < 3; ++u) h.beat(u);
+    h.tick();
+  };
+  tick_at(0);
   h.publish(0, 0, 1.0f, 4, 400);
   h.publish(1, 0, 3.0f, 4, 400);
-  h.tick();
+  tick_at(0);
   ASSERT_EQ(h.merges(0).size(), 1u);
   h.publish(2, 0, 5.0f, 4, 400);
-  h.tick();
-  h.clock = 3.9;
-  h.tick();
-  EXPECT_EQ(h.merges(0).size(), 1u) << "merged before four steps' time";
-  h.clock = 4.1;
-  h.tick();
+  for (double t = 0; t < 5; t += 1) tick_at(t);
+  tick_at(4.9);
+  EXPECT_EQ(h.merges(0).size(), 1u) << "merged before a heartbeat timeout";
+  tick_at(5.1);
   ASSERT_EQ(h.merges(0).size(), 2u) << "a warm-up round short of its quorum waited for good";
   EXPECT_EQ(h.merges(0)[1]["units"], json({2}));
   EXPECT_EQ(h.merges(0)[1]["staleness"], json({1}));
   EXPECT_EQ(h.unit(2).inbox_version(0), 2);
-  // After the warm-up a round short of its quorum waits.
+  // After the warm-up a round short of its quorum waits, however long.
   std::vector<float> theta(h.layout.numel(0));
   ASSERT_TRUE(h.unit(2).take_inbox(0, theta));
   h.publish(2, 0, 1.0f, 12, 1200, 2);
-  h.tick();
-  h.clock = 20;
-  h.tick();
+  for (double t = 6; t < 20; t += 1) tick_at(t);
   EXPECT_EQ(h.merges(0).size(), 2u);
+  EXPECT_TRUE(h.named("unit_silent").empty()) << "a unit went silent: the test proves nothing";
 }
 
 TEST(SyncerCore, ADeliveryWaitsUntilTheUnitTookThePreviousOne) {
