@@ -156,7 +156,6 @@ class SyncerCore {
   GlobalDowntime& downtime() { return downtime_; }
   int64_t snapshots_rejected() const { return rejected_; }
   int64_t snapshots_superseded() const { return superseded_; }
-
   /// Snapshots read but not merged (on a WAN link when the job ended).
   int64_t snapshots_unmerged() const;
   int64_t rejoins_served() const;
