@@ -618,7 +618,6 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
         {"elapsed_s", now()}});
 }
 
-// A warm-up merge (post-local SGD): snapshots of warm-up steps only.
 // decoupled, warm-up: every unit waits for a merge newer than the one it applied, and a unit
 // left out of one (its snapshot came after K others') waits for the next, which merges its
 // snapshot with K − 1 of the next step. Units each left out of a different fragment's merge
@@ -639,6 +638,7 @@ bool SyncerCore::warm_round_overdue(int p, const std::vector<int>& ready) const 
   return now() - oldest > config_.syncer.heartbeat_timeout_s;
 }
 
+// A warm-up merge (post-local SGD): snapshots of warm-up steps only.
 bool SyncerCore::warm(int p, const std::vector<int>& units) const {
   return std::all_of(units.begin(), units.end(),
                      [&](int u) { return fragments_.warm(slots_[u][p].meta.step); });

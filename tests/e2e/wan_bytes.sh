@@ -97,9 +97,9 @@ import json
 ev = [json.loads(l) for l in open("s/metrics.jsonl")]
 done = next(e for e in ev if e["event"] == "done")
 links = {l["unit"]: l for l in done["links"]}
-# The slow link carried less (a third of the others' at 44e5d7c; since the leaders stopped
-# yielding their core in every MPI_Win_sync, the fast units skip more publishes while the syncer
-# waits for a core: 5 against 14 in one run).
+# The slow link carried less (a third of the others' at 44e5d7c; how many publishes the fast
+# units skip while the syncer waits for a core depends on how five processes share two: with a
+# change to the leaders' MPI_Win_sync, since reverted, 5 against 14 in one run).
 assert links[2]["up_messages"] < links[0]["up_messages"] / 2, links
 assert done["snapshots_in_flight"] >= 1, done
 print(f"ok: slow unit sent {links[2]['up_messages']} snapshots (others {links[0]['up_messages']}); "
