@@ -115,6 +115,9 @@ struct SyncerConfig {
   double link_timeout_s = 10;          ///< syncer: an operation silent this long closes the link
   double link_min_mbit_s = 80;         ///< syncer: the slowest unit link its waits allow for
   bool signal_stops_units = true;      ///< syncer: a stop signal ends the units too
+  /// syncer restarted mid-run: how long it waits for K units' copies of Θ before it goes on
+  /// with the best it has (README "The syncer dying"), seconds
+  double recover_timeout_s = 60;
 };
 
 /// Fault injection (include/ddiloco/chaos.hpp has the model). Off unless a rate is > 0 or a
@@ -173,11 +176,14 @@ struct WanConfig {
 /// <dir>/ckpt_<id>/, manifest.json written last. Modes diloco, streaming and decoupled.
 struct CheckpointConfig {
   int64_t every = 0;     ///< outer updates (merges) between two checkpoints; 0 = only at a stop
+  /// seconds between two checkpoints (the first merge after), besides `every`; 0 = none. On
+  /// by default: what a syncer that loses every unit too can lose at most.
+  double every_s = 60;
   std::string dir;       ///< where checkpoints go; empty = <run.dir>/checkpoints
   int keep = 3;          ///< complete checkpoints kept (older ones are deleted)
   bool at_stop = true;   ///< a checkpoint when the job stops (signal, token budget, last step)
 
-  bool enabled() const { return every > 0 || at_stop; }
+  bool enabled() const { return every > 0 || every_s > 0 || at_stop; }
   /// The effective directory for a run directory.
   std::string directory(const std::string& run_dir) const {
     return dir.empty() ? run_dir + "/checkpoints" : dir;
@@ -206,7 +212,7 @@ struct DebugConfig {
   int nan_unit = -1;               ///< unit whose leader's parameters turn NaN (−1: none) ...
   int64_t nan_at_step = 0;         ///< ... before its first snapshot from this step on
   int checkpoint_write_delay_ms = 0;  ///< the syncer pauses inside its checkpoint file's
-                                      ///< write, from the run's second checkpoint on
+                                      ///< write of checkpoint 2 (the run's second)
 };
 
 struct Config {

@@ -130,11 +130,16 @@ class Supervisor {
   SupervisorOptions options_;
 };
 
+/// `ddiloco launch`'s exit status when the syncer was restarted with no checkpoint and no unit
+/// holding Θ, so that the run's Θ was re-initialised mid-run (README "The syncer dying"), and
+/// the run otherwise ended well; not with --resume never.
+inline constexpr int kThetaLostStatus = 3;
+
 /// What `ddiloco launch` was given.
 struct LaunchArgs {
   std::string config_path;
   std::vector<std::string> overrides;  ///< --set key=value, in order
-  std::string resume;                  ///< --resume auto|DIR ("" = none)
+  std::string resume;                  ///< --resume auto|never|DIR ("" = none)
   bool overwrite = false;
   std::string self;                    ///< this binary (default: /proc/self/exe resolved)
 };

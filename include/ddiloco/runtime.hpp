@@ -97,6 +97,10 @@ struct LearnerLink {
   /// restarted syncer admitted us again)? If so, how long it was gone, seconds. The unit then
   /// takes Θ from it afresh.
   std::function<std::optional<double>()> reconnected;
+  /// Leader, isolated: is a syncer connected now? (Empty: always.) A decoupled unit that, by
+  /// its own estimate, has used up the token budget while none is waits for one to come back
+  /// and say stop, instead of training past the budget.
+  std::function<bool()> syncer_present;
   /// Called on every rank once the unit is admitted and its ranks start training.
   std::function<void()> started;
   int64_t restart = 0;  ///< restarts of this unit before this process (DDILOCO_RESTART)
@@ -119,6 +123,9 @@ struct SyncerLink {
   comm::RemoteMemory* remote = nullptr;
   comm::UnitListener* listener = nullptr;
   std::string run_id, secret;
+  /// The syncer of this run died and this one replaces it (README "The syncer dying"): it
+  /// recovers Θ from the units' copies before anything else, and goes on with the same run.
+  bool recover = false;
 };
 
 /// Returns the stop signal that ended the job early, or 0. `resumed`: the state read from

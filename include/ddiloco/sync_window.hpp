@@ -90,8 +90,22 @@ enum Control : int {
   kTimeBook,        ///< learner (isolated): its unit's TimeBook, TimeBook::kFields doubles
                     ///< (bit patterns) from here on: at every step as it would stand if the
                     ///< process died then, and the final one before kState = kDone
+  /// syncer (isolated): tokens and inner steps of this unit's earlier processes, as the syncer
+  /// counts them; written when a process connects, so that a restarted syncer reads its books
+  /// back from the live units (README "The syncer dying").
+  kTokensBefore = kTimeBook + 6,
+  kStepsBefore,
+  /// learner: offers made (+1 each time a restarted syncer admits it). An OFFER fills the
+  /// held inboxes with this unit's newest copy of every Θ_p it holds, raw fp32, at the version
+  /// in kInVersion (0: none), for a restarted syncer to recover Θ from (LearnerWindow::offer).
+  kOfferFor,
+  kOfferTaken,  ///< syncer: the last offer read and settled: the unit's inboxes are its own again
+  /// syncer: an offer after which the unit starts over from Θ (a rejoin), its copies being
+  /// newer than what the syncer recovered without it
+  kStartOver,
   kControlWords = 32
 };
+static_assert(kOfferFor < kControlWords, "the control block is full");
 
 enum UnitState : int64_t { kStarting = 0, kRunning = 1, kDone = 2 };
 
@@ -111,6 +125,7 @@ enum Header : int {
   kOutBytes,         ///< learner: bytes of the snapshot in the outbox
   kInRaw,            ///< syncer: 1 = the inbox holds raw fp32 values, 0 = a difference
   kInBytes,          ///< syncer: bytes of what the inbox holds
+  kOfferSeqBase,     ///< learner, in an offer: the base of its snapshot numbering (seq_base)
   kHeaderWords = 16
 };
 
@@ -199,6 +214,12 @@ class LearnerWindow {
   /// (its parameters went non-finite) leaves its outboxes, published before that, for the
   /// syncer to read and merge.
   void hold_inboxes();
+  /// A unit whose syncer was restarted hands back what that syncer sent it: `values`
+  /// (numel(p) fp32, Θ_p as this unit holds it) raw into inbox p, with its `version` (> 0) and
+  /// the unit's snapshot-number base, for the restarted syncer to read (SyncerWindow::
+  /// fetch_offer) before it serves the unit's rejoin. Requires held inboxes (hold_inboxes:
+  /// no delivery can land meanwhile). Throws Error for a wrong size.
+  void offer(int p, int64_t version, std::span<const float> values, int64_t seq_base);
 
  private:
   int64_t& word(size_t byte_offset) const;
@@ -336,6 +357,11 @@ class SyncerWindow {
   bool set_control(int u, Control word, int64_t value);
   /// Reads one control word of unit u now (not as of the last poll); false when it is absent.
   bool fetch_control(int u, Control word, int64_t& value);
+  /// Reads unit u's offer of fragment p (LearnerWindow::offer) as the polled `headers` announce
+  /// it into `dst` (numel(p) floats), checking its size and checksum. Blocking; unit u's lane
+  /// must be idle. Returns "" when the copy is intact, else why it is refused (the unit could
+  /// not be read, a size or checksum that does not match).
+  std::string fetch_offer(int u, int p, const UnitHeaders& headers, std::span<float> dst);
 
   uint64_t bytes_read() const { return bytes_read_; }
   uint64_t bytes_written() const { return bytes_written_; }

@@ -122,12 +122,30 @@ class SyncerCore {
   /// Unit u's process or link died: weight 0 from now on; its unmerged snapshots are dropped
   /// and deliveries on their way abandoned. Its tokens and steps stay counted.
   void unit_lost(int u);
+  /// Unit u is alive as of now (it waits on the syncer, silent: a restarted syncer recovering).
+  void heard(int u) { hear(u, headers_[u].control(kHeartbeat)); }
 
   /// Resumes from a checkpoint: Θ, the outer momentum, the versions, the snapshot numbering
   /// (per unit: the last sequence number in its file) and, per unit, its wire reference when
   /// its file holds one at the checkpoint's version (`refs[u][p]` empty: none).
   void restore(const checkpoint::SyncerState& state, const std::vector<std::vector<int64_t>>& unit_last_seq,
                const std::vector<std::vector<std::vector<float>>>& refs);
+  /// Resumed from a checkpoint: unit u had processed `tokens` by it. A new process of the unit
+  /// (one that did not resume from that checkpoint, and holds no books of a previous syncer)
+  /// goes on from there: its earlier processes' tokens are at least that.
+  void set_tokens_floor(int u, int64_t tokens) { tokens_floor_[u] = tokens; }
+  /// A restarted syncer recovered Θ_p at `version` from the units' copies (recovery.hpp):
+  /// Θ_p and its version become these (the outer momentum stays as it was: the checkpoint's,
+  /// or zero). Throws Error for a wrong size or a version not above the current one.
+  void adopt(int p, int64_t version, std::span<const float> values);
+  /// Unit u's offer named `seq_base`, the base of its snapshot numbering: the syncer's becomes
+  /// the same, and its snapshots up to the last the previous syncer consumed count as merged
+  /// (the unit starts over from the recovered Θ: what they carried is in it or gone).
+  void recovered_numbering(int u, int p, int64_t seq_base);
+  /// A live unit offered Θ_p at `versions[p]` (0: none) and trains on: it holds those, and is
+  /// owed every fragment the syncer holds newer (delivered as merges are, once it has taken its
+  /// inboxes back). Every versions[p] must be at most the syncer's.
+  void offer_taken(int u, const std::vector<int64_t>& versions);
 
   // What the rest of the syncer reads.
   int units() const { return M_; }
@@ -237,6 +255,7 @@ class SyncerCore {
   void report_slow_link(int u);
   std::vector<int64_t> reads_started_;         // debug.crash_during_read
   std::vector<int64_t> tokens_before_, steps_before_;  // per unit: its earlier processes' work
+  std::vector<int64_t> tokens_floor_;  // per unit: its tokens in the checkpoint resumed from
   std::vector<std::vector<int64_t>> merged_seq_;  // [unit][fragment]: last snapshot merged
   std::vector<std::vector<int64_t>> seq_base_;    // [unit][fragment]: added to window numbers
   GlobalDowntime downtime_;

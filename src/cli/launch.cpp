@@ -9,9 +9,11 @@
 #include <cstdlib>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "ddiloco/chaos.hpp"
 #include "ddiloco/config.hpp"
@@ -105,9 +107,10 @@ LaunchPlan plan_launch(const Config& config, const LaunchArgs& args) {
     plan.syncer.argv.push_back(args.resume);
   }
   if (args.overwrite) plan.syncer.argv.push_back("--overwrite");
-  // A restarted syncer resumes from its newest checkpoint (a fresh start if none).
+  // A restarted syncer replaces the dead one: its newest checkpoint and the units' copies of
+  // Θ (README "The syncer dying"); with --resume never it starts a fresh run.
   plan.syncer.restart_argv.push_back("--resume");
-  plan.syncer.restart_argv.push_back("auto");
+  plan.syncer.restart_argv.push_back(args.resume == "never" ? "never" : "auto");
   for (int u = 0; u < config.units.count; ++u) {
     ChildSpec unit;
     unit.role = Role::unit;
@@ -150,6 +153,17 @@ std::vector<ScheduledKill> scheduled_kills(const Config& config) {
   return kills;
 }
 
+// Did a syncer of the run in `metrics` say that Θ was re-initialised mid-run?
+static bool theta_reinitialised(const fs::path& metrics) {
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"syncer_recovered\"") == std::string::npos) continue;
+    const auto e = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (e.is_object() && e.value("theta_reinitialised", false)) return true;
+  }
+  return false;
+}
+
 int run_launch(const LaunchArgs& args) {
   // From the start: a signal during set-up is forwarded as soon as the children exist.
   install_counting_handlers();
@@ -159,8 +173,8 @@ int run_launch(const LaunchArgs& args) {
   // What the syncer will check, checked once here: a refused run.dir would otherwise be a
   // syncer exiting 2 and restarted launch.max_restarts times.
   check_run_dir(dir, args.overwrite || !args.resume.empty());
-  if (!args.resume.empty() && args.resume != "auto" && !fs::is_directory(args.resume))
-    fail("--resume: '{}' is not a checkpoint directory (give auto or a ckpt_<id> directory)",
+  if (!args.resume.empty() && args.resume != "auto" && args.resume != "never" && !fs::is_directory(args.resume))
+    fail("--resume: '{}' is not a checkpoint directory (give auto, never or a ckpt_<id> directory)",
          args.resume);
   // Pid files of an earlier launch name processes that are gone (or, worse, reused).
   std::error_code ec;
@@ -184,7 +198,16 @@ int run_launch(const LaunchArgs& args) {
     std::printf("launch: chaos: %zu kill(s) scheduled\n", options.kills.size());
   std::fflush(stdout);
   Supervisor supervisor(options);
-  return supervisor.run(plan.syncer, plan.units).status;
+  const int status = supervisor.run(plan.syncer, plan.units).status;
+  // A run whose restarted syncer could recover nothing of Θ ended with a model that is not
+  // its budget's: a failure, unless the user asked for fresh restarts (--resume never).
+  if (args.resume != "never" && theta_reinitialised(dir / "metrics.jsonl")) {
+    std::fprintf(stderr, "ddiloco: error: launch: the syncer was restarted with no checkpoint and no unit "
+                 "holding Θ: the run's Θ was re-initialised mid-run (see the syncer_recovered event in %s); "
+                 "exit status %d\n", (dir / "metrics.jsonl").c_str(), kThetaLostStatus);
+    return status == 0 ? kThetaLostStatus : status;
+  }
+  return status;
 }
 
 }  // namespace ddiloco::launch

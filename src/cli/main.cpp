@@ -289,7 +289,9 @@ int main(int argc, char** argv) {
                        "replace the outputs of a previous run in run.dir (passed to the syncer)");
   launch_cmd->add_option("--resume", launch_args.resume,
                          "auto or a checkpoint directory, passed to the syncer's first start "
-                         "(its restarts resume with auto)");
+                         "(its restarts resume with auto and recover Θ from the units); never: "
+                         "the first start replaces run.dir's run and a restarted syncer starts a "
+                         "fresh one");
 
   ConfigArgs syncer_args;
   auto* syncer = app.add_subcommand(
@@ -297,8 +299,9 @@ int main(int argc, char** argv) {
   syncer_args.add_to(syncer, true);
   syncer->add_flag("--overwrite", syncer_args.overwrite, "replace the outputs of a previous run in run.dir");
   syncer->add_option("--resume", syncer_args.resume,
-                     "auto: the newest complete checkpoint (a fresh start if none), or a "
-                     "checkpoint directory (ckpt_<id>)");
+                     "auto: the newest complete checkpoint (a fresh start if none; where a "
+                     "syncer of this run died, Θ recovered from the units too), never: a fresh "
+                     "run, or a checkpoint directory (ckpt_<id>)");
   ConfigArgs unit_args;
   int unit_index = -1;
   auto* unit = app.add_subcommand(

@@ -184,12 +184,21 @@ int run_syncer_process(const Config& config, bool overwrite, const std::string& 
   const OuterPlan plan = OuterPlan::from(config);
   const Topology topology(config, MPI_COMM_WORLD, -1);
   configure_threads(config.run.threads, MPI_COMM_WORLD);
-  const std::string resume = resume_arg.empty() ? "" : choose_checkpoint(config, resume_arg);
-  const bool replace = overwrite || (resume_arg == "auto" && resume.empty());
-  SyncerSetup setup = prepare_syncer(config, plan, resume, replace);
+  const bool never = resume_arg == "never";
+  const std::string resume = resume_arg.empty() || never ? "" : choose_checkpoint(config, resume_arg);
+  // --resume auto where a syncer of this run died (its rendezvous file is still there: a
+  // syncer that ends removes it): this one replaces it, recovering Θ from the units.
+  const bool restart = resume_arg == "auto" && !overwrite &&
+                       std::filesystem::exists(sync::Rendezvous::addr_file(config.run.dir)) &&
+                       std::filesystem::exists(std::filesystem::path(config.run.dir) / "metrics.jsonl");
+  if (restart)
+    std::printf("syncer: a syncer of this run died (%s is left): this one replaces it\n",
+                sync::Rendezvous::addr_file(config.run.dir).c_str());
+  const bool replace = overwrite || never || (resume_arg == "auto" && resume.empty() && !restart);
+  SyncerSetup setup = prepare_syncer(config, plan, resume, replace || restart);
   // A syncer restarted into the same run keeps its run id and secret, so that the units'
   // next handshakes match; a fresh run makes new ones.
-  const auto previous = resume.empty() ? std::nullopt : sync::Rendezvous::read(config.run.dir);
+  const auto previous = resume.empty() && !restart ? std::nullopt : sync::Rendezvous::read(config.run.dir);
   if (replace && resume.empty()) clear_run_outputs(config.run.dir);
   const sync::Endpoint listen = sync::Endpoint::parse(config.syncer.listen, "syncer.listen");
   comm::UcxSyncerLink link(listen.ip, listen.port, config.units.count);
@@ -208,10 +217,14 @@ int run_syncer_process(const Config& config, bool overwrite, const std::string& 
   install_stop_signals();
   const int signal = run_syncer(config, plan, topology, *setup.val, resume,
                                 setup.state ? &*setup.state : nullptr,
-                                SyncerLink{&link, &link, rv.run_id, rv.secret});
-  // A unit that starts after the end finds no syncer instead of a dead address.
-  std::error_code ec;
-  std::filesystem::remove(sync::Rendezvous::addr_file(config.run.dir), ec);
+                                SyncerLink{&link, &link, rv.run_id, rv.secret, restart});
+  // A unit that starts after the end finds no syncer instead of a dead address. A syncer that
+  // leaves its units training (its job requeued: syncer.signal_stops_units off) keeps the file:
+  // its next start is a restart, which recovers Θ from them (README "The syncer dying").
+  if (signal == 0 || config.syncer.signal_stops_units) {
+    std::error_code ec;
+    std::filesystem::remove(sync::Rendezvous::addr_file(config.run.dir), ec);
+  }
   return signal;
 }
 
@@ -252,6 +265,7 @@ int run_unit_process(const Config& config, int unit) {
   // The syncer reads our last snapshots after kDone; it says when it is through. A syncer that
   // is gone, or silent for a minute, releases us too.
   link.reconnected = [&] { return reconnector ? reconnector->reconnected() : std::nullopt; };
+  link.syncer_present = [&] { return ucx == nullptr || ucx->connected(); };
   link.wait_released = [&](sync::LearnerWindow& window) {
     mpi::Backoff backoff(20000);
     const auto deadline = Clock::now() + std::chrono::seconds(60);

@@ -141,6 +141,7 @@ class Learner {
   bool decide_stop(const Actions& actions, int64_t t);
   void broadcast(Actions& actions);
   bool stop_requested();
+  void wait_if_budget_spent_alone(int64_t t);
   void beat();
 
   // learner_outer.cpp: snapshots out, merges in.
@@ -171,6 +172,10 @@ class Learner {
   void drop_unsent_work(const Actions& actions);
   void go_down(const Actions& actions, int64_t t, bool joining);
   bool stop_while_down();
+  void offer_theta();
+  void start_over_for_syncer(Actions& actions);
+  bool trains_through_syncer_restart(int64_t t) const;
+  void settle_offer();
   void fetch_theta(std::vector<int64_t>& words);
   void start_over_from(const std::vector<int64_t>& words);
   void join();
@@ -254,6 +259,10 @@ class Learner {
   double crash_late_s_ = 0;  // leader: how long after its scheduled start the crash took effect
   std::string_view crash_cause_ = "chaos";  // leader: ... or "non_finite" or "syncer_restart"
   std::optional<double> syncer_gone_s_;  // leader, isolated: a restarted syncer admitted us; it was gone this long
+  int64_t job_tokens_seen_ = -1;  // leader, decoupled: kJobTokens as last seen to change ...
+  int64_t job_tokens_step_ = 0;   // ... at this step
+  int64_t offers_ = 0;         // leader, isolated: offers of Θ made to restarted syncers
+  bool offering_ = false;      // ... the last one not taken yet (our inboxes are held)
   bool nan_injected_ = false;  // leader: debug.nan_unit has struck
   bool stalled_ = false;       // leader: debug.stall_unit has stalled
   bool stopped_down_ = false;  // told to stop while down after a crash

@@ -32,16 +32,45 @@ void Learner::decide_crash(Actions& actions, int64_t t, const StepStats& s, bool
     if (gpu_) publish_all();  // taken before the parameters went bad, as on the CPU path
   } else if (!actions.stop && syncer_restarted()) {
     const double gone_s = *std::exchange(syncer_gone_s_, std::nullopt);
-    // A restarted syncer (from its checkpoint) admitted us again: what we sent the old
-    // one since is not in its Θ. Start over from its Θ, down for no time, like a rejoin.
+    // A restarted syncer admitted us again: it recovers Θ from the units' copies, ours among
+    // them (offer_theta). Where units never wait for a merge we train on meanwhile and keep
+    // every step; otherwise we start over from its Θ, down for no time, like a rejoin.
+    const bool train_on = trains_through_syncer_restart(t);
     log_.write({{"event", "syncer_back"}, {"unit", u_}, {"step", t}, {"tokens", tokens_},
-                {"no_syncer_s", gone_s}, {"elapsed_s", wall_.seconds()}});
-    actions.crash = true;
-    crash_cause_ = "syncer_restart";
-    crash_late_s_ = 0;
+                {"no_syncer_s", gone_s}, {"start_over", !train_on}, {"elapsed_s", wall_.seconds()}});
+    offer_theta();
+    if (!train_on) start_over_for_syncer(actions);
+  } else if (!actions.stop && offering_ && window_->control(sync::kStartOver) >= offers_) {
+    // The restarted syncer holds older versions than ours (it recovered without us): we start
+    // over from its Θ.
+    log_.write({{"event", "offer_refused"}, {"unit", u_}, {"step", t}, {"elapsed_s", wall_.seconds()}});
+    start_over_for_syncer(actions);
   } else if (!actions.stop && (crash_ready || crash_now())) {
     take_chaos_crash(actions);
   }
+}
+
+// Leader: a restarted syncer's Θ replaces ours (our memory is intact: nothing is down).
+void Learner::start_over_for_syncer(Actions& actions) {
+  actions.crash = true;
+  crash_cause_ = "syncer_restart";
+  crash_late_s_ = 0;
+}
+
+// Leader: may the unit train on while a restarted syncer recovers Θ, keeping all its steps?
+// Only where it never waits for a merge (decoupled with τ ≥ 1, past the warm-up): a unit that
+// waits for the merge of a snapshot the dead syncer had read would wait for good.
+bool Learner::trains_through_syncer_restart(int64_t t) const {
+  return plan_.mode == Mode::decoupled && !plan_.learners_wait && !fragments_.warm(t + 1);
+}
+
+// Leader: the restarted syncer has taken our offer (kOfferTaken): our inboxes are ours again,
+// holding what we took last; what it merges from now on is delivered as usual.
+void Learner::settle_offer() {
+  if (!offering_ || window_->control(sync::kOfferTaken) < offers_ || window_->control(sync::kStartOver) >= offers_)
+    return;
+  for (int p = 0; p < P_; ++p) window_->set_inbox_taken(p, frag_[p].pending_version);
+  offering_ = false;
 }
 
 // Leader: the chaos schedule's crash that is due, with what it takes down with it.
@@ -122,6 +151,7 @@ bool Learner::crash(const Actions& actions, int64_t& t) {
 bool Learner::crash_and_rejoin(const Actions& a, int64_t& t, bool joining) {
   drop_unsent_work(a);
   syncer_gone_s_.reset();  // we start over from the syncer's Θ now, whoever that syncer is
+  offering_ = false;       // ... which its serve fills our inboxes with
   std::vector<int64_t> words(1 + P_, 0);  // [stop, versions fetched...]
   if (topo_.leader) {
     go_down(a, t, joining);
@@ -158,7 +188,10 @@ void Learner::drop_unsent_work(const Actions& a) {
     book_.discarded += f.unsent + (a.lost[p] ? f.in_flight : 0.0);
     f.unsent = f.in_flight = 0;
   }
-  if (plan_.outer_steps) {
+  // A restarted syncer took nothing of our memory: θ is replaced by its Θ when we start over,
+  // and the moments stay, as over any merge (on a GPU the host holds no current copy of them).
+  const bool memory_intact = crash_cause_ == "syncer_restart" && !gpu_;
+  if (plan_.outer_steps && !memory_intact) {
     poison(trainer_.model().parameters());
     trainer_.optimizer().reset();
   }
@@ -190,6 +223,19 @@ void Learner::go_down(const Actions& a, int64_t t, bool joining) {
     }
     backoff_.reset();
   }
+}
+
+// Leader, its syncer restarted: the newest Θ_p it took of every fragment (`pending`, at
+// pending_version) goes back into its inboxes, held (nothing is delivered meanwhile), raw, for
+// the restarted syncer to recover Θ from (syncer_recovery.cpp).
+void Learner::offer_theta() {
+  window_->hold_inboxes();
+  for (int p = 0; p < P_; ++p) {
+    const FragmentState& f = frag_[p];
+    if (f.pending_version > 0) window_->offer(p, f.pending_version, f.pending, f.seq_base);
+  }
+  window_->set_control(sync::kOfferFor, ++offers_);
+  offering_ = true;
 }
 
 // Leader: ddp's other units sit inside the gradient all-reduce waiting for this one, so it

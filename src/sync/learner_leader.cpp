@@ -16,8 +16,10 @@ Actions Learner::decide(int64_t t, const StepStats& s, double step_s, bool non_f
   if (gpu_) publish_landed();
   stall_hook(t);
   publish_due(t, non_finite, actions);
+  settle_offer();
   const bool crash_ready = take_merges(t, actions);  // a crash came due while waiting
   actions.stop = decide_stop(actions, t);
+  if (!actions.stop) wait_if_budget_spent_alone(t);
   if (checkpoints_) actions.checkpoint = decide_checkpoint(actions.stop);
   if (plan_.mode == Mode::decoupled)
     actions.schedule_step = window_->control(sync::kJobTokens) / job_step_tokens_;
@@ -65,6 +67,36 @@ bool Learner::decide_stop(const Actions& actions, int64_t t) {
     stop |= round >= last_round;
   }
   return stop;
+}
+
+// Leader, decoupled, isolated: with no syncer to count the job's tokens, the unit counts them
+// itself from the last count the syncer published (kJobTokens), as if every unit stepped as
+// fast as it does; once that reaches the budget it trains no further and waits (beating) for
+// a syncer to come back and say stop. Without this, units whose syncer died near the end of
+// the budget would train past it for as long as it is away.
+void Learner::wait_if_budget_spent_alone(int64_t t) {
+  if (plan_.mode != Mode::decoupled || !sync_link_.syncer_present) return;
+  if (const int64_t job = window_->control(sync::kJobTokens); job != job_tokens_seen_) {
+    job_tokens_seen_ = job;
+    job_tokens_step_ = t;
+  }
+  const int64_t estimate = job_tokens_seen_ + (t - job_tokens_step_) * job_step_tokens_;
+  // Alone: no syncer, or a restarted one that has not taken our offer yet (it is recovering,
+  // and cannot count the job's tokens before). A syncer that admits us meanwhile ends the wait:
+  // it needs our offer (decide_crash), and so does one told to start over.
+  auto alone = [&] {
+    settle_offer();
+    return (!sync_link_.syncer_present() || offering_) && !syncer_restarted() &&
+           !(offering_ && window_->control(sync::kStartOver) >= offers_);
+  };
+  if (estimate < config_.token_budget() || !alone()) return;
+  log_.write({{"event", "budget_spent_alone"}, {"unit", u_}, {"step", t}, {"job_tokens_estimate", estimate},
+              {"elapsed_s", wall_.seconds()}});
+  while (alone() && !stop_requested()) {
+    beat();
+    backoff_.idle();
+  }
+  backoff_.reset();
 }
 
 void Learner::broadcast(Actions& actions) {

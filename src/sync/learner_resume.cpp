@@ -64,6 +64,9 @@ void Learner::resume_fragment(int p, std::span<float> params) {
     f.count_from_merge(carry_, st.sent_c_steps[p], st.sent_c_tok[p]);
   }
   f.applied = f.pending_version = f.sends = sy.versions[p];
+  // The leader holds Θ_p at that version, as if taken from its inbox (what it offers a
+  // restarted syncer).
+  if (topo_.leader) fragments_.pack(p, sy.theta, f.pending);
   // Above every number either side has used (the syncer computes the same).
   f.last_seq = f.seq_base = std::max(st.last_seq[p], merged);
   if (topo_.leader) window_->set_inbox_taken(p, sy.versions[p]);

@@ -227,6 +227,23 @@ void LearnerWindow::hold_inboxes() {
   sync();
 }
 
+void LearnerWindow::offer(int p, int64_t version, std::span<const float> values, int64_t seq_base) {
+  if (values.size() != layout_->numel(p))
+    fail("offer: fragment {} has {} elements, got {}", p, layout_->numel(p), values.size());
+  const auto bytes = std::as_bytes(values);
+  std::memcpy(base_ + layout_->inbox_offset(p), bytes.data(), bytes.size());
+  const size_t h = layout_->header_offset(p);
+  auto store = [&](Header w, int64_t v) {
+    std::atomic_ref<int64_t>(word(h + w * 8)).store(v, std::memory_order_release);
+  };
+  store(kInRaw, 1);
+  store(kInBytes, static_cast<int64_t>(bytes.size()));
+  store(kInChecksum, static_cast<int64_t>(checksum(bytes)));
+  store(kOfferSeqBase, seq_base);
+  store(kInVersion, version);
+  sync();
+}
+
 // ---------------------------------------------------------------------------- syncer side
 
 SyncerWindow::SyncerWindow(comm::RemoteMemory& remote, const WindowLayout& layout)
@@ -523,6 +540,22 @@ void SyncerWindow::set_job_tokens(int u, int64_t tokens) {
 
 bool SyncerWindow::fetch_control(int u, Control word, int64_t& value) {
   return remote_->fetch_word(u, static_cast<size_t>(word) * sizeof(int64_t), value);
+}
+
+std::string SyncerWindow::fetch_offer(int u, int p, const UnitHeaders& headers, std::span<float> dst) {
+  if (lanes_[u].kind != Lane::idle) fail("fetch_offer: unit {}'s lane is busy", u);
+  if (dst.size() != layout_->numel(p))
+    fail("fetch_offer: fragment {} has {} elements, got {}", p, layout_->numel(p), dst.size());
+  const int64_t bytes = headers.header(p, kInBytes);
+  if (bytes != static_cast<int64_t>(dst.size_bytes()) || headers.header(p, kInRaw) != 1)
+    return fmt::format("its copy of fragment {} is announced as {} bytes (raw {}), expected {} raw",
+                       p, bytes, headers.header(p, kInRaw), dst.size_bytes());
+  const std::span<std::byte> out = std::as_writable_bytes(dst);
+  if (!remote_->get(u, layout_->inbox_offset(p), out)) return "the unit could not be read";
+  bytes_read_ += out.size();
+  if (checksum(std::span<const std::byte>(out)) != static_cast<uint64_t>(headers.header(p, kInChecksum)))
+    return fmt::format("its copy of fragment {} fails its checksum", p);
+  return "";
 }
 
 bool SyncerWindow::set_control(int u, Control word, int64_t value) {

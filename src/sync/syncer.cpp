@@ -6,6 +6,7 @@
 
 #include <omp.h>
 
+#include <chrono>
 #include <cstdio>
 
 #include "ddiloco/chaos.hpp"
@@ -36,9 +37,12 @@ Syncer::Syncer(const Config& config, const OuterPlan& plan, const Topology& topo
       checkpoints_(config, plan, core_, window_, [this] { return now(); }, [this](nlohmann::json e) { log_.write(e); },
                    bar_, resumed ? resumed_dir : std::filesystem::path(), resumed ? resumed->id : 0),
       val_(val),
-      budget_(config.token_budget()) {
+      budget_(config.token_budget()),
+      restarted_(link.recover && link.listener != nullptr) {
   if (door_) members_ = std::make_unique<sync::Membership>(config, link.run_id, link.secret, layout_.bytes());
   books_before_.resize(M_);
+  offered_.resize(M_);
+  settled_.assign(M_, 0);
   core_.set_isolated(door_ != nullptr);
   // Isolated, the units' links are real: polls take at most 5 % of the slowest one's rate,
   // yet come at least four times per heartbeat timeout (else every unit would seem silent).
@@ -113,6 +117,11 @@ int Syncer::run() {
 bool Syncer::poll_once() {
   if (door_) admit_units();
   core_.poll();
+  if (recovery_) {
+    recover_once();
+    return recovery_ != nullptr;  // recovering: poll again soon; recovered: go on at once
+  }
+  if (door_) settle_offers();  // a unit that reconnected offers its copies of Θ
   core_.watch_liveness();
   core_.observe_step_times();
   core_.serve_rejoins();
@@ -274,21 +283,36 @@ void Syncer::start() {
   write_text_atomically(dir / "config.yaml", yaml);
   std::printf("ddiloco %s: effective configuration (saved to %s)\n%s", DDILOCO_VERSION,
               (dir / "config.yaml").c_str(), yaml.c_str());
-  log_ = JsonlWriter(dir / "metrics.jsonl", resumed_from_.empty());
+  log_ = JsonlWriter(dir / "metrics.jsonl", resumed_from_.empty() && !restarted_);
   evaluator_ = std::make_unique<GlobalEvaluator>(config_.model, val_, config_.train.batch_size,
                                                  omp_get_max_threads());
   next_eval_ = resumed_next_eval_ > 0 ? resumed_next_eval_ : core_.total_merges() + eval_stride();
   nlohmann::json unit_ranks = nlohmann::json::array();
   for (int u = 0; u < M_; ++u) unit_ranks.push_back(config_.unit_ranks(u));
-  log_.write({{"event", "start"}, {"step", 0}, {"tokens", 0}, {"elapsed_s", 0.0},
+  // unix_s: the wall clock as this syncer starts (its time zero follows within the start-up's
+  // milliseconds), so that the events of the syncer processes of one run, each on its own
+  // clock, can be put on one time line.
+  const double unix_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  log_.write({{"event", "start"}, {"step", 0}, {"tokens", 0}, {"elapsed_s", 0.0}, {"unix_s", unix_s - now()},
               {"mode", mode_name(plan_.mode)}, {"units", M_}, {"unit_ranks", unit_ranks},
               {"fragments", fragments_.size()}, {"h", plan_.h}, {"overlap", plan_.overlap},
               {"quorum", plan_.quorum}, {"parameters", parameters_.size()},
               {"token_budget", budget_}, {"checkpoints", checkpoints_.on() ? checkpoints_.root().string() : ""}});
-  if (!resumed_from_.empty()) {
-    log_.write({{"event", "resume"}, {"path", resumed_from_}, {"version", core_.total_merges()},
+  if (restarted_) {
+    recovery_ = std::make_unique<sync::Recovery>(M_, plan_.quorum, now(), config_.syncer.recover_timeout_s,
+                                                 config_.syncer.heartbeat_timeout_s);
+    offers_.assign(fragments_.size(), {});
+    std::printf("syncer: restarted mid-run: recovering Θ from the units' copies (waiting up to "
+                "syncer.recover_timeout_s = %g s for K = %d of them)\n",
+                config_.syncer.recover_timeout_s, std::min(plan_.quorum, M_));
+  }
+  if (!resumed_from_.empty() || restarted_) {
+    log_.write({{"event", "resume"}, {"path", resumed_from_.empty() ? nlohmann::json() : nlohmann::json(resumed_from_)},
+                {"recovering", restarted_}, {"version", core_.total_merges()},
                 {"versions", core_.versions()}, {"tokens", resumed_tokens_},
                 {"elapsed_before_s", resumed_elapsed_s_}, {"elapsed_s", 0.0}});
+  }
+  if (!resumed_from_.empty()) {
     std::printf("resumed from %s: %lld merges, %.2fM tokens\n", resumed_from_.c_str(),
                 static_cast<long long>(core_.total_merges()), resumed_tokens_ / 1e6);
     if (plan_.mode == Mode::decoupled && resumed_tokens_ >= budget_)

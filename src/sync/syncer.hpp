@@ -2,6 +2,7 @@
 // the isolated deployment, global evaluation, checkpoints, the stop, and the job's report.
 //   syncer.cpp            construction, the run loop, admission, the stop
 //   syncer_checkpoints.*  the syncer's side of a checkpoint
+//   syncer_recovery.cpp   a syncer restarted mid-run: Θ recovered from the units' copies
 //   syncer_report.cpp     the end: time books, links, the final evaluation, the done event
 #pragma once
 
@@ -15,6 +16,7 @@
 #include "ddiloco/membership.hpp"
 #include "ddiloco/metrics.hpp"
 #include "ddiloco/model.hpp"
+#include "ddiloco/recovery.hpp"
 #include "ddiloco/runtime.hpp"
 #include "ddiloco/sync_window.hpp"
 #include "ddiloco/syncer_core.hpp"
@@ -48,6 +50,13 @@ class Syncer {
   void after_merge(int p, const std::vector<int>& units);
   // Finished, or (isolated, once the job is ending) absent: nothing more to wait for.
   bool unit_finished(int u) const;
+  // A syncer restarted mid-run (syncer_recovery.cpp): nothing is merged, delivered or served
+  // until Θ is recovered from the units' offers.
+  void recover_once();
+  bool read_offer(int u);
+  void settle_offers();
+  void finish_recovery();
+  int64_t merges_before_restart() const;
   void maybe_evaluate();
   void log_eval_results();
   // The end (syncer_report.cpp).
@@ -90,6 +99,15 @@ class Syncer {
   int64_t resumed_tokens_ = 0;
   int64_t resumed_next_eval_ = 0;
   double train_cpu_s_ = 0;          // the syncer's CPU seconds at the end of training
+  // Restarted mid-run: recovering while recovery_ is set; the copies offered, per fragment
+  // (only those at the newest version offered so far).
+  const bool restarted_;
+  std::unique_ptr<sync::Recovery> recovery_;
+  std::vector<std::vector<sync::Offer>> offers_;
+  std::vector<std::vector<int64_t>> offered_;  // per unit: the versions of its offer just read
+  std::vector<int64_t> settled_;               // per unit: the last offer settled
+  nlohmann::json recovered_;        // the syncer_recovered event (null: not restarted)
+  bool theta_reinitialised_ = false;  // restarted, and nothing of Θ's merges could be recovered
 };
 
 }  // namespace ddiloco

@@ -35,6 +35,7 @@ void SyncerCheckpoints::restore(SyncerCore& core, const Config& config, const ch
   for (int u = 0; u < M; ++u) {
     const std::filesystem::path file = checkpoint::unit_file(dir, u);
     last_seq[u] = checkpoint::unit_last_seq(file, P);
+    core.set_tokens_floor(u, checkpoint::unit_tokens(file));
     if (!wire_refs) continue;
     // The unit's own reference when its file holds one at the checkpoint's version (the unit
     // applies the same rule, checkpoint::has_reference).
@@ -48,6 +49,7 @@ void SyncerCheckpoints::restore(SyncerCore& core, const Config& config, const ch
 
 void SyncerCheckpoints::start() {
   due_at_ = core_.total_merges() + config_.checkpoint.every;
+  due_at_s_ = clock_() + config_.checkpoint.every_s;
   for (int u = 0; u < core_.units(); ++u) window_.set_control(u, kCheckpointNext, next_);
 }
 
@@ -59,8 +61,9 @@ void SyncerCheckpoints::unit_connected(int u) {
 // Asked for before the merge is delivered: a diloco unit then writes its file on the round
 // boundary where it applies this merge.
 void SyncerCheckpoints::after_merge() {
-  if (config_.checkpoint.every > 0 && core_.total_merges() >= due_at_ && !wanted_ && !core_.stopping())
-    request();
+  const bool by_count = config_.checkpoint.every > 0 && core_.total_merges() >= due_at_;
+  const bool by_time = config_.checkpoint.every_s > 0 && clock_() >= due_at_s_;
+  if ((by_count || by_time) && !wanted_ && !core_.stopping()) request();
 }
 
 // Every unit writes its file at its next step boundary (diloco: round boundary) and says so
@@ -105,8 +108,7 @@ bool SyncerCheckpoints::try_complete(bool final, double elapsed_s, int64_t next_
   try {
     link_unit_files(dir, linked);
     st = state(dir, elapsed_s, next_eval);
-    checkpoint::write_syncer(dir, st, written_ > 0 ? config_.debug.checkpoint_write_delay_ms : 0);
-    ++written_;
+    checkpoint::write_syncer(dir, st, next_ == 2 ? config_.debug.checkpoint_write_delay_ms : 0);
     checkpoint::write_manifest(dir, next_, config_,
                                {{"merges", st.merges}, {"tokens", st.tokens}, {"versions", st.versions},
                                 {"elapsed_s", st.elapsed_s}, {"final", final}});
@@ -178,6 +180,7 @@ void SyncerCheckpoints::next() {
   ++next_;
   wanted_ = false;
   due_at_ = core_.total_merges() + config_.checkpoint.every;
+  due_at_s_ = clock_() + config_.checkpoint.every_s;
   for (int u = 0; u < core_.units(); ++u)
     if (!core_.unit_done(u)) window_.set_control(u, kCheckpointNext, next_);
 }

@@ -61,6 +61,7 @@ SyncerCore::SyncerCore(const Config& config, const OuterPlan& plan, SyncerWindow
   repolled_.assign(M_, false);
   serving_.assign(M_, Serving{});
   tokens_before_.assign(M_, 0);
+  tokens_floor_.assign(M_, 0);
   steps_before_.assign(M_, 0);
   merged_seq_.assign(M_, std::vector<int64_t>(P, 0));
   seq_base_.assign(M_, std::vector<int64_t>(P, 0));
@@ -150,13 +151,24 @@ void SyncerCore::unit_connected(int u) {
   // (restarted) syncer, the snapshots the previous syncer consumed stay consumed.
   window_.poll(headers_, /*all=*/true);
   for (int p = 0; p < fragments_.size(); ++p) slots_[u][p].acked = headers_[u].header(p, kOutAck);
+  // The unit's earlier processes' work, as a previous syncer wrote it into a live window
+  // (zeros in a new process's): the larger count holds, and the window keeps it for the next.
+  tokens_before_[u] = std::max({tokens_before_[u], headers_[u].control(kTokensBefore),
+                                tokens_floor_[u] - headers_[u].control(kTokensDone)});
+  steps_before_[u] = std::max(steps_before_[u], headers_[u].control(kStepsBefore));
+  window_.set_control(u, kTokensBefore, tokens_before_[u]);
+  window_.set_control(u, kStepsBefore, steps_before_[u]);
   heartbeat_[u] = -1;
   heard_at_[u] = now();
   silent_[u] = false;
-  rejoin_served_[u] = 0;
+  // A rejoin a previous syncer served is not served again.
+  rejoin_served_[u] = std::max<int64_t>(0, headers_[u].control(kRejoinServed));
   serving_[u] = Serving{};
   torn_[u] = repolled_[u] = false;
   reads_started_[u] = 0;
+  // The job's progress as the unit last heard it stays (a restarted syncer knows it from the
+  // units): written lower, every unit's learning-rate schedule would start over.
+  progress_sent_ = std::max(progress_sent_, headers_[u].control(kJobTokens));
   if (plan_.mode == Mode::decoupled) window_.set_job_tokens(u, progress_sent_);
   if (stopping_) window_.request_stop(u);
 }
@@ -776,6 +788,35 @@ void SyncerCore::restore(const checkpoint::SyncerState& c, const std::vector<std
       merged_seq_[u][p] = c.merged_seq[static_cast<size_t>(u) * P + p];
       seq_base_[u][p] = std::max(unit_last_seq[u][p], merged_seq_[u][p]);
     }
+}
+
+void SyncerCore::adopt(int p, int64_t version, std::span<const float> values) {
+  if (values.size() != theta_[p].size())
+    fail("recovery: fragment {} has {} values, a copy of it {}", p, theta_[p].size(), values.size());
+  if (version <= version_[p]) fail("recovery: fragment {}: version {} is not newer than {}", p, version, version_[p]);
+  theta_[p].assign(values.begin(), values.end());
+  version_[p] = version;
+  rounds_[p] = Round{};
+  if (anchor_base_) history_[p] = {{version, theta_[p]}};
+  for (int u = 0; u < M_; ++u) {
+    Slot& s = slots_[u][p];
+    s.delivered = std::min(s.delivered, version);
+    if (!s.fresh) s.meta.base_version = std::min(s.meta.base_version, version);
+  }
+}
+
+void SyncerCore::offer_taken(int u, const std::vector<int64_t>& versions) {
+  for (int p = 0; p < fragments_.size(); ++p) {
+    Slot& s = slots_[u][p];
+    s.delivered = versions[p];
+    s.owed = versions[p] < version_[p];
+    if (!s.fresh) s.meta.base_version = std::min(versions[p], version_[p]);
+  }
+}
+
+void SyncerCore::recovered_numbering(int u, int p, int64_t seq_base) {
+  seq_base_[u][p] = seq_base;
+  merged_seq_[u][p] = std::max(merged_seq_[u][p], seq_base + headers_[u].header(p, kOutAck));
 }
 
 }  // namespace ddiloco::sync

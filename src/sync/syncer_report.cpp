@@ -148,9 +148,12 @@ void Syncer::report(double train_end, const std::vector<TimeBook>& books,
               {"unit_restarts", members_ ? members_->total_restarts() : 0},
               {"heal_s_mean", heal_mean},
               {"heal_s_max", heal_max},
+              // A syncer restarted mid-run: what it recovered (README "The syncer dying").
+              {"syncer_recovered", recovered_.is_null() ? nlohmann::json() : recovered_},
+              {"theta_reinitialised", theta_reinitialised_},
               {"model", model_path.string()}});
   const std::string resumed_part =
-      resumed_from_.empty() ? "" : fmt::format(", {:.2f}M of them in this run", trained / 1e6);
+      resumed_from_.empty() && !restarted_ ? "" : fmt::format(", {:.2f}M of them in this run", trained / 1e6);
   std::printf("%s: mode %s, %.2fM tokens%s in %.1fs (%.0f tokens/s), %lld merges, %.1f MB across "
               "units, final global val_loss %.4f; model saved to %s\n",
               interrupted_by_ != 0 ? "interrupted" : "done", mode_name(plan_.mode), tokens / 1e6,
@@ -160,6 +163,11 @@ void Syncer::report(double train_end, const std::vector<TimeBook>& books,
               "waiting %.0fs, down %.0fs, other %.0fs); global downtime %.1fs\n",
               100 * learners.goodput(), learners.allocated, learners.compute, learners.discarded,
               learners.wait, learners.down, learners.other, global_downtime);
+  if (theta_reinitialised_)  // the last line: a run that lost its model mid-way says so
+    std::printf("ddiloco: warning: this run's Θ was re-initialised mid-run: the syncer was restarted "
+                "with no checkpoint and no unit could give Θ back (%lld merges lost); its val_loss is "
+                "not that of its token budget\n",
+                static_cast<long long>(recovered_.value("merges_before", int64_t{0})));
   std::fflush(stdout);
 }
 

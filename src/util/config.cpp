@@ -215,6 +215,11 @@ const std::vector<Entry<Config>>& entries() {
                     "isolated deployment: how long a unit waits for the syncer (retrying with "
                     "backoff) before it gives up, seconds",
                     positive<double>()),
+      DDILOCO_FIELD(double, "syncer.recover_timeout_s", syncer.recover_timeout_s,
+                    "isolated deployment: a syncer restarted mid-run recovers Θ from the units' copies; "
+                    "it waits this long for K units (syncer.quorum) to hand theirs back, then goes on with "
+                    "the newest it has, from the units that came or its checkpoint, seconds",
+                    positive<double>()),
       DDILOCO_FIELD(double, "syncer.link_timeout_s", syncer.link_timeout_s,
                     "isolated deployment: a read or write of a unit's memory that has not completed "
                     "after this many seconds (plus its bytes at syncer.link_min_mbit_s) closes the "
@@ -271,8 +276,12 @@ const std::vector<Entry<Config>>& entries() {
                     "chaos_schedule.yaml in a run directory)"),
       // checkpoint
       DDILOCO_FIELD(int64_t, "checkpoint.every", checkpoint.every,
-                    "outer updates (merges) between two checkpoints; 0 = only when the job "
-                    "stops", at_least<int64_t>(0)),
+                    "outer updates (merges) between two checkpoints; 0 = none by count (see "
+                    "checkpoint.every_s, and at_stop)", at_least<int64_t>(0)),
+      DDILOCO_FIELD(double, "checkpoint.every_s", checkpoint.every_s,
+                    "seconds between two checkpoints (taken at the first merge after), besides "
+                    "checkpoint.every; 0 = none by time. What a restarted syncer that no unit can give "
+                    "Θ back to loses at most (README \"The syncer dying\")", at_least(0.0)),
       DDILOCO_FIELD(std::string, "checkpoint.dir", checkpoint.dir,
                     "where checkpoints go (ckpt_<id>/ per checkpoint); empty = "
                     "<run.dir>/checkpoints"),
@@ -352,7 +361,7 @@ const std::vector<Entry<Config>>& entries() {
                     "lands before the answer, so the read finds the unit's memory gone"),
       DDILOCO_FIELD(int, "debug.checkpoint_write_delay_ms", debug.checkpoint_write_delay_ms,
                     "test hook: the syncer pauses this long inside the write of its checkpoint "
-                    "file, from the second checkpoint of the run on (a kill then lands mid-write)", at_least(0)),
+                    "file of checkpoint 2, the run's second (a kill then lands mid-write)", at_least(0)),
   };
   return table;
 }

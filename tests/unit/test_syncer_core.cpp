@@ -12,6 +12,7 @@
 #include <limits>
 #include <memory>
 
+#include "ddiloco/error.hpp"
 #include "ddiloco/merge.hpp"
 #include "ddiloco/runtime.hpp"
 #include "ddiloco/syncer_core.hpp"
@@ -740,6 +741,78 @@ TEST(SyncerCore, StoppingFlushesWhateverWasPublishedAndTellsEveryUnit) {
   ASSERT_EQ(h.merges(1).size(), 1u);
   EXPECT_EQ(h.merges(1)[0]["units"], json({2}));
   for (int u = 0; u < 3; ++u) EXPECT_EQ(h.unit(u).control(sync::kStop), 1) << u;
+}
+
+
+// A syncer restarted mid-run (README "The syncer dying"): a new core over the same units'
+// windows. It reads the books of the units' earlier processes back from the live windows (the
+// job's token count goes on), serves no rejoin the previous one served, adopts the newest Θ_p
+// a unit offers, and delivers it to a unit that offered an older version once that unit has
+// taken its inboxes back.
+TEST(SyncerCore, ARestartedCoreReadsItsBooksBackAndAdoptsTheNewestThetaOffered) {
+  Config c = small_config(Mode::decoupled, 2, 1);
+  Harness h(c);
+  h.core.set_isolated(true);
+  for (int u = 0; u < 2; ++u) h.core.unit_connected(u);
+  // Unit 1's first process trained 500 tokens and died; its new process joined.
+  h.unit(1).set_control(sync::kTokensDone, 500);
+  h.tick();
+  h.core.unit_lost(1);
+  h.attach(1);
+  h.core.unit_connected(1);
+  h.unit(1).set_control(sync::kRejoinRequest, 1);
+  h.tick();  // its rejoin is served
+  EXPECT_EQ(h.unit(1).control(sync::kRejoinServed), 1);
+  EXPECT_EQ(h.unit(1).control(sync::kTokensBefore), 500);
+  h.unit(0).set_control(sync::kTokensDone, 300);
+  h.unit(1).set_control(sync::kTokensDone, 40);
+  h.publish(0, 0, 2.0f, 4, 400);
+  h.tick();
+  ASSERT_EQ(h.core.versions(), (std::vector<int64_t>{1, 0}));
+  std::vector<float> held(h.layout.numel(0));
+  ASSERT_TRUE(h.unit(0).take_inbox(0, held));
+  h.tick();
+  EXPECT_EQ(h.core.tokens_total(), 840);
+
+  // The syncer dies; a new one starts over the same windows.
+  sync::SyncerWindow window(h.remote, h.layout);
+  sync::UnitLinks links(c, 2);
+  std::vector<json> events;
+  sync::SyncerCore restarted(c, h.plan, window, h.fragments, links, [&] { return h.clock; },
+                             [&](json e) { events.push_back(std::move(e)); });
+  restarted.set_isolated(true);
+  for (int u = 0; u < 2; ++u) restarted.unit_connected(u);
+  EXPECT_EQ(restarted.tokens_total(), 840) << "the books came back from the windows";
+  EXPECT_EQ(restarted.versions(), (std::vector<int64_t>{0, 0}));
+
+  // Unit 0 offers Θ_0 at version 1; unit 1 holds nothing newer than Θ₀.
+  for (int u = 0; u < 2; ++u) h.unit(u).hold_inboxes();
+  h.unit(0).offer(0, 1, held, 0);
+  restarted.poll();
+  std::vector<float> got(h.layout.numel(0));
+  ASSERT_EQ(window.fetch_offer(0, 0, restarted.headers(0), got), "");
+  restarted.adopt(0, 1, got);
+  EXPECT_EQ(restarted.versions(), (std::vector<int64_t>{1, 0}));
+  EXPECT_THROW(restarted.adopt(0, 1, got), Error) << "not newer";
+  restarted.offer_taken(0, {1, 0});
+  restarted.offer_taken(1, {0, 0});
+  auto tick = [&] {
+    restarted.poll();
+    restarted.serve_rejoins();
+    restarted.collect();
+    restarted.merge_ready();
+    restarted.deliver_pending();
+  };
+  tick();
+  EXPECT_TRUE(events.empty() || events.back()["event"] != "rejoin") << "a rejoin served before is not served again";
+  EXPECT_EQ(h.unit(1).inbox_version(0), 0) << "nothing lands in a held inbox";
+  for (int p = 0; p < 2; ++p) h.unit(1).set_inbox_taken(p, 0);  // unit 1 takes its inboxes back
+  tick();
+  EXPECT_EQ(h.unit(1).inbox_version(0), 1) << "owed the newer Θ_0";
+  std::vector<float> taken(h.layout.numel(0));
+  ASSERT_TRUE(h.unit(1).take_inbox(0, taken));
+  EXPECT_EQ(taken, held);
+  EXPECT_EQ(h.unit(0).inbox_version(1), 0) << "unit 0 holds Θ_1 at the syncer's version: nothing owed";
 }
 
 }  // namespace

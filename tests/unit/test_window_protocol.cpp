@@ -157,6 +157,46 @@ TEST(WindowProtocol, ASnapshotPublishedBeforeARejoinIsStillDecodedAfterTheServe)
   EXPECT_NE(syncer.fetch(0, 0, h[0], got).problem, "");
 }
 
+// A unit whose syncer was restarted hands back the Θ_p it holds (README "The syncer dying"):
+// raw fp32 in its held inbox, with its version, read by the restarted syncer, which then holds
+// the unit's reference: the unit's unread snapshot, against that reference, is decoded.
+TEST(WindowProtocol, AnOfferOfThetaIsReadBackRawAndItsReferenceDecodesTheUnreadSnapshot) {
+  Fixture f;
+  const size_t n = f.windows.numel(1);
+  sync::LearnerWindow learner(*f.memory[1], f.windows);
+  const auto theta = pattern(n, 0.3f);
+  learner.set_reference(1, 6, theta);  // as if taken at version 6
+  learner.publish(1, pattern(n, 0.31f), {4, 40, 30, 6});
+  learner.hold_inboxes();
+  learner.offer(1, 6, theta, /*seq_base=*/11);
+
+  sync::SyncerWindow restarted(f.remote, f.windows);  // a new syncer: no references held
+  std::vector<sync::UnitHeaders> h;
+  restarted.poll(h);
+  EXPECT_EQ(h[1].header(1, sync::kInVersion), 6);
+  EXPECT_EQ(h[1].header(1, sync::kOfferSeqBase), 11);
+  EXPECT_EQ(h[1].header(1, sync::kInAck), -1) << "held: nothing is delivered over the offer";
+  std::vector<float> got(n);
+  ASSERT_EQ(restarted.fetch_offer(1, 1, h[1], got), "");
+  EXPECT_EQ(got, theta) << "the copy crosses raw, bit for bit";
+  std::vector<float> snap(n);
+  EXPECT_NE(restarted.fetch(1, 1, h[1], snap).problem, "") << "no reference yet";
+  restarted.set_reference(1, 1, 6, got);
+  const auto fetched = restarted.fetch(1, 1, h[1], snap);
+  EXPECT_EQ(fetched.problem, "");
+  for (size_t i = 0; i < n; ++i) EXPECT_NEAR(snap[i], 0.31f + 0.001f * static_cast<float>(i), 1e-3f) << i;
+
+  // A copy torn or lied about is refused, naming why.
+  reinterpret_cast<float*>(f.memory[1]->base() + f.windows.inbox_offset(1))[3] += 1.0f;
+  EXPECT_NE(restarted.fetch_offer(1, 1, h[1], got).find("checksum"), std::string::npos);
+  learner.offer(1, 6, theta, 11);
+  auto* words = reinterpret_cast<int64_t*>(f.memory[1]->base() + f.windows.header_offset(1));
+  words[sync::kInBytes] = 12;
+  restarted.poll(h);
+  EXPECT_NE(restarted.fetch_offer(1, 1, h[1], got).find("announced as 12 bytes"), std::string::npos);
+  EXPECT_THROW(learner.offer(1, 6, pattern(n + 1, 0.0f), 0), Error);
+}
+
 TEST(WindowProtocol, APollBudgetSpacesEachUnitsReadsAndAllReadsEveryone) {
   Fixture f;
   sync::SyncerWindow syncer(f.remote, f.windows);

@@ -1,0 +1,170 @@
+// A syncer restarted mid-run (README "The syncer dying"): before it merges, delivers or serves
+// anything, it recovers Θ from the units. Every unit that reconnects starts over from the
+// restarted syncer's Θ (learner_faults.cpp, cause syncer_restart), and hands back with its
+// rejoin request the newest copy of each Θ_p it holds (sync_window.hpp, kOfferFor). Once K
+// units have (recovery.hpp says when), the newest version of each fragment is taken, the
+// rejoins are served from it, and the run goes on: same run id, token count and budget.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "sync/syncer.hpp"
+
+#include "ddiloco/error.hpp"
+#include "ddiloco/signals.hpp"
+
+namespace ddiloco {
+
+// Is unit u offering its copies of Θ (an offer not settled yet), or asking to rejoin (a new
+// process, a unit that starts over)? Either way it waits on us.
+namespace {
+bool offering(const sync::UnitHeaders& h) { return h.control(sync::kOfferFor) > h.control(sync::kOfferTaken); }
+bool asking(const sync::UnitHeaders& h) { return h.control(sync::kRejoinRequest) > h.control(sync::kRejoinServed); }
+}  // namespace
+
+// One poll while recovering: the offers of the units, then, once enough have come (or a stop
+// signal), the decision.
+void Syncer::recover_once() {
+  for (int u = 0; u < M_; ++u) {
+    const sync::UnitHeaders& h = core_.headers(u);
+    if (!remote_.connected(u) || core_.unit_done(u) || !h.reachable || recovery_->has_offered(u)) continue;
+    if (!offering(h) && !asking(h)) continue;
+    core_.heard(u);  // it waits for us: alive
+    if (offering(h) && !read_offer(u)) continue;  // its lane is busy: next poll
+    recovery_->offered(u, now());
+  }
+  if (recovery_->complete(now()) || stop_signal() != 0) finish_recovery();
+}
+
+// After the recovery, every poll: an offer read is settled. A unit that asks to rejoin as well
+// is served Θ (serve_rejoins); one whose copies are all at most the syncer's versions trains on,
+// owed the newer ones; one holding a newer copy than the syncer recovered (it came back too
+// late) starts over from Θ.
+void Syncer::settle_offers() {
+  for (int u = 0; u < M_; ++u) {
+    const sync::UnitHeaders& h = core_.headers(u);
+    if (!remote_.connected(u) || !h.reachable || !offering(h)) continue;
+    const int64_t offer = h.control(sync::kOfferFor);
+    if (settled_[u] >= offer) continue;
+    if (offered_[u].empty() && !read_offer(u)) continue;
+    bool newer = false;
+    for (int p = 0; p < fragments_.size(); ++p) newer |= offered_[u][p] > core_.versions()[p];
+    if (newer) {
+      window_.set_control(u, sync::kStartOver, offer);
+    } else if (!asking(h)) {
+      core_.offer_taken(u, offered_[u]);
+    }
+    window_.set_control(u, sync::kOfferTaken, offer);
+    log_.write({{"event", "offer_settled"}, {"unit", u}, {"offer", offer}, {"versions", offered_[u]},
+                {"start_over", newer || asking(h)}, {"elapsed_s", now()}});
+    settled_[u] = offer;
+    offered_[u].clear();
+  }
+}
+
+// Unit u's copies of Θ (offered_[u]: the version of each, 0 for none), each checked (size,
+// checksum, finite values); while recovering, only the newest version of each fragment offered
+// so far is kept. False when its lane is busy (a transfer of before): read at a later poll.
+bool Syncer::read_offer(int u) {
+  if (window_.lane(u) != sync::SyncerWindow::Lane::idle) return false;
+  const sync::UnitHeaders& h = core_.headers(u);
+  offered_[u].assign(fragments_.size(), 0);
+  for (int p = 0; p < fragments_.size(); ++p) {
+    const int64_t version = h.header(p, sync::kInVersion);
+    if (version <= 0) continue;
+    sync::Offer offer{u, version, std::vector<float>(layout_.numel(p))};
+    std::string problem = window_.fetch_offer(u, p, h, offer.values);
+    if (problem.empty())
+      for (float v : offer.values)
+        if (!std::isfinite(v)) {
+          problem = fmt::format("its copy of fragment {} holds non-finite values", p);
+          break;
+        }
+    if (!problem.empty()) {
+      log_.write({{"event", "offer_refused"}, {"unit", u}, {"fragment", p}, {"version", version},
+                  {"reason", problem}, {"elapsed_s", now()}});
+      continue;
+    }
+    offered_[u][p] = version;
+    core_.recovered_numbering(u, p, h.header(p, sync::kOfferSeqBase));
+    // In a lossy wire format the copy is the unit's reference R at that version: what its
+    // unread snapshot is against, and what the next delivery to it is encoded against.
+    window_.set_reference(u, p, version, offer.values);
+    if (!recovery_) continue;
+    std::vector<sync::Offer>& kept = offers_[p];
+    if (!kept.empty() && kept.front().version > version) continue;
+    if (!kept.empty() && kept.front().version < version) kept.clear();
+    kept.push_back(std::move(offer));
+  }
+  log_.write({{"event", "offer"}, {"unit", u}, {"versions", offered_[u]}, {"recovering", recovery_ != nullptr},
+              {"elapsed_s", now()}});
+  return true;
+}
+
+// The merges the previous syncer had made: the most any live unit was told (kGlobalVersion)
+// or the previous syncer logged.
+int64_t Syncer::merges_before_restart() const {
+  int64_t merges = 0;
+  for (int u = 0; u < M_; ++u) merges = std::max(merges, core_.headers(u).control(sync::kGlobalVersion));
+  std::ifstream in(std::filesystem::path(config_.run.dir) / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"event\":\"merge\"") == std::string::npos) continue;
+    const auto e = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (e.is_object() && e.contains("global_version") && e["global_version"].is_number_integer())
+      merges = std::max(merges, e["global_version"].get<int64_t>());
+  }
+  return merges;
+}
+
+// Θ_p ← the newest copy offered where it is newer than what this syncer holds (its checkpoint,
+// or Θ₀), then the run goes on; said in a syncer_recovered event.
+void Syncer::finish_recovery() {
+  const bool exact = layout_.format() == wire::Format::fp32;
+  const bool timed_out = recovery_->timed_out(now());
+  const int64_t before = merges_before_restart();
+  nlohmann::json fragments = nlohmann::json::array();
+  std::vector<int> from;
+  for (int p = 0; p < fragments_.size(); ++p) {
+    const sync::Recovered r = sync::choose_copy(offers_[p], exact);
+    const bool take = r.version > core_.versions()[p];
+    if (take) core_.adopt(p, r.version, r.values);
+    for (int u : r.from) from.push_back(u);
+    fragments.push_back({{"fragment", p}, {"version", core_.versions()[p]},
+                         {"source", take ? "units" : !resumed_from_.empty() ? "checkpoint" : "initial"},
+                         {"units", r.from}, {"outvoted", r.outvoted}, {"max_diff", r.max_diff}});
+    if (!r.outvoted.empty())
+      std::fprintf(stderr, "ddiloco: warning: recovery: fragment %d version %lld: the copies of units %s differ "
+                   "from the others' (fp32 copies must be identical): outvoted\n", p,
+                   static_cast<long long>(r.version), nlohmann::json(r.outvoted).dump().c_str());
+  }
+  std::sort(from.begin(), from.end());
+  from.erase(std::unique(from.begin(), from.end()), from.end());
+  theta_reinitialised_ = before > 0 && core_.total_merges() == 0;
+  recovered_ = {{"event", "syncer_recovered"},  {"fragments", fragments},
+                {"from_units", from},           {"offers", recovery_->offers()},
+                {"timed_out", timed_out},       {"recover_s", now()},
+                {"merges_before", before},      {"merges_recovered", core_.total_merges()},
+                {"checkpoint", resumed_from_.empty() ? nlohmann::json() : nlohmann::json(resumed_from_)},
+                // μ > 0: the outer momentum is the checkpoint's (zero without one), not the
+                // previous syncer's at the versions recovered.
+                {"momentum", resumed_from_.empty() ? "zero" : "checkpoint"},
+                {"theta_reinitialised", theta_reinitialised_}, {"tokens", core_.tokens_total()},
+                {"elapsed_s", now()}};
+  log_.write(recovered_);
+  std::printf("syncer: recovered Θ at %lld of the %lld merges made before the restart (%d unit%s offered%s) "
+              "in %.1f s; %.2fM tokens kept\n",
+              static_cast<long long>(core_.total_merges()), static_cast<long long>(before), recovery_->offers(),
+              recovery_->offers() == 1 ? "" : "s", timed_out ? ", timed out" : "", now(),
+              core_.tokens_total() / 1e6);
+  if (theta_reinitialised_)
+    std::fprintf(stderr, "ddiloco: warning: no unit and no checkpoint held Θ: it starts again from its "
+                 "initialisation mid-run (%lld merges lost)\n", static_cast<long long>(before));
+  std::fflush(stdout);
+  resumed_tokens_ = core_.tokens_total();  // what this syncer's run goes on from
+  recovery_.reset();
+  offers_.clear();
+  // The recovered Θ is evaluated at once: its val_loss says what was kept.
+  next_eval_ = core_.total_merges();
+}
+
+}  // namespace ddiloco
