@@ -3,7 +3,7 @@
 
     /usr/bin/python3 scripts/bench_isolated.py [--config configs/kjv_decoupled.yaml]
         [--steps 200] [--heal-steps 150] [--kill-at 30] [--out runs/bench_isolated]
-        [--parts steps,heal] [--set key=value ...]
+        [--parts steps,heal,syncer] [--syncer-steps 600] [--syncer-kill-at 16] [--set key=value ...]
 
 1. Step time, syncing on ÷ off. One learner unit of one rank with one thread (so that the syncer
    has the other core of a 2-core machine) trains `--steps` steps on the demo model three ways:
@@ -14,6 +14,12 @@
 2. Heal time. The demo config under `ddiloco launch` (4 units, `--heal-steps` steps' worth of
    tokens), with unit 1's leader killed with SIGKILL at `--kill-at` seconds: the syncer's
    `unit_lost` → `unit_joined` (heal_s), the longest gap between merges meanwhile, and goodput.
+3. Heal time after a syncer kill (`--parts syncer`). The demo config under `ddiloco launch`,
+   `--syncer-steps` inner steps, run twice: unkilled, and with the syncer killed with SIGKILL
+   at `--syncer-kill-at` seconds (a `kill_syncer` fault the launcher carries out). The restarted
+   syncer recovers Θ from the units (README "The syncer dying"). Reported: what it recovered,
+   each unit's longest gap between two merges that include it (its heal time), the final global
+   val_loss against the unkilled run's, and the tokens trained against the budget.
 Needs build/ddiloco and data/kjv (scripts/demo.sh prepares both).
 """
 import argparse
@@ -75,6 +81,51 @@ def step_times(args, env, flags, one):
         print(f"| {label} | {1e3 * s:.1f} | {s / base:.3f} | {cpu} |", flush=True)
 
 
+def merge_times_per_unit(ev):
+    """Unit → the wall-clock times (s) of the merges that included it, over every syncer process
+    of the run (each `start` event carries its clock's zero, unix_s)."""
+    times, zero = {}, 0.0
+    for e in ev:
+        if e["event"] == "start":
+            zero = e["unix_s"]
+        elif e["event"] == "merge":
+            for u in e["units"]:
+                times.setdefault(u, []).append(zero + e["elapsed_s"])
+    return times
+
+
+def syncer_heal(args, env):
+    runs = {}
+    for name, kill in (("unkilled", False), ("syncer_killed", True)):
+        d = os.path.join(args.out, name)
+        sets = [f"train.steps={args.syncer_steps}", "run.progress=false", f"run.dir={d}"]
+        if kill:
+            kills = os.path.join(args.out, "kill_syncer.yaml")
+            with open(kills, "w") as f:
+                f.write(f"faults:\n  - {{kind: kill_syncer, start_s: {args.syncer_kill_at}}}\n")
+            sets.append(f"chaos.schedule_file={kills}")
+        wall = run([DDILOCO, "launch", "--config", args.config, "--overwrite"]
+                   + [a for s in sets + args.set for a in ("--set", s)], env, d + ".log")
+        runs[name] = (compare_modes.read_events(os.path.join(d, "metrics.jsonl")), wall)
+    base = [e for e in runs["unkilled"][0] if e["event"] == "done"][-1]
+    ev, wall = runs["syncer_killed"]
+    done = [e for e in ev if e["event"] == "done"][-1]
+    rec = [e for e in ev if e["event"] == "syncer_recovered"]
+    if not rec:
+        sys.exit("bench_isolated: the syncer kill did not take (no syncer_recovered): raise --syncer-steps")
+    r = rec[0]
+    budget = [e for e in ev if e["event"] == "start"][0]["token_budget"]
+    gaps = {u: max(b - a for a, b in zip(t, t[1:])) for u, t in sorted(merge_times_per_unit(ev).items())}
+    print(f"\nsyncer killed at {args.syncer_kill_at:.0f} s, {os.path.basename(args.config)} under ddiloco launch, "
+          f"{args.syncer_steps} steps ({wall:.0f} s in all)")
+    print("| run | final val_loss | ÷ unkilled | tokens | ÷ budget | merges recovered | recover_s | "
+          "longest gap between a unit's merges (s), per unit |\n|---|---|---|---|---|---|---|---|")
+    print(f"| unkilled | {base['val_loss']:.4f} | 1.000 | {base['tokens']:,} | {base['tokens'] / budget:.4f} | — | — | — |")
+    print(f"| syncer killed | {done['val_loss']:.4f} | {done['val_loss'] / base['val_loss']:.3f} | "
+          f"{done['tokens']:,} | {done['tokens'] / budget:.4f} | {r['merges_recovered']} of {r['merges_before']} "
+          f"| {r['recover_s']:.2f} | {', '.join(f'{g:.2f}' for g in gaps.values())} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "kjv_decoupled.yaml"))
@@ -82,7 +133,9 @@ def main():
     ap.add_argument("--heal-steps", type=int, default=150)
     ap.add_argument("--kill-at", type=float, default=30.0)
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_isolated"))
-    ap.add_argument("--parts", default="steps,heal", help="steps, heal or both (comma-separated)")
+    ap.add_argument("--parts", default="steps,heal", help="steps, heal, syncer (comma-separated)")
+    ap.add_argument("--syncer-steps", type=int, default=600)
+    ap.add_argument("--syncer-kill-at", type=float, default=16.0)
     ap.add_argument("--set", action="append", default=[], help="key=value for the synced runs")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -100,6 +153,8 @@ def main():
     parts = args.parts.split(",")
     if "steps" in parts:
         step_times(args, env, flags, one)
+    if "syncer" in parts:
+        syncer_heal(args, env)
     if "heal" not in parts:
         return
 

@@ -4,7 +4,10 @@
 # syncer from its latest checkpoint, which holds its deliveries until each unit has started over
 # from its Θ: a unit must hear that the syncer is back while it waits, not only between steps
 # (before that, both units waited for good). Checked:
-#   - the syncer resumes from a checkpoint and merges both units again, every merge warm;
+#   - the syncer resumes from a checkpoint, recovers Θ from the units' copies (each unit
+#     hands back its copy and starts over from the recovered Θ: it waits for merges), Θ's
+#     evaluation after the kill is within 10 % of the one before (lib/model_kept.py), and it
+#     merges both units again, every merge warm;
 #   - each unit says once that the syncer came back (syncer_back) and trains on after it;
 #   - the job stops on SIGUSR1 with the syncer's status, and no process outlives the launch.
 source "$(dirname "$0")/lib/common.sh"
@@ -21,7 +24,7 @@ train: {batch_size: 16, steps: 1000000, warmup_steps: 5}
 eval: {val_tokens: 512, sample_tokens: 0}
 units: {count: 2}
 outer: {fragments: 2, h: 4, overlap: 1, warmup_steps: 1000000}
-syncer: {quorum: 2, eval_every: 10, heartbeat_timeout_s: 2, connect_wait_s: 60}
+syncer: {quorum: 2, eval_every: 2, heartbeat_timeout_s: 2, connect_wait_s: 60}
 checkpoint: {every: 40}
 launch: {backoff_s: 0.5, drain_s: 20}
 YAML
@@ -36,8 +39,8 @@ echo "killed the syncer (pid $syncer) while the units wait for its merges"
 wait_launch 90 "len(after_resume) > 0 and {0, 1} <= {u for e in after_resume if e['event'] == 'merge' for u in e['units']}
   and all('\"syncer_back\"' in open(f'run/unit_{u}.jsonl').read() for u in (0, 1))"
 stop_launch
-/usr/bin/python3 - <<'PY' || { show; fail "the units did not come back from waiting for the killed syncer"; }
-import json
+PYTHONPATH="$SRC/tests/e2e/lib" /usr/bin/python3 - <<'PY' || { show; fail "the units did not come back from waiting for the killed syncer"; }
+import json, model_kept
 launch = [json.loads(l) for l in open("run/launch.jsonl")]
 done = [e for e in launch if e["event"] == "done"][-1]
 assert done["restarts"] == {"syncer": 1, "units": [0, 0]}, done
@@ -56,6 +59,9 @@ for u in (0, 1):
     assert later, f"unit {u} trained no step after the syncer came back"
     print(f"unit {u}: the syncer was gone {back[0]['no_syncer_s']:.2f} s; back at step "
           f"{back[0]['step']}, trained to step {later[-1]['step']}")
+# The model, not only the job: Θ recovered from the units, its evaluation within 10 % across the kill.
+for line in model_kept.check(ev):
+    print(line)
 print(f"syncer resumed from {ev[cut]['path']}; {len(after)} merges after it, every one warm")
 PY
 launch_left_nothing
