@@ -45,28 +45,30 @@ struct Recovered {
 /// two copies differ in size.
 Recovered choose_copy(std::span<const Offer> offers, bool exact);
 
-/// When a restarted syncer has heard enough to go on: every unit has offered; or `quorum`
-/// units (K, at most the units) have and `patience_s` has passed since the K-th, for the
-/// others to come back (units reconnect with backoff, so one may come a few seconds after the
-/// rest, holding the newest merge; a unit not back by then is taken as lost, as its silence
-/// would make it anyway); or `timeout_s` has passed since `started_s` (then the syncer goes
-/// on with what it has). Seconds on the syncer's clock.
+/// When a restarted syncer has heard enough to go on: every unit has offered (a unit that
+/// only asks to rejoin, holding nothing, offers nothing); or `quorum` units (K, at most the
+/// units) have offered copies of Θ and `patience_s` has passed since the K-th, for the others
+/// to come back (units reconnect with backoff, so one may come a few seconds after the rest,
+/// holding the newest merge; a unit not back by then is taken as lost, as its silence would
+/// make it anyway); or `timeout_s` has passed since `started_s` (then the syncer goes on with
+/// what it has). Seconds on the syncer's clock.
 class Recovery {
  public:
   /// Throws Error when units < 1, quorum < 1 or a time is negative.
   Recovery(int units, int quorum, double started_s, double timeout_s, double patience_s);
-  /// Unit u's offer was read (with or without copies) at `now_s`. A second call for u is
-  /// ignored.
-  void offered(int u, double now_s);
+  /// Unit u's offer was read at `now_s`: `copies`, it held copies of Θ; otherwise it holds
+  /// nothing (a new process, a unit back from a crash). A second call for u is ignored.
+  void offered(int u, double now_s, bool copies);
   bool has_offered(int u) const { return offered_[static_cast<size_t>(u)]; }
   int offers() const { return count_; }
+  int holders() const { return holders_; }  ///< offers with copies
   bool complete(double now_s) const;
-  /// Did the wait end on the timeout, with fewer than K offers?
+  /// Did the wait end on the timeout, with fewer than K offers of copies?
   bool timed_out(double now_s) const;
 
  private:
   std::vector<bool> offered_;
-  int count_ = 0;
+  int count_ = 0, holders_ = 0;
   int quorum_;
   double started_s_, timeout_s_, patience_s_;
   double quorum_at_s_ = -1;  // when the K-th offer came

@@ -22,7 +22,11 @@
 //             regardless of in_ack (the unit is waiting for kRejoinServed and reads no inbox
 //             meanwhile), and the unit's takes restore the normal rule.
 // Words are int64, 8-byte aligned, each written by exactly one side with a single store (the
-// learner) or the transport's atomic put_word (the syncer).
+// learner) or the transport's atomic put_word (the syncer). One hand-over: a unit whose syncer
+// was restarted holds its inboxes (in_ack = −1, so nothing is delivered) and writes an OFFER
+// into them itself, its copies of Θ with the inbox words (kInVersion, kInChecksum, kInRaw,
+// kInBytes) and kOfferSeqBase/kOfferEpoch, until the syncer has read it (kOfferTaken) or
+// serves the unit's rejoin over it; only then are the inbox words the syncer's again.
 //
 // A unit the transport reports absent (not connected, or lost) is skipped by the syncer's
 // side: its headers keep their last polled values with `reachable` false, a fetch from it is
@@ -100,9 +104,12 @@ enum Control : int {
   /// in kInVersion (0: none), for a restarted syncer to recover Θ from (LearnerWindow::offer).
   kOfferFor,
   kOfferTaken,  ///< syncer: the last offer read and settled: the unit's inboxes are its own again
-  /// syncer: an offer after which the unit starts over from Θ (a rejoin), its copies being
-  /// newer than what the syncer recovered without it
+  /// syncer: an offer after which the unit starts over from Θ (a rejoin): a copy of it was
+  /// refused, or is not in this syncer's history (newer than what it recovered without it)
   kStartOver,
+  /// syncer: this syncer process's epoch (random, ≠ 0), written when the unit connects: the
+  /// unit records with each merged fragment it takes which syncer sent it (kOfferEpoch)
+  kSyncerEpoch,
   kControlWords = 32
 };
 static_assert(kOfferFor < kControlWords, "the control block is full");
@@ -126,6 +133,7 @@ enum Header : int {
   kInRaw,            ///< syncer: 1 = the inbox holds raw fp32 values, 0 = a difference
   kInBytes,          ///< syncer: bytes of what the inbox holds
   kOfferSeqBase,     ///< learner, in an offer: the base of its snapshot numbering (seq_base)
+  kOfferEpoch,       ///< learner, in an offer: kSyncerEpoch of the syncer that sent the copy
   kHeaderWords = 16
 };
 
@@ -219,7 +227,7 @@ class LearnerWindow {
   /// the unit's snapshot-number base, for the restarted syncer to read (SyncerWindow::
   /// fetch_offer) before it serves the unit's rejoin. Requires held inboxes (hold_inboxes:
   /// no delivery can land meanwhile). Throws Error for a wrong size.
-  void offer(int p, int64_t version, std::span<const float> values, int64_t seq_base);
+  void offer(int p, int64_t version, std::span<const float> values, int64_t seq_base, int64_t epoch);
 
  private:
   int64_t& word(size_t byte_offset) const;

@@ -140,8 +140,20 @@ class SyncerCore {
   void adopt(int p, int64_t version, std::span<const float> values);
   /// Unit u's offer named `seq_base`, the base of its snapshot numbering: the syncer's becomes
   /// the same, and its snapshots up to the last the previous syncer consumed count as merged
-  /// (the unit starts over from the recovered Θ: what they carried is in it or gone).
+  /// (what they carried is in the recovered Θ, or was lost with the previous syncer).
   void recovered_numbering(int u, int p, int64_t seq_base);
+  /// This syncer replaces one of the same run that died: a unit's window holds books (tokens
+  /// of its earlier processes, the job's progress) that the previous syncer wrote, and they are
+  /// read back. Otherwise only books this syncer wrote itself are (a unit that reconnects).
+  void set_restarted() { restarted_ = true; }
+  /// This syncer process's epoch (kSyncerEpoch): random, ≠ 0.
+  int64_t epoch() const { return epoch_; }
+  /// Is a unit's copy of Θ_p at `version`, sent by the syncer of `epoch`, a version of this
+  /// syncer's history? Its own copies are; a previous syncer's are up to the version this one
+  /// took over from (recovered, resumed, or 0): beyond it the numbers are another history's.
+  bool in_history(int p, int64_t version, int64_t epoch) const {
+    return epoch == epoch_ ? version <= version_[p] : version <= fork_[p];
+  }
   /// A live unit offered Θ_p at `versions[p]` (0: none) and trains on: it holds those, and is
   /// owed every fragment the syncer holds newer (delivered as merges are, once it has taken its
   /// inboxes back). Every versions[p] must be at most the syncer's.
@@ -265,6 +277,9 @@ class SyncerCore {
   int64_t progress_step_ = INT64_MAX;   // ... refreshed after this many more: the smallest unit step
   bool stopping_ = false;
   bool isolated_ = false;
+  bool restarted_ = false;
+  const int64_t epoch_;
+  std::vector<int64_t> fork_;  // per fragment: the version this syncer's own history starts at
   int64_t rejected_ = 0, superseded_ = 0;
 };
 

@@ -153,9 +153,11 @@ std::vector<ScheduledKill> scheduled_kills(const Config& config) {
   return kills;
 }
 
-// Did a syncer of the run in `metrics` say that Θ was re-initialised mid-run?
-static bool theta_reinitialised(const fs::path& metrics) {
+// Did a syncer of the run in `metrics`, past byte `from` (where this launch began), say that Θ
+// was re-initialised mid-run?
+static bool theta_reinitialised(const fs::path& metrics, std::uintmax_t from) {
   std::ifstream in(metrics);
+  in.seekg(static_cast<std::streamoff>(from));
   for (std::string line; std::getline(in, line);) {
     if (line.find("\"syncer_recovered\"") == std::string::npos) continue;
     const auto e = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -197,11 +199,14 @@ int run_launch(const LaunchArgs& args) {
   if (!options.kills.empty())
     std::printf("launch: chaos: %zu kill(s) scheduled\n", options.kills.size());
   std::fflush(stdout);
+  std::error_code size_ec;
+  const std::uintmax_t metrics_from =
+      args.resume.empty() || args.resume == "never" ? 0 : fs::file_size(dir / "metrics.jsonl", size_ec);
   Supervisor supervisor(options);
   const int status = supervisor.run(plan.syncer, plan.units).status;
   // A run whose restarted syncer could recover nothing of Θ ended with a model that is not
   // its budget's: a failure, unless the user asked for fresh restarts (--resume never).
-  if (args.resume != "never" && theta_reinitialised(dir / "metrics.jsonl")) {
+  if (args.resume != "never" && theta_reinitialised(dir / "metrics.jsonl", size_ec ? 0 : metrics_from)) {
     std::fprintf(stderr, "ddiloco: error: launch: the syncer was restarted with no checkpoint and no unit "
                  "holding Θ: the run's Θ was re-initialised mid-run (see the syncer_recovered event in %s); "
                  "exit status %d\n", (dir / "metrics.jsonl").c_str(), kThetaLostStatus);

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <exception>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -177,6 +178,19 @@ class Reconnector {
   std::thread thread_;  // last: started once the members above exist
 };
 
+// Two live syncers of one run would split it: a syncer whose rendezvous file names a ddiloco
+// process still running on this host is not replaced.
+void refuse_if_running(const Config& config) {
+  const auto previous = sync::Rendezvous::read(config.run.dir);
+  if (!previous || previous->host != host_name() || previous->pid == ::getpid() || previous->pid <= 0) return;
+  std::ifstream comm("/proc/" + std::to_string(previous->pid) + "/comm");
+  std::string name;
+  if (std::getline(comm, name) && name == "ddiloco")
+    fail("syncer: the syncer of this run is still running (pid {} on {}, {}): stop it first, or pass "
+         "--overwrite for a new run", previous->pid, previous->host,
+         sync::Rendezvous::addr_file(config.run.dir).string());
+}
+
 }  // namespace
 
 int run_syncer_process(const Config& config, bool overwrite, const std::string& resume_arg) {
@@ -191,9 +205,11 @@ int run_syncer_process(const Config& config, bool overwrite, const std::string& 
   const bool restart = resume_arg == "auto" && !overwrite &&
                        std::filesystem::exists(sync::Rendezvous::addr_file(config.run.dir)) &&
                        std::filesystem::exists(std::filesystem::path(config.run.dir) / "metrics.jsonl");
-  if (restart)
+  if (restart) {
+    refuse_if_running(config);
     std::printf("syncer: a syncer of this run died (%s is left): this one replaces it\n",
                 sync::Rendezvous::addr_file(config.run.dir).c_str());
+  }
   const bool replace = overwrite || never || (resume_arg == "auto" && resume.empty() && !restart);
   SyncerSetup setup = prepare_syncer(config, plan, resume, replace || restart);
   // A syncer restarted into the same run keeps its run id and secret, so that the units'

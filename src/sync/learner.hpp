@@ -75,6 +75,7 @@ struct FragmentState {
   /// syncer can deliver the next one) and kept until it is due to be applied; numel(p) floats.
   std::vector<float> pending;
   int64_t pending_version = 0;  ///< leader: the version in `pending` (0: none yet)
+  int64_t pending_epoch = 0;    ///< leader: kSyncerEpoch of the syncer that sent it (0: unknown)
   /// outer.apply: carry, every rank: θ_p as last sent (numel(p) floats); a merge then keeps
   /// the steps made since, θ_p ← Θ_p + (θ_p − sent_theta). Empty otherwise.
   std::vector<float> sent_theta;

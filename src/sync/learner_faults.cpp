@@ -41,9 +41,9 @@ void Learner::decide_crash(Actions& actions, int64_t t, const StepStats& s, bool
     offer_theta();
     if (!train_on) start_over_for_syncer(actions);
   } else if (!actions.stop && offering_ && window_->control(sync::kStartOver) >= offers_) {
-    // The restarted syncer holds older versions than ours (it recovered without us): we start
-    // over from its Θ.
-    log_.write({{"event", "offer_refused"}, {"unit", u_}, {"step", t}, {"elapsed_s", wall_.seconds()}});
+    // The restarted syncer refused a copy of ours, or holds it as another history's (it
+    // recovered without us): we start over from its Θ.
+    log_.write({{"event", "syncer_start_over"}, {"unit", u_}, {"step", t}, {"elapsed_s", wall_.seconds()}});
     start_over_for_syncer(actions);
   } else if (!actions.stop && (crash_ready || crash_now())) {
     take_chaos_crash(actions);
@@ -232,7 +232,7 @@ void Learner::offer_theta() {
   window_->hold_inboxes();
   for (int p = 0; p < P_; ++p) {
     const FragmentState& f = frag_[p];
-    if (f.pending_version > 0) window_->offer(p, f.pending_version, f.pending, f.seq_base);
+    if (f.pending_version > 0) window_->offer(p, f.pending_version, f.pending, f.seq_base, f.pending_epoch);
   }
   window_->set_control(sync::kOfferFor, ++offers_);
   offering_ = true;
@@ -247,6 +247,7 @@ bool Learner::stop_while_down() { return plan_.outer_steps && stop_requested(); 
 void Learner::fetch_theta(std::vector<int64_t>& words) {
   for (int p = 0; p < P_; ++p) {
     words[1 + p] = window_->inbox_version(p);
+    frag_[p].pending_epoch = window_->control(sync::kSyncerEpoch);
     if (!window_->take_inbox(p, frag_[p].pending))
       fail("unit {}: rejoin: Θ of fragment {} failed its checksum", u_, p);
   }

@@ -75,6 +75,7 @@ void Learner::take(int p) {
   if (!window_->take_inbox(p, f.pending))
     fail("unit {}: merged fragment {} version {} failed its checksum", u_, p, v);
   f.pending_version = v;
+  f.pending_epoch = window_->control(sync::kSyncerEpoch);
   if (gpu_overwrite_) gpu_->stage_merge(p, f.pending);  // to the device while we train
 }
 

@@ -88,17 +88,20 @@ Recovery::Recovery(int units, int quorum, double started_s, double timeout_s, do
   if (timeout_s < 0 || patience_s < 0) fail("recovery: times must be ≥ 0, got {} and {}", timeout_s, patience_s);
 }
 
-void Recovery::offered(int u, double now_s) {
+void Recovery::offered(int u, double now_s, bool copies) {
   if (offered_[static_cast<size_t>(u)]) return;
   offered_[static_cast<size_t>(u)] = true;
-  if (++count_ == quorum_) quorum_at_s_ = now_s;
+  ++count_;
+  if (copies && ++holders_ == quorum_) quorum_at_s_ = now_s;
 }
 
 bool Recovery::complete(double now_s) const {
   if (count_ == static_cast<int>(offered_.size()) || now_s >= started_s_ + timeout_s_) return true;
-  return count_ >= quorum_ && now_s >= quorum_at_s_ + patience_s_;
+  return holders_ >= quorum_ && now_s >= quorum_at_s_ + patience_s_;
 }
 
-bool Recovery::timed_out(double now_s) const { return count_ < quorum_ && now_s >= started_s_ + timeout_s_; }
+bool Recovery::timed_out(double now_s) const {
+  return holders_ < quorum_ && count_ < static_cast<int>(offered_.size()) && now_s >= started_s_ + timeout_s_;
+}
 
 }  // namespace ddiloco::sync

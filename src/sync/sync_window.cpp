@@ -227,7 +227,8 @@ void LearnerWindow::hold_inboxes() {
   sync();
 }
 
-void LearnerWindow::offer(int p, int64_t version, std::span<const float> values, int64_t seq_base) {
+void LearnerWindow::offer(int p, int64_t version, std::span<const float> values, int64_t seq_base,
+                          int64_t epoch) {
   if (values.size() != layout_->numel(p))
     fail("offer: fragment {} has {} elements, got {}", p, layout_->numel(p), values.size());
   const auto bytes = std::as_bytes(values);
@@ -240,6 +241,7 @@ void LearnerWindow::offer(int p, int64_t version, std::span<const float> values,
   store(kInBytes, static_cast<int64_t>(bytes.size()));
   store(kInChecksum, static_cast<int64_t>(checksum(bytes)));
   store(kOfferSeqBase, seq_base);
+  store(kOfferEpoch, epoch);
   store(kInVersion, version);
   sync();
 }

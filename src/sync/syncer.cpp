@@ -42,7 +42,9 @@ Syncer::Syncer(const Config& config, const OuterPlan& plan, const Topology& topo
   if (door_) members_ = std::make_unique<sync::Membership>(config, link.run_id, link.secret, layout_.bytes());
   books_before_.resize(M_);
   offered_.resize(M_);
+  offered_epoch_.resize(M_);
   settled_.assign(M_, 0);
+  if (restarted_) core_.set_restarted();
   core_.set_isolated(door_ != nullptr);
   // Isolated, the units' links are real: polls take at most 5 % of the slowest one's rate,
   // yet come at least four times per heartbeat timeout (else every unit would seem silent).
@@ -218,6 +220,10 @@ void Syncer::unit_joined(int u, const sync::Hello& hello) {
   members_->joined(hello, now());
   core_.unit_connected(u);
   checkpoints_.unit_connected(u);
+  // Its offers so far are settled as its window says (a new process: none; a live one: what
+  // this or an earlier syncer took); what was read of an earlier connection is stale.
+  settled_[u] = core_.headers(u).control(sync::kOfferTaken);
+  offered_[u].clear();
   log_.write({{"event", "unit_connected"}, {"unit", u}, {"restart", hello.restart}, {"host", hello.host},
               {"pid", hello.pid}, {"ranks", hello.ranks}, {"processes", hello.processes},
               {"tokens", core_.tokens_total()}, {"elapsed_s", now()}});

@@ -105,6 +105,7 @@ class Syncer {
   std::unique_ptr<sync::Recovery> recovery_;
   std::vector<std::vector<sync::Offer>> offers_;
   std::vector<std::vector<int64_t>> offered_;  // per unit: the versions of its offer just read
+  std::vector<std::vector<int64_t>> offered_epoch_;  // ... and the epoch of each copy's syncer
   std::vector<int64_t> settled_;               // per unit: the last offer settled
   nlohmann::json recovered_;        // the syncer_recovered event (null: not restarted)
   bool theta_reinitialised_ = false;  // restarted, and nothing of Θ's merges could be recovered

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <random>
 #include <thread>
 
 #include "ddiloco/checkpoint.hpp"
@@ -14,6 +15,14 @@
 #include "ddiloco/mpi.hpp"
 
 namespace ddiloco::sync {
+
+namespace {
+int64_t random_epoch() {
+  std::random_device rd;
+  const uint64_t e = (static_cast<uint64_t>(rd()) << 32 | rd()) >> 1;  // ≥ 0
+  return static_cast<int64_t>(e == 0 ? 1 : e);
+}
+}  // namespace
 
 SyncerCore::SyncerCore(const Config& config, const OuterPlan& plan, SyncerWindow& window,
                        const FragmentPlan& fragments, UnitLinks& links, Clock clock, EventSink sink)
@@ -27,7 +36,8 @@ SyncerCore::SyncerCore(const Config& config, const OuterPlan& plan, SyncerWindow
       log_(std::move(sink)),
       outer_(fragments, config.outer.lr, config.outer.momentum, parse_merge_rule(config.outer.merge)),
       grace_(config.syncer.grace_gamma, config.syncer.grace_cap_steps, plan.overlap),
-      anchor_base_(config.outer.anchor == "base") {
+      anchor_base_(config.outer.anchor == "base"),
+      epoch_(random_epoch()) {
   const int P = fragments_.size();
   // Θ₀ is the units' common initialisation (same seed).
   Gpt<float> model(config.model);
@@ -40,6 +50,7 @@ SyncerCore::SyncerCore(const Config& config, const OuterPlan& plan, SyncerWindow
     incoming_[p].resize(theta_[p].size());
   }
   version_.assign(P, 0);
+  fork_.assign(P, 0);
   rounds_.assign(P, Round{});
   slots_.assign(M_, std::vector<Slot>(P));
   for (auto& unit : slots_)
@@ -151,13 +162,17 @@ void SyncerCore::unit_connected(int u) {
   // (restarted) syncer, the snapshots the previous syncer consumed stay consumed.
   window_.poll(headers_, /*all=*/true);
   for (int p = 0; p < fragments_.size(); ++p) slots_[u][p].acked = headers_[u].header(p, kOutAck);
-  // The unit's earlier processes' work, as a previous syncer wrote it into a live window
-  // (zeros in a new process's): the larger count holds, and the window keeps it for the next.
-  tokens_before_[u] = std::max({tokens_before_[u], headers_[u].control(kTokensBefore),
-                                tokens_floor_[u] - headers_[u].control(kTokensDone)});
-  steps_before_[u] = std::max(steps_before_[u], headers_[u].control(kStepsBefore));
+  // The unit's earlier processes' work, as this syncer or the one it replaces wrote it into a
+  // live window (zeros in a new process's; a fresh run's syncer takes none of an earlier run):
+  // the larger count holds, and the window keeps it for the next.
+  const bool books = restarted_ || headers_[u].control(kSyncerEpoch) == epoch_;
+  const UnitHeaders& h = headers_[u];
+  tokens_before_[u] = std::max({tokens_before_[u], books ? h.control(kTokensBefore) : 0,
+                                tokens_floor_[u] - h.control(kTokensDone)});
+  steps_before_[u] = std::max(steps_before_[u], books ? h.control(kStepsBefore) : 0);
   window_.set_control(u, kTokensBefore, tokens_before_[u]);
   window_.set_control(u, kStepsBefore, steps_before_[u]);
+  window_.set_control(u, kSyncerEpoch, epoch_);
   heartbeat_[u] = -1;
   heard_at_[u] = now();
   silent_[u] = false;
@@ -168,7 +183,7 @@ void SyncerCore::unit_connected(int u) {
   reads_started_[u] = 0;
   // The job's progress as the unit last heard it stays (a restarted syncer knows it from the
   // units): written lower, every unit's learning-rate schedule would start over.
-  progress_sent_ = std::max(progress_sent_, headers_[u].control(kJobTokens));
+  if (books) progress_sent_ = std::max(progress_sent_, h.control(kJobTokens));
   if (plan_.mode == Mode::decoupled) window_.set_job_tokens(u, progress_sent_);
   if (stopping_) window_.request_stop(u);
 }
@@ -765,7 +780,7 @@ void SyncerCore::restore(const checkpoint::SyncerState& c, const std::vector<std
   for (int p = 0; p < P; ++p) {
     fragments_.pack(p, c.theta, theta_[p]);
     fragments_.pack(p, c.momentum, outer_.momentum(p));
-    version_[p] = c.versions[p];
+    version_[p] = fork_[p] = c.versions[p];
     if (anchor_base_) history_[p] = {{version_[p], theta_[p]}};
     for (int u = 0; u < M_; ++u) {
       // Wire-format references: the unit's own from its file when at the checkpoint's version
@@ -795,7 +810,7 @@ void SyncerCore::adopt(int p, int64_t version, std::span<const float> values) {
     fail("recovery: fragment {} has {} values, a copy of it {}", p, theta_[p].size(), values.size());
   if (version <= version_[p]) fail("recovery: fragment {}: version {} is not newer than {}", p, version, version_[p]);
   theta_[p].assign(values.begin(), values.end());
-  version_[p] = version;
+  version_[p] = fork_[p] = version;
   rounds_[p] = Round{};
   if (anchor_base_) history_[p] = {{version, theta_[p]}};
   for (int u = 0; u < M_; ++u) {

@@ -1,9 +1,10 @@
 // A syncer restarted mid-run (README "The syncer dying"): before it merges, delivers or serves
-// anything, it recovers Θ from the units. Every unit that reconnects starts over from the
-// restarted syncer's Θ (learner_faults.cpp, cause syncer_restart), and hands back with its
-// rejoin request the newest copy of each Θ_p it holds (sync_window.hpp, kOfferFor). Once K
-// units have (recovery.hpp says when), the newest version of each fragment is taken, the
-// rejoins are served from it, and the run goes on: same run id, token count and budget.
+// anything, it recovers Θ from the units. Every unit that reconnects to it hands back the
+// newest copy of each Θ_p it holds (learner_faults.cpp offer_theta; sync_window.hpp,
+// kOfferFor). Once enough units have (recovery.hpp says when), the newest version of each
+// fragment is taken and the run goes on: same run id, token count and budget. Every syncer
+// then settles each offer: the unit trains on, owed the newer fragments, or starts over from Θ
+// (a rejoin), as the units that wait for merges do anyway.
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -31,15 +32,18 @@ void Syncer::recover_once() {
     if (!offering(h) && !asking(h)) continue;
     core_.heard(u);  // it waits for us: alive
     if (offering(h) && !read_offer(u)) continue;  // its lane is busy: next poll
-    recovery_->offered(u, now());
+    bool copies = false;
+    for (int64_t v : offered_[u]) copies |= v > 0;
+    recovery_->offered(u, now(), copies);
   }
   if (recovery_->complete(now()) || stop_signal() != 0) finish_recovery();
 }
 
 // After the recovery, every poll: an offer read is settled. A unit that asks to rejoin as well
-// is served Θ (serve_rejoins); one whose copies are all at most the syncer's versions trains on,
-// owed the newer ones; one holding a newer copy than the syncer recovered (it came back too
-// late) starts over from Θ.
+// is served Θ (serve_rejoins). One whose copies are all versions of this syncer's history
+// trains on, owed the newer fragments. One holding a copy that is not (it came back after the
+// recovery, holding a newer merge of the dead syncer's), or whose copy was refused, starts
+// over from Θ. Words that could not be written are written at a later poll.
 void Syncer::settle_offers() {
   for (int u = 0; u < M_; ++u) {
     const sync::UnitHeaders& h = core_.headers(u);
@@ -47,28 +51,30 @@ void Syncer::settle_offers() {
     const int64_t offer = h.control(sync::kOfferFor);
     if (settled_[u] >= offer) continue;
     if (offered_[u].empty() && !read_offer(u)) continue;
-    bool newer = false;
-    for (int p = 0; p < fragments_.size(); ++p) newer |= offered_[u][p] > core_.versions()[p];
-    if (newer) {
-      window_.set_control(u, sync::kStartOver, offer);
-    } else if (!asking(h)) {
-      core_.offer_taken(u, offered_[u]);
+    bool start_over = false;
+    for (int p = 0; p < fragments_.size(); ++p) {
+      const int64_t v = offered_[u][p];
+      start_over |= v < 0 || (v > 0 && !core_.in_history(p, v, offered_epoch_[u][p]));
     }
-    window_.set_control(u, sync::kOfferTaken, offer);
+    if (start_over && !window_.set_control(u, sync::kStartOver, offer)) continue;
+    if (!start_over && !asking(h)) core_.offer_taken(u, offered_[u]);
+    if (!window_.set_control(u, sync::kOfferTaken, offer)) continue;
     log_.write({{"event", "offer_settled"}, {"unit", u}, {"offer", offer}, {"versions", offered_[u]},
-                {"start_over", newer || asking(h)}, {"elapsed_s", now()}});
+                {"start_over", start_over || asking(h)}, {"elapsed_s", now()}});
     settled_[u] = offer;
     offered_[u].clear();
   }
 }
 
-// Unit u's copies of Θ (offered_[u]: the version of each, 0 for none), each checked (size,
-// checksum, finite values); while recovering, only the newest version of each fragment offered
-// so far is kept. False when its lane is busy (a transfer of before): read at a later poll.
+// Unit u's copies of Θ (offered_[u]: the version of each, 0 for none, −1 for one refused),
+// each checked (size, checksum, finite values); while recovering, only the newest version of
+// each fragment offered so far is kept. False when its lane is busy (a transfer of before):
+// read at a later poll.
 bool Syncer::read_offer(int u) {
   if (window_.lane(u) != sync::SyncerWindow::Lane::idle) return false;
   const sync::UnitHeaders& h = core_.headers(u);
   offered_[u].assign(fragments_.size(), 0);
+  offered_epoch_[u].assign(fragments_.size(), 0);
   for (int p = 0; p < fragments_.size(); ++p) {
     const int64_t version = h.header(p, sync::kInVersion);
     if (version <= 0) continue;
@@ -83,9 +89,11 @@ bool Syncer::read_offer(int u) {
     if (!problem.empty()) {
       log_.write({{"event", "offer_refused"}, {"unit", u}, {"fragment", p}, {"version", version},
                   {"reason", problem}, {"elapsed_s", now()}});
+      offered_[u][p] = -1;
       continue;
     }
     offered_[u][p] = version;
+    offered_epoch_[u][p] = h.header(p, sync::kOfferEpoch);
     core_.recovered_numbering(u, p, h.header(p, sync::kOfferSeqBase));
     // In a lossy wire format the copy is the unit's reference R at that version: what its
     // unread snapshot is against, and what the next delivery to it is encoded against.
@@ -142,6 +150,7 @@ void Syncer::finish_recovery() {
   theta_reinitialised_ = before > 0 && core_.total_merges() == 0;
   recovered_ = {{"event", "syncer_recovered"},  {"fragments", fragments},
                 {"from_units", from},           {"offers", recovery_->offers()},
+                {"holders", recovery_->holders()},
                 {"timed_out", timed_out},       {"recover_s", now()},
                 {"merges_before", before},      {"merges_recovered", core_.total_merges()},
                 {"checkpoint", resumed_from_.empty() ? nlohmann::json() : nlohmann::json(resumed_from_)},

@@ -66,23 +66,24 @@ TEST(ChooseCopy, CopiesOfOneVersionWithDifferentSizesAreAnError) {
 
 TEST(Recovery, CompleteOnceEveryUnitHasOffered) {
   Recovery r(3, 2, /*started_s=*/0, /*timeout_s=*/60, /*patience_s=*/5);
-  r.offered(0, 1.0);
+  r.offered(0, 1.0, true);
   EXPECT_FALSE(r.complete(1.0));
-  r.offered(2, 1.5);
-  r.offered(2, 1.6);  // a second read of the same unit counts once
+  r.offered(2, 1.5, true);
+  r.offered(2, 1.6, true);  // a second read of the same unit counts once
   EXPECT_EQ(r.offers(), 2);
   EXPECT_FALSE(r.complete(2.0)) << "K have offered: the third gets its patience";
-  r.offered(1, 2.0);
+  r.offered(1, 2.0, true);
   EXPECT_TRUE(r.complete(2.0));
   EXPECT_FALSE(r.timed_out(2.0));
 }
 
 TEST(Recovery, AfterTheQuorumTheOthersHaveAPatienceThenCountAsLost) {
-  Recovery r(4, 3, 0, 60, 5);
-  r.offered(0, 1);
-  r.offered(1, 2);
-  EXPECT_FALSE(r.complete(30)) << "fewer than K wait for the timeout";
-  r.offered(3, 10);
+  Recovery r(5, 3, 0, 60, 5);
+  r.offered(0, 1, true);
+  r.offered(1, 2, true);
+  r.offered(2, 3, false);  // a new process holding nothing: not one of K
+  EXPECT_FALSE(r.complete(30)) << "fewer than K copies wait for the timeout";
+  r.offered(3, 10, true);
   EXPECT_FALSE(r.complete(14.9));
   EXPECT_TRUE(r.complete(15.0));
   EXPECT_FALSE(r.timed_out(15.0));
@@ -90,7 +91,7 @@ TEST(Recovery, AfterTheQuorumTheOthersHaveAPatienceThenCountAsLost) {
 
 TEST(Recovery, FewerThanKGoOnAtTheTimeout) {
   Recovery r(4, 3, 10, 60, 5);
-  r.offered(2, 11);
+  r.offered(2, 11, true);
   EXPECT_FALSE(r.complete(69.9));
   EXPECT_TRUE(r.complete(70));
   EXPECT_TRUE(r.timed_out(70));
@@ -101,9 +102,11 @@ TEST(Recovery, FewerThanKGoOnAtTheTimeout) {
 
 TEST(Recovery, AQuorumAboveTheUnitsIsAllOfThem) {
   Recovery r(2, 5, 0, 60, 5);
-  r.offered(0, 1);
-  r.offered(1, 1);
-  EXPECT_TRUE(r.complete(1));
+  r.offered(0, 1, true);
+  r.offered(1, 1, false);
+  EXPECT_TRUE(r.complete(1)) << "every unit has offered";
+  EXPECT_FALSE(r.timed_out(100));
+  EXPECT_EQ(r.holders(), 1);
   EXPECT_THROW(Recovery(0, 1, 0, 1, 1), Error);
   EXPECT_THROW(Recovery(2, 1, 0, -1, 1), Error);
 }

@@ -781,19 +781,26 @@ TEST(SyncerCore, ARestartedCoreReadsItsBooksBackAndAdoptsTheNewestThetaOffered) 
   sync::SyncerCore restarted(c, h.plan, window, h.fragments, links, [&] { return h.clock; },
                              [&](json e) { events.push_back(std::move(e)); });
   restarted.set_isolated(true);
+  restarted.set_restarted();
   for (int u = 0; u < 2; ++u) restarted.unit_connected(u);
   EXPECT_EQ(restarted.tokens_total(), 840) << "the books came back from the windows";
   EXPECT_EQ(restarted.versions(), (std::vector<int64_t>{0, 0}));
 
   // Unit 0 offers Θ_0 at version 1; unit 1 holds nothing newer than Θ₀.
   for (int u = 0; u < 2; ++u) h.unit(u).hold_inboxes();
-  h.unit(0).offer(0, 1, held, 0);
+  h.unit(0).offer(0, 1, held, 0, h.core.epoch());
   restarted.poll();
   std::vector<float> got(h.layout.numel(0));
   ASSERT_EQ(window.fetch_offer(0, 0, restarted.headers(0), got), "");
   restarted.adopt(0, 1, got);
   EXPECT_EQ(restarted.versions(), (std::vector<int64_t>{1, 0}));
   EXPECT_THROW(restarted.adopt(0, 1, got), Error) << "not newer";
+  // The dead syncer's copies are of this history up to the version taken over, not beyond.
+  EXPECT_TRUE(restarted.in_history(0, 1, h.core.epoch()));
+  EXPECT_FALSE(restarted.in_history(0, 2, h.core.epoch()));
+  EXPECT_TRUE(restarted.in_history(1, 0, h.core.epoch()));
+  EXPECT_FALSE(restarted.in_history(1, 1, h.core.epoch()));
+  EXPECT_TRUE(restarted.in_history(0, 1, restarted.epoch()));
   restarted.offer_taken(0, {1, 0});
   restarted.offer_taken(1, {0, 0});
   auto tick = [&] {
@@ -813,6 +820,13 @@ TEST(SyncerCore, ARestartedCoreReadsItsBooksBackAndAdoptsTheNewestThetaOffered) 
   ASSERT_TRUE(h.unit(1).take_inbox(0, taken));
   EXPECT_EQ(taken, held);
   EXPECT_EQ(h.unit(0).inbox_version(1), 0) << "unit 0 holds Θ_1 at the syncer's version: nothing owed";
+
+  // A fresh run's syncer over the same windows (--resume never) takes none of those books.
+  sync::SyncerWindow window2(h.remote, h.layout);
+  sync::SyncerCore fresh(c, h.plan, window2, h.fragments, links, [&] { return h.clock; }, [](json) {});
+  fresh.set_isolated(true);
+  for (int u = 0; u < 2; ++u) fresh.unit_connected(u);
+  EXPECT_EQ(fresh.tokens_total(), 340) << "only the live processes' own tokens";
 }
 
 }  // namespace

@@ -168,13 +168,14 @@ TEST(WindowProtocol, AnOfferOfThetaIsReadBackRawAndItsReferenceDecodesTheUnreadS
   learner.set_reference(1, 6, theta);  // as if taken at version 6
   learner.publish(1, pattern(n, 0.31f), {4, 40, 30, 6});
   learner.hold_inboxes();
-  learner.offer(1, 6, theta, /*seq_base=*/11);
+  learner.offer(1, 6, theta, /*seq_base=*/11, /*epoch=*/77);
 
   sync::SyncerWindow restarted(f.remote, f.windows);  // a new syncer: no references held
   std::vector<sync::UnitHeaders> h;
   restarted.poll(h);
   EXPECT_EQ(h[1].header(1, sync::kInVersion), 6);
   EXPECT_EQ(h[1].header(1, sync::kOfferSeqBase), 11);
+  EXPECT_EQ(h[1].header(1, sync::kOfferEpoch), 77);
   EXPECT_EQ(h[1].header(1, sync::kInAck), -1) << "held: nothing is delivered over the offer";
   std::vector<float> got(n);
   ASSERT_EQ(restarted.fetch_offer(1, 1, h[1], got), "");
@@ -189,12 +190,12 @@ TEST(WindowProtocol, AnOfferOfThetaIsReadBackRawAndItsReferenceDecodesTheUnreadS
   // A copy torn or lied about is refused, naming why.
   reinterpret_cast<float*>(f.memory[1]->base() + f.windows.inbox_offset(1))[3] += 1.0f;
   EXPECT_NE(restarted.fetch_offer(1, 1, h[1], got).find("checksum"), std::string::npos);
-  learner.offer(1, 6, theta, 11);
+  learner.offer(1, 6, theta, 11, 77);
   auto* words = reinterpret_cast<int64_t*>(f.memory[1]->base() + f.windows.header_offset(1));
   words[sync::kInBytes] = 12;
   restarted.poll(h);
   EXPECT_NE(restarted.fetch_offer(1, 1, h[1], got).find("announced as 12 bytes"), std::string::npos);
-  EXPECT_THROW(learner.offer(1, 6, pattern(n + 1, 0.0f), 0), Error);
+  EXPECT_THROW(learner.offer(1, 6, pattern(n + 1, 0.0f), 0, 77), Error);
 }
 
 TEST(WindowProtocol, APollBudgetSpacesEachUnitsReadsAndAllReadsEveryone) {
