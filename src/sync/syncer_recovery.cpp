@@ -50,11 +50,13 @@ void Syncer::settle_offers() {
     if (!remote_.connected(u) || !h.reachable || !offering(h)) continue;
     const int64_t offer = h.control(sync::kOfferFor);
     if (settled_[u] >= offer) continue;
-    if (offered_[u].empty() && !read_offer(u)) continue;
+    // A unit that asks to rejoin too is served Θ over its offer (serve_rejoins, after this):
+    // nothing of the offer is needed any more.
+    if (!asking(h) && offered_[u].empty() && !read_offer(u)) continue;
     bool start_over = false;
-    for (int p = 0; p < fragments_.size(); ++p) {
+    for (size_t p = 0; p < offered_[u].size() && !asking(h); ++p) {
       const int64_t v = offered_[u][p];
-      start_over |= v < 0 || (v > 0 && !core_.in_history(p, v, offered_epoch_[u][p]));
+      start_over |= v < 0 || (v > 0 && !core_.in_history(static_cast<int>(p), v, offered_epoch_[u][p]));
     }
     if (start_over && !window_.set_control(u, sync::kStartOver, offer)) continue;
     if (!start_over && !asking(h)) core_.offer_taken(u, offered_[u]);
