@@ -2,11 +2,14 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace ddiloco {
 
@@ -51,6 +54,12 @@ class JsonlWriter {
   std::ofstream out_;
   std::filesystem::path path_;
 };
+
+/// The events named `event` in the JSONL file `path` written by a JsonlWriter, from byte `from`
+/// on, in order. Lines that are not JSON objects (one cut short by a crash) are skipped; a file
+/// that does not exist has none.
+std::vector<nlohmann::json> read_events(const std::filesystem::path& path, std::string_view event,
+                                        std::uintmax_t from = 0);
 
 /// A one-line progress bar redrawn in place ("\r") when stdout is a terminal; silent
 /// otherwise (logs then carry the progress).

@@ -112,7 +112,7 @@ enum Control : int {
   kSyncerEpoch,
   kControlWords = 32
 };
-static_assert(kOfferFor < kControlWords, "the control block is full");
+static_assert(kSyncerEpoch < kControlWords, "the control block is full");
 
 enum UnitState : int64_t { kStarting = 0, kRunning = 1, kDone = 2 };
 

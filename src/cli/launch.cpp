@@ -9,16 +9,15 @@
 #include <cstdlib>
 #include <csignal>
 #include <filesystem>
-#include <fstream>
 #include <thread>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "ddiloco/chaos.hpp"
 #include "ddiloco/config.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/launch.hpp"
+#include "ddiloco/metrics.hpp"
 #include "ddiloco/run_dir.hpp"
 
 namespace ddiloco::launch {
@@ -156,13 +155,8 @@ std::vector<ScheduledKill> scheduled_kills(const Config& config) {
 // Did a syncer of the run in `metrics`, past byte `from` (where this launch began), say that Θ
 // was re-initialised mid-run?
 static bool theta_reinitialised(const fs::path& metrics, std::uintmax_t from) {
-  std::ifstream in(metrics);
-  in.seekg(static_cast<std::streamoff>(from));
-  for (std::string line; std::getline(in, line);) {
-    if (line.find("\"syncer_recovered\"") == std::string::npos) continue;
-    const auto e = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (e.is_object() && e.value("theta_reinitialised", false)) return true;
-  }
+  for (const auto& e : read_events(metrics, "syncer_recovered", from))
+    if (e.value("theta_reinitialised", false)) return true;
   return false;
 }
 

@@ -178,10 +178,9 @@ class Reconnector {
   std::thread thread_;  // last: started once the members above exist
 };
 
-// Two live syncers of one run would split it: a syncer whose rendezvous file names a ddiloco
-// process still running on this host is not replaced.
-void refuse_if_running(const Config& config) {
-  const auto previous = sync::Rendezvous::read(config.run.dir);
+// Two live syncers of one run would split it: a syncer whose rendezvous (`previous`) names a
+// ddiloco process still running on this host is not replaced.
+void refuse_if_running(const std::optional<sync::Rendezvous>& previous, const Config& config) {
   if (!previous || previous->host != host_name() || previous->pid == ::getpid() || previous->pid <= 0) return;
   std::ifstream comm("/proc/" + std::to_string(previous->pid) + "/comm");
   std::string name;
@@ -205,16 +204,16 @@ int run_syncer_process(const Config& config, bool overwrite, const std::string& 
   const bool restart = resume_arg == "auto" && !overwrite &&
                        std::filesystem::exists(sync::Rendezvous::addr_file(config.run.dir)) &&
                        std::filesystem::exists(std::filesystem::path(config.run.dir) / "metrics.jsonl");
+  // A syncer restarted into the same run keeps its run id and secret, so that the units'
+  // next handshakes match; a fresh run makes new ones.
+  const auto previous = resume.empty() && !restart ? std::nullopt : sync::Rendezvous::read(config.run.dir);
   if (restart) {
-    refuse_if_running(config);
+    refuse_if_running(previous, config);
     std::printf("syncer: a syncer of this run died (%s is left): this one replaces it\n",
                 sync::Rendezvous::addr_file(config.run.dir).c_str());
   }
   const bool replace = overwrite || never || (resume_arg == "auto" && resume.empty() && !restart);
   SyncerSetup setup = prepare_syncer(config, plan, resume, replace || restart);
-  // A syncer restarted into the same run keeps its run id and secret, so that the units'
-  // next handshakes match; a fresh run makes new ones.
-  const auto previous = resume.empty() && !restart ? std::nullopt : sync::Rendezvous::read(config.run.dir);
   if (replace && resume.empty()) clear_run_outputs(config.run.dir);
   const sync::Endpoint listen = sync::Endpoint::parse(config.syncer.listen, "syncer.listen");
   comm::UcxSyncerLink link(listen.ip, listen.port, config.units.count);

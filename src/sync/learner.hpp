@@ -177,6 +177,7 @@ class Learner {
   void start_over_for_syncer(Actions& actions);
   bool trains_through_syncer_restart(int64_t t) const;
   void settle_offer();
+  bool start_over_asked() const;
   void fetch_theta(std::vector<int64_t>& words);
   void start_over_from(const std::vector<int64_t>& words);
   void join();

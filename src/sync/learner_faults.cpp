@@ -40,7 +40,7 @@ void Learner::decide_crash(Actions& actions, int64_t t, const StepStats& s, bool
                 {"no_syncer_s", gone_s}, {"start_over", !train_on}, {"elapsed_s", wall_.seconds()}});
     offer_theta();
     if (!train_on) start_over_for_syncer(actions);
-  } else if (!actions.stop && offering_ && window_->control(sync::kStartOver) >= offers_) {
+  } else if (!actions.stop && start_over_asked()) {
     // The restarted syncer refused a copy of ours, or holds it as another history's (it
     // recovered without us): we start over from its Θ.
     log_.write({{"event", "syncer_start_over"}, {"unit", u_}, {"step", t}, {"elapsed_s", wall_.seconds()}});
@@ -64,11 +64,13 @@ bool Learner::trains_through_syncer_restart(int64_t t) const {
   return plan_.mode == Mode::decoupled && !plan_.learners_wait && !fragments_.warm(t + 1);
 }
 
+// Leader: has the syncer answered our offer with "start over" (kStartOver)?
+bool Learner::start_over_asked() const { return offering_ && window_->control(sync::kStartOver) >= offers_; }
+
 // Leader: the restarted syncer has taken our offer (kOfferTaken): our inboxes are ours again,
 // holding what we took last; what it merges from now on is delivered as usual.
 void Learner::settle_offer() {
-  if (!offering_ || window_->control(sync::kOfferTaken) < offers_ || window_->control(sync::kStartOver) >= offers_)
-    return;
+  if (!offering_ || window_->control(sync::kOfferTaken) < offers_ || start_over_asked()) return;
   for (int p = 0; p < P_; ++p) window_->set_inbox_taken(p, frag_[p].pending_version);
   offering_ = false;
 }

@@ -86,8 +86,7 @@ void Learner::wait_if_budget_spent_alone(int64_t t) {
   // it needs our offer (decide_crash), and so does one told to start over.
   auto alone = [&] {
     settle_offer();
-    return (!sync_link_.syncer_present() || offering_) && !syncer_restarted() &&
-           !(offering_ && window_->control(sync::kStartOver) >= offers_);
+    return (!sync_link_.syncer_present() || offering_) && !syncer_restarted() && !start_over_asked();
   };
   if (estimate < config_.token_budget() || !alone()) return;
   log_.write({{"event", "budget_spent_alone"}, {"unit", u_}, {"step", t}, {"job_tokens_estimate", estimate},

@@ -7,7 +7,6 @@
 // (a rejoin), as the units that wait for merges do anyway.
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 
 #include "sync/syncer.hpp"
 
@@ -116,13 +115,9 @@ bool Syncer::read_offer(int u) {
 int64_t Syncer::merges_before_restart() const {
   int64_t merges = 0;
   for (int u = 0; u < M_; ++u) merges = std::max(merges, core_.headers(u).control(sync::kGlobalVersion));
-  std::ifstream in(std::filesystem::path(config_.run.dir) / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    if (line.find("\"event\":\"merge\"") == std::string::npos) continue;
-    const auto e = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (e.is_object() && e.contains("global_version") && e["global_version"].is_number_integer())
+  for (const auto& e : read_events(std::filesystem::path(config_.run.dir) / "metrics.jsonl", "merge"))
+    if (e.contains("global_version") && e["global_version"].is_number_integer())
       merges = std::max(merges, e["global_version"].get<int64_t>());
-  }
   return merges;
 }
 

@@ -38,6 +38,20 @@ std::string host_name() {
   return name;
 }
 
+std::vector<nlohmann::json> read_events(const std::filesystem::path& path, std::string_view event,
+                                        std::uintmax_t from) {
+  std::vector<nlohmann::json> events;
+  std::ifstream in(path);
+  in.seekg(static_cast<std::streamoff>(from));
+  const std::string tag = fmt::format("\"event\":\"{}\"", event);  // as JsonlWriter writes it
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(tag) == std::string::npos) continue;
+    nlohmann::json e = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (e.is_object() && e.value("event", "") == event) events.push_back(std::move(e));
+  }
+  return events;
+}
+
 JsonlWriter::JsonlWriter(const std::filesystem::path& path, bool truncate) : path_(path) {
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
   out_.open(path, truncate ? std::ios::trunc : std::ios::app);
