@@ -102,13 +102,18 @@ def run_mode(spec, args, run_dir, launch=False):
 
 
 def table(rows):
-    head = ("| mode | final global val loss | tokens | tokens/s | train time (s) | "
-            "bytes across units (MB) | bytes/token | merges |")
-    lines = [head, "|" + "---|" * 8]
+    """One line per run; with a ddp run among them, each run's loss ÷ ddp's and ddp's bytes per
+    token ÷ the run's (both directions of every unit's link counted)."""
+    ddp = next((r for r in rows if parse_mode(r["mode"])[0] == "ddp"), None)
+    head = ("| mode | final global val loss | ÷ ddp | tokens | tokens/s | train time (s) | "
+            "bytes across units (MB) | bytes/token | ddp's bytes ÷ | merges |")
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
-        lines.append(f"| {r['mode']} | {r['val_loss']:.4f} | {r['tokens']:,} | "
+        loss = f"{r['val_loss'] / ddp['val_loss']:.3f}" if ddp else "—"
+        fewer = f"{ddp['bytes_per_token'] / r['bytes_per_token']:,.0f}" if ddp and r["bytes_per_token"] else "—"
+        lines.append(f"| {r['mode']} | {r['val_loss']:.4f} | {loss} | {r['tokens']:,} | "
                      f"{r['tokens_per_s']:.0f} | {r['train_s']:.1f} | {r['bytes'] / 1e6:.1f} | "
-                     f"{r['bytes_per_token']:.1f} | {r['merges']} |")
+                     f"{r['bytes_per_token']:.3f} | {fewer} | {r['merges']} |")
     return "\n".join(lines)
 
 
