@@ -4,15 +4,15 @@
     /usr/bin/python3 scripts/wan_experiment.py [--config configs/wan_experiment.yaml]
         [--bandwidths 0.7,7] [--latency-ms 0.4]
         [--runs ddp,diloco,streaming,decoupled,decoupled:wan.format=int4]
-        [--repeats 3] [--target LOSS] [--max-run-s 300] [--ddp-eval-steps 30]
+        [--seeds 1337,1338,1339] [--target LOSS] [--max-run-s 300] [--ddp-eval-steps 30]
         [--set key=value ...] [--out runs/wan_experiment] [--report-only]
 
 One model and token budget (the config's); every run differs only in its mode (and what a
-run spec adds after ':', e.g. decoupled:wan.format=int4) and in the link bandwidth. For each
-bandwidth (Mbit/s per unit link, each direction) the outer modes run --repeats times each
-(their merges depend on timing, so their losses vary from run to run: the table gives the
-mean and the spread); then ddp runs once per bandwidth (its arithmetic does not depend on
-timing).
+run spec adds after ':', e.g. decoupled:wan.format=int4), its seed and the link bandwidth. For
+each bandwidth (Mbit/s per unit link, each direction) the outer modes run once per seed (the
+table gives the mean and the spread); then ddp runs once per seed on unlimited links (its
+arithmetic does not depend on the link or on timing: its loss is the same over any link), and
+once, with the first seed, over each slow link.
 
 Printed and written (summary.md, summary.json, loss.png in --out):
   * per run: bytes across the links per token, wall time to the target validation loss (the
@@ -25,9 +25,11 @@ Printed and written (summary.md, summary.json, loss.png in --out):
   * a PNG of global validation loss against wall time, one panel per bandwidth.
 
 The target defaults to the worst final loss of the decoupled runs (every bandwidth, every
-format), so that every run of the method under test reaches it. A run projected to take longer than --max-run-s (from its progress so far) is
-stopped with SIGUSR1 once it has reached the target (ddp over slow links): its time to the
-target is measured, its final loss is then not reported. ddp's arithmetic does not depend on
+format), so that every run of the method under test reaches it. A ddp run over a slow link is
+stopped with SIGUSR1 once it has reached the target and its budget would take longer than
+--max-run-s (its time to the target is measured), or after --max-run-s without reaching it (its
+time to the target is then projected: the tokens the same seed needed on unlimited links at
+the pace it kept); its final loss is then not reported. ddp's arithmetic does not depend on
 the links, so its loss at every evaluation is the same at every bandwidth; the script checks
 that on the evaluations the runs share. ddp evaluates every --ddp-eval-steps steps (outer.h,
 which ddp's training does not use, sets that cadence). --report-only rebuilds the table, the
@@ -77,9 +79,9 @@ def first_at_or_below(curve, target):
     return None
 
 
-def run_one(run, bandwidth, args, run_dir, target):
+def run_one(run, bandwidth, args, run_dir, target, seed):
     sets = list(args.set) + run["sets"] + [
-        f"mode={run['mode']}", f"run.dir={run_dir}", "run.progress=false",
+        f"mode={run['mode']}", f"run.dir={run_dir}", "run.progress=false", f"run.seed={seed}",
         f"wan.bandwidth_mbit_s={bandwidth}", f"wan.latency_ms={args.latency_ms}"]
     if run["mode"] == "ddp":
         sets += [f"outer.h={args.ddp_eval_steps}", "syncer.eval_every=1"]
@@ -90,12 +92,12 @@ def run_one(run, bandwidth, args, run_dir, target):
     metrics = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
-    stopped_at_target = False
+    stopped = False
     with open(os.path.join(run_dir, "console.log"), "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         while proc.poll() is None:
             time.sleep(1.0)
-            if target is None or stopped_at_target or not os.path.exists(metrics):
+            if target is None or stopped or not os.path.exists(metrics):
                 continue
             try:
                 events = read_events(metrics)
@@ -103,19 +105,29 @@ def run_one(run, bandwidth, args, run_dir, target):
                 continue  # a line being written
             start = next((e for e in events if e["event"] == "start"), None)
             evals = [e for e in events if e["event"] == "global_eval" and "val_loss" in e]
-            if not start or not evals or not any(e["val_loss"] <= target for e in evals):
+            if not start or not evals:
                 continue
             last = evals[-1]
+            if run["mode"] == "ddp" and last["elapsed_s"] > args.max_run_s and bandwidth > 0:
+                # Too slow to reach the target here: its time to it is projected from its pace
+                # and the tokens ddp needs on unlimited links (the same arithmetic).
+                print(f"wan_experiment: {run['name']} ran {last['elapsed_s']:.0f} s (--max-run-s) at "
+                      f"{bandwidth} Mbit/s: stopping it (SIGUSR1)", flush=True)
+                proc.send_signal(signal.SIGUSR1)
+                stopped = True
+                continue
+            if not any(e["val_loss"] <= target for e in evals):
+                continue
             projected = last["elapsed_s"] * start["token_budget"] / max(1, last["tokens"])
             if projected > args.max_run_s:
                 print(f"wan_experiment: {run['name']} reached the target {target:.4f} at "
                       f"{last['elapsed_s']:.1f} s; projected {projected:.0f} s for its budget: "
                       "stopping it (SIGUSR1)", flush=True)
                 proc.send_signal(signal.SIGUSR1)
-                stopped_at_target = True
+                stopped = True
         rc = proc.wait()
     # An interrupted job exits with 128 + the signal (README, "Checkpoints and resume").
-    if rc != 0 and not (stopped_at_target and rc == 128 + signal.SIGUSR1):
+    if rc != 0 and not (stopped and rc == 128 + signal.SIGUSR1):
         tail = open(os.path.join(run_dir, "console.log")).read()[-2000:]
         raise RuntimeError(f"{run['name']} at {bandwidth} Mbit/s failed (exit {rc}):\n{tail}")
     events = read_events(metrics)
@@ -125,10 +137,10 @@ def run_one(run, bandwidth, args, run_dir, target):
     steps = [e["step_s"] for f in os.listdir(run_dir) if f.startswith("unit_") and f.endswith(".jsonl")
              for e in read_events(os.path.join(run_dir, f)) if e["event"] == "train" and "step_s" in e]
     return {
-        "run": run["name"], "mode": run["mode"], "bandwidth_mbit_s": bandwidth,
+        "run": run["name"], "mode": run["mode"], "bandwidth_mbit_s": bandwidth, "seed": seed,
         "parameters": start["parameters"], "format": done["wan_format"],
-        "val_loss": None if stopped_at_target else done["val_loss"],
-        "stopped_at_target": stopped_at_target,
+        "val_loss": None if stopped else done["val_loss"],
+        "stopped": stopped,
         "tokens": done["tokens"], "token_budget": start["token_budget"], "train_s": done["train_s"],
         "bytes": done["bytes_across_units"], "bytes_per_token": done["bytes_per_token"],
         "links": done["links"], "merges": done["merges"],
@@ -152,6 +164,23 @@ def spread(xs):
     return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
 
 
+def projected_time(row, rows, target):
+    """A run stopped before the target (ddp over a slow link): the tokens the same run and seed
+    needed on another link, at this run's pace (elapsed s per token at its last evaluation).
+    None when no such run reached the target."""
+    if not row["stopped"] or not row["curve"]:
+        return None
+    for other in rows:
+        if other is row or other["run"] != row["run"] or other.get("seed") != row.get("seed"):
+            continue
+        tokens = next((t for t, _, loss in other["curve"] if loss <= target), None)
+        if tokens is not None:
+            last_tokens, last_s, _ = row["curve"][-1]
+            row["projected"] = True
+            return tokens * last_s / max(1, last_tokens)
+    return None
+
+
 def groups(rows, target):
     """Repeats of one run at one bandwidth, summarised: means, and the sample standard deviation
     of the final loss."""
@@ -163,13 +192,14 @@ def groups(rows, target):
         g["rows"].append(r)
     for g in out.values():
         rs = g["rows"]
-        times = [first_at_or_below(r["curve"], target) for r in rs]
+        times = [first_at_or_below(r["curve"], target) or projected_time(r, rows, target) for r in rs]
         finals = [r["val_loss"] for r in rs if r["val_loss"] is not None]
         g.update(n=len(rs), bytes_per_token=mean([r["bytes_per_token"] for r in rs]),
                  time_to_target=mean([t for t in times if t is not None]),
                  reached=sum(t is not None for t in times),
                  val_loss=mean(finals), val_loss_sd=spread(finals),
-                 stopped_at_target=any(r["stopped_at_target"] for r in rs),
+                 stopped=any(r["stopped"] for r in rs),
+                 projected=any(r.get("projected") for r in rs),
                  tokens=mean([r["tokens"] for r in rs]), train_s=mean([r["train_s"] for r in rs]))
     # Fastest links first (0 = unlimited), then the runs in the order they were given.
     order = {name: i for i, name in enumerate(dict.fromkeys(r["run"] for r in rows))}
@@ -178,20 +208,29 @@ def groups(rows, target):
 
 
 def table(rows, target):
-    lines = ["| link (Mbit/s) | run | runs | bytes/token | time to target (s) | final val loss | "
-             "tokens | train time (s) |",
-             "|---|---|---|---|---|---|---|---|"]
-    for g in groups(rows, target):
+    """One line per run and bandwidth; loss and bytes also as ratios to ddp's (its mean final
+    loss on unlimited links, every seed: the same arithmetic as over any link)."""
+    summary = groups(rows, target)
+    ddp = next((g for g in summary if g["mode"] == "ddp" and g["val_loss"]), None)
+    lines = ["| link (Mbit/s) | run | seeds | bytes/token | ddp's bytes ÷ | time to target (s) | final val loss | "
+             "÷ ddp | tokens | train time (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for g in summary:
         if g["reached"] == 0:
             t = "not reached"
         else:
             t = fmt(g["time_to_target"], ".1f") + ("" if g["reached"] == g["n"] else f" ({g['reached']} of {g['n']})")
-        if g["stopped_at_target"]:
-            final = "stopped at target"
+            if g["projected"]:
+                t += " (projected)"
+        if g["stopped"]:
+            final = "stopped early"
         else:
             final = fmt(g["val_loss"], ".4f") + (f" ± {g['val_loss_sd']:.4f}" if g["val_loss_sd"] else "")
-        lines.append(f"| {g['bandwidth_mbit_s']} | {g['run']} | {g['n']} | {g['bytes_per_token']:.2f} | {t} | "
-                     f"{final} | {g['tokens']:,.0f} | {g['train_s']:.1f} |")
+        bytes_ratio = ddp["bytes_per_token"] / g["bytes_per_token"] if ddp and g["bytes_per_token"] else None
+        loss_ratio = g["val_loss"] / ddp["val_loss"] if ddp and g["val_loss"] and not g["stopped"] else None
+        lines.append(f"| {g['bandwidth_mbit_s']} | {g['run']} | {g['n']} | {g['bytes_per_token']:.3f} | "
+                     f"{fmt(bytes_ratio, ',.0f')} | {t} | {final} | {fmt(loss_ratio, '.3f')} | {g['tokens']:,.0f} | "
+                     f"{g['train_s']:.1f} |")
     return "\n".join(lines)
 
 
@@ -288,7 +327,7 @@ def main():
     # decoupled's; ddp and the synchronous modes differ in one key each.
     ap.add_argument("--runs", default="ddp:train.lr=0.008,diloco:outer.momentum=0,"
                                       "streaming:outer.momentum=0,decoupled,decoupled:wan.format=int4")
-    ap.add_argument("--repeats", type=int, default=3, help="runs of each outer mode per bandwidth")
+    ap.add_argument("--seeds", default="1337,1338,1339", help="run.seed of each run of a mode at a bandwidth")
     ap.add_argument("--target", type=float, default=None)
     ap.add_argument("--max-run-s", type=float, default=300)
     ap.add_argument("--ddp-eval-steps", type=int, default=30)
@@ -315,21 +354,31 @@ def main():
     if not bandwidths or any(b < 0 for b in bandwidths):
         sys.exit(f"wan_experiment: --bandwidths: expected numbers ≥ 0 (0 = unlimited), got '{args.bandwidths}'")
     runs = parse_runs(args.runs)
-    if args.repeats < 1:
-        sys.exit(f"wan_experiment: --repeats: expected ≥ 1, got {args.repeats}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds:
+        sys.exit(f"wan_experiment: --seeds: expected integers, comma-separated, got '{args.seeds}'")
     os.makedirs(args.out, exist_ok=True)
     target, rows = args.target, []
-    # The outer modes at every bandwidth first (they set the target), then ddp.
-    plan = [(bw, run) for run in runs if run["mode"] != "ddp" for bw in bandwidths] + \
-           [(bw, run) for run in runs if run["mode"] == "ddp" for bw in bandwidths]
-    for bw, run in plan:
+    # The outer modes at every bandwidth first (they set the target), then ddp: every seed on
+    # unlimited links (its loss does not depend on the link), and the first seed over each slow
+    # link, stopped after --max-run-s (its time to the target is then projected).
+    ddp_bandwidths = [0.0] + [b for b in bandwidths if b > 0]
+    plan = [(bw, run, seeds) for run in runs if run["mode"] != "ddp" for bw in bandwidths] + \
+           [(bw, run, seeds if bw == 0 else seeds[:1]) for run in runs if run["mode"] == "ddp"
+            for bw in ddp_bandwidths]
+    bandwidths = sorted(set(bandwidths) | ({0.0} if any(r["mode"] == "ddp" for r in runs) else set()),
+                        key=lambda b: float("inf") if b == 0 else b, reverse=True)
+    for bw, run, run_seeds in plan:
         if target is None and run["mode"] == "ddp":
             target = worst_decoupled(rows)
             print(f"wan_experiment: target validation loss {target:.4f} (the worst final loss of the "
                   "decoupled runs)", flush=True)
         name = run["name"].replace(":", "_").replace("=", "-").replace(";", "_")
-        for k in range(1 if run["mode"] == "ddp" else args.repeats):
-            row = run_one(run, bw, args, os.path.join(args.out, f"{bw:g}", f"{name}_{k}"), target)
+        for k, seed in enumerate(run_seeds):
+            row = run_one(run, bw, args, os.path.join(args.out, f"{bw:g}", f"{name}_{seed}"), target, seed)
             row["repeat"] = k
             rows.append(row)
             print(table([row], target if target is not None else float("-inf")).splitlines()[-1], flush=True)
