@@ -86,7 +86,9 @@ struct OuterConfig {
   std::string apply = "overwrite";
   double blend_alpha = 0.5;   ///< blend: θ ← α·θ + (1−α)·Θ
   /// What a unit's outer gradient is measured from: current (the syncer's Θ now,
-  /// paper_notes.md) | base (the Θ version the unit last received; not with apply: blend).
+  /// paper_notes.md) | base (the Θ version the unit last received; not with apply: blend) |
+  /// reference (that version as the unit decoded it, the reference R its snapshot was sent
+  /// against: Δ is then exactly the decoded message; needed where R lags Θ, wan.format: sparse).
   std::string anchor = "current";
   /// A merge of some of the units steps by their share of the live units' tokens per step
   /// (merge.hpp); no effect on merges of every unit (the synchronous modes, but for the final

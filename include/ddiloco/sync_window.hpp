@@ -285,6 +285,7 @@ class SyncerWindow {
     size_t wire_bytes = 0;  ///< bytes read
     std::string problem;    ///< why the snapshot is refused ("" = none; torn is the caller's)
     bool unreachable = false;  ///< the read failed: the unit is lost or its link stalled
+    int64_t ref = -1;          ///< the reference version it was decoded against (−1: raw fp32)
   };
   /// Reads unit u's snapshot of fragment p as announced by the polled `headers` (kOutBytes,
   /// kOutRef, kOutChecksum), re-reads its sequence number, checks the checksum and decodes it
@@ -292,6 +293,9 @@ class SyncerWindow {
   /// wrong size, or failing its checksum is refused with a problem. Blocking: start_fetch, then
   /// end_fetch until it is over (unit u's lane must be idle, else Error).
   Fetched fetch(int u, int p, const UnitHeaders& headers, std::span<float> dst);
+  /// Unit u's reference R of fragment p at `version` (numel(p) floats: what the unit took as
+  /// Θ_p then, as it decoded it), or an empty span when it is not held (fp32, or pruned).
+  std::span<const float> reference(int u, int p, int64_t version) const;
   /// Marks snapshot `seq` of (u, p) consumed, freeing the outbox.
   void ack(int u, int p, int64_t seq);
   /// Writes merged Θ_p with `version` into unit u's inbox (the caller checked in_ack): in the

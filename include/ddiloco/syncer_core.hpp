@@ -55,6 +55,7 @@ struct Slot {
   bool owed = false;
   double arrives_at = 0;    ///< the snapshot counts from then on (its link's arrival), s
   size_t wire_bytes = 0;    ///< ... bytes it took on the wire
+  std::vector<float> anchor;  ///< ... the reference it was sent against (outer.anchor: reference)
   /// The unit's link (unit_links.hpp): a snapshot read is acknowledged, freeing the unit's
   /// outbox, only once its last byte has left the unit; a merged fragment lands in the inbox
   /// on arrival.
@@ -203,7 +204,8 @@ class SyncerCore {
   std::string check_snapshot(int p, const SnapshotMeta& meta, const SyncerWindow::Fetched& got,
                              int64_t seq) const;
   void await_read_answer(int u);
-  void accept_snapshot(int u, int p, int64_t seq, const SnapshotMeta& meta, size_t wire_bytes);
+  void accept_snapshot(int u, int p, int64_t seq, const SnapshotMeta& meta, size_t wire_bytes, int64_t ref);
+  std::span<const float> anchor_of(int p, const Slot& s) const;
   void ack_arrived(int u, int p);
   std::vector<int> ready_units(int p) const;
   bool too_stale(int p, int64_t base_version) const;
@@ -235,9 +237,14 @@ class SyncerCore {
   std::vector<std::vector<Slot>> slots_;       // [unit][fragment]
   std::vector<Round> rounds_;                  // per fragment
   std::vector<std::vector<float>> incoming_;   // per fragment: a snapshot being read
-  // outer.anchor: base — the Θ versions some unit may still measure its progress from
-  // (from the oldest base version a live unit reported, to the current one).
+  // outer.anchor: base (or reference, whose raw snapshots fall back to it) — the Θ versions
+  // some unit may still measure its progress from (from the oldest base version a live unit
+  // reported, to the current one).
   const bool anchor_base_;
+  // outer.anchor: reference — a snapshot sent against a reference R is measured from that R
+  // (Slot::anchor), so that Δ_m is the decoded message itself: with a sparse wire format the
+  // units' R lag Θ, and an anchor at Θ (or at Θ's version) would count the lag as progress.
+  const bool anchor_reference_;
   std::vector<std::map<int64_t, std::vector<float>>> history_;
   std::vector<UnitHeaders> headers_;           // last poll
   std::vector<int64_t> heartbeat_;             // last heartbeat seen per unit

@@ -362,6 +362,7 @@ std::optional<SyncerWindow::Fetched> SyncerWindow::end_fetch(int u, std::span<fl
   const bool raw = l.ref < 0 || layout_->format() == wire::Format::fp32;
   const size_t expected = raw ? dst.size_bytes() : layout_->wire_bytes(p);
   got.wire_bytes = data.size();
+  got.ref = raw ? -1 : l.ref;
   bytes_read_ += data.size() + sizeof(int64_t);
   if (l.announced < 0 || static_cast<size_t>(l.announced) != expected) {
     got.problem = fmt::format("announced {} bytes, expected {} ({})", l.announced, expected,
@@ -388,6 +389,12 @@ std::optional<SyncerWindow::Fetched> SyncerWindow::end_fetch(int u, std::span<fl
     }
   }
   return got;
+}
+
+std::span<const float> SyncerWindow::reference(int u, int p, int64_t version) const {
+  const auto& refs = refs_.at(u).at(p);
+  const auto it = refs.find(version);
+  return it == refs.end() ? std::span<const float>() : std::span<const float>(it->second);
 }
 
 bool SyncerWindow::start_deliver(int u, int p, int64_t version, std::span<const float> data, bool raw) {

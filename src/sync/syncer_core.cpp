@@ -36,7 +36,8 @@ SyncerCore::SyncerCore(const Config& config, const OuterPlan& plan, SyncerWindow
       log_(std::move(sink)),
       outer_(fragments, config.outer.lr, config.outer.momentum, parse_merge_rule(config.outer.merge)),
       grace_(config.syncer.grace_gamma, config.syncer.grace_cap_steps, plan.overlap),
-      anchor_base_(config.outer.anchor == "base"),
+      anchor_base_(config.outer.anchor != "current"),
+      anchor_reference_(config.outer.anchor == "reference"),
       epoch_(random_epoch()) {
   const int P = fragments_.size();
   // Θ₀ is the units' common initialisation (same seed).
@@ -391,10 +392,15 @@ std::string SyncerCore::check_snapshot(int p, const SnapshotMeta& meta, const Sy
 // instead; a snapshot that supersedes one not merged yet then arrives when that one would have
 // (a unit that publishes faster than its degraded link carries still gets merged). Over an
 // emulated link it cannot outrun its own transfer.
-void SyncerCore::accept_snapshot(int u, int p, int64_t seq, const SnapshotMeta& meta, size_t wire_bytes) {
+void SyncerCore::accept_snapshot(int u, int p, int64_t seq, const SnapshotMeta& meta, size_t wire_bytes,
+                                 int64_t ref) {
   Slot& s = slots_[u][p];
   std::swap(s.data, incoming_[p]);
   s.wire_bytes = wire_bytes;
+  if (anchor_reference_) {  // copied: the window prunes references the unit no longer names
+    const std::span<const float> r = ref < 0 ? std::span<const float>() : window_.reference(u, p, ref);
+    s.anchor.assign(r.begin(), r.end());
+  }
   if (s.fresh) ++superseded_;
   if (plan_.outer_steps) {
     const wan::Transfer t = links_.snapshot(u, wire_bytes, s.data.size() * sizeof(float), now());
@@ -485,7 +491,7 @@ bool SyncerCore::end_read(int u) {
     s.owed = true;  // a unit waiting for a merge gets the current one
     return true;
   }
-  accept_snapshot(u, r.p, r.seq, r.meta, got->wire_bytes);
+  accept_snapshot(u, r.p, r.seq, r.meta, got->wire_bytes, got->ref);
   return true;
 }
 
@@ -588,9 +594,7 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
   for (int u : units) {
     const Slot& s = slots_[u][p];
     w[u] = token_weight(s.meta.c_tok, s.meta.c_steps);
-    contributions.push_back({s.data, w[u],
-                             anchor_base_ ? std::span<const float>(history_[p].at(s.meta.base_version))
-                                          : std::span<const float>()});
+    contributions.push_back({s.data, w[u], anchor_of(p, s)});
     bytes_in += s.wire_bytes;
     staleness.push_back(version_[p] - s.meta.base_version);
     base_versions.push_back(s.meta.base_version);
@@ -643,6 +647,13 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
         {"bytes_out", links_.down_bytes() - bytes_out_before},  // sent now (lands later over a WAN)
         {"tokens", tokens_total()},
         {"elapsed_s", now()}});
+}
+
+// What a snapshot's outer gradient is measured from (Contribution::anchor; empty: Θ now).
+std::span<const float> SyncerCore::anchor_of(int p, const Slot& s) const {
+  if (anchor_reference_ && !s.anchor.empty()) return s.anchor;
+  if (anchor_base_) return history_[p].at(s.meta.base_version);
+  return {};
 }
 
 // decoupled, warm-up: every unit waits for a merge newer than the one it applied, and a unit

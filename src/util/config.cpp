@@ -171,8 +171,9 @@ const std::vector<Entry<Config>>& entries() {
                     "blend: θ ← α·θ + (1−α)·Θ", in_range(0, 1, false, true)),
       DDILOCO_FIELD(std::string, "outer.anchor", outer.anchor,
                     "outer gradient Δ_m = anchor − θ_m from: current (Θ now) | base (the Θ "
-                    "version unit m last received)",
-                    one_of({"current", "base"})),
+                    "version unit m last received) | reference (that version as unit m decoded it: "
+                    "with lossy wire formats Δ_m is then exactly what the unit sent)",
+                    one_of({"current", "base", "reference"})),
       DDILOCO_FIELD(int, "outer.warmup_steps", outer.warmup_steps,
                     "post-local SGD: inner steps from the start during which every fragment is "
                     "synchronised after every step, applied at once, by a plain average (H = 1, "
@@ -478,10 +479,10 @@ void validate(const Config& c, const std::string& source) {
       fail("units.count: mode single trains one unit, got {} (choose mode ddp, diloco, "
            "streaming or decoupled)",
            M);
-    if (c.outer.anchor == "base" && c.outer.apply == "blend")
-      fail("outer.anchor: base measures a unit's progress from the Θ version it received, "
+    if (c.outer.anchor != "current" && c.outer.apply == "blend")
+      fail("outer.anchor: {} measures a unit's progress from the Θ version it received, "
            "which needs outer.apply: overwrite or carry, got outer.apply: {} (use outer.anchor: current)",
-           c.outer.apply);
+           c.outer.anchor, c.outer.apply);
     chaos::validate(c);
     if (c.launch.backoff_max_s < c.launch.backoff_s)
       fail("launch.backoff_max_s: must be ≥ launch.backoff_s = {}, got {}", c.launch.backoff_s,
