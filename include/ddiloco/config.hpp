@@ -154,11 +154,17 @@ struct WanConfig {
   double burst_kb = 64;          ///< token-bucket depth, KiB
   std::vector<double> unit_bandwidth_mbit_s;  ///< per-unit bandwidth (overrides; empty = all)
   std::vector<double> unit_latency_ms;        ///< per-unit latency (overrides; empty = all)
-  /// What crosses the links: fp32 | bf16 | int8 | int4. Outer modes send θ − base and the
-  /// merged Θ − what the unit holds (quantized against a base both sides hold); ddp sends its
-  /// gradients (fp32 or bf16 only).
+  /// What crosses the links: fp32 | bf16 | int8 | int4 | int2 | sparse (wire_format.hpp).
+  /// Outer modes send θ − base and the merged Θ − what the unit holds (quantized against a
+  /// base both sides hold); ddp sends its gradients (fp32 or bf16 only).
   std::string format = "bf16";
-  int block = 64;                ///< values per scale (int8, int4)
+  int block = 64;                ///< values per scale (int8, int4, int2)
+  int chunk = 4096;              ///< sparse: values per chunk, [1, 2^24]
+  int topk = 64;                 ///< sparse: values kept per chunk, [1, chunk]
+  int value_bits = 2;            ///< sparse: bits per kept value, 2 | 4 | 8
+  /// Error-feedback decay β ∈ [0, 1]: a snapshot carries β × what the previous one's encoding
+  /// lost (SparseLoCo, arXiv 2508.15706); 1 = all of it.
+  double ef_decay = 1.0;
 
   /// Unit u's bandwidth (Mbit/s) and one-way latency (ms): its per-unit entry when the list
   /// is given, else the value for every unit (wan::link_spec makes its link of them).

@@ -33,18 +33,22 @@
 // refused, and what is written to it is dropped (remote_memory.hpp).
 //
 // Wire format (wire_format.hpp): what a fragment's outbox and inbox carry. With fp32 they hold
-// the values themselves. With bf16, int8 or int4 they hold a DIFFERENCE against a reference
-// both sides hold, so that only small numbers are rounded:
+// the values themselves. In every other format (bf16, int8, int4, int2, sparse) they hold a
+// DIFFERENCE against a reference both sides hold, so that only small numbers are rounded:
 //   inbox  (syncer → learner): Θ_p − R, where R is the learner's reconstruction of the last
 //          version it took; the learner sets R ← R + decode(...) and uses R as Θ_p. The
 //          syncer computes the same R (same code, same fp32 operations), so the rounding error
-//          of one delivery is part of the next difference and never accumulates.
+//          of one delivery is part of the next difference and never accumulates. With sparse,
+//          what a delivery drops stays in Θ_p − R: R lags Θ_p, and later deliveries carry it.
 //   outbox (learner → syncer): θ_p − R + E at the version it names (kOutRef); the syncer
 //          keeps its copy of R for every version the learner may still name and reconstructs
 //          θ_p. E is error feedback: what the previous snapshot's rounding lost (its difference
 //          minus what the syncer decodes), so that the outer gradients the syncer sums over
 //          rounds lose nothing to rounding but the last one's (Seide et al. 2014, "1-bit SGD";
-//          Karimireddy et al. 2019, "Error Feedback Fixes SignSGD", arXiv 1901.09847).
+//          Karimireddy et al. 2019, "Error Feedback Fixes SignSGD", arXiv 1901.09847). With
+//          wan.ef_decay β < 1 a snapshot carries θ_p − R + β·E, so that old losses fade: the
+//          error-feedback accumulator of SparseLoCo (Sarfi et al. 2025, arXiv 2508.15706),
+//          which stands in for outer momentum there; β = 1 is the plain error feedback above.
 // Raw fp32 values travel where no reference is shared: the Θ served at a rejoin, and a
 // snapshot with non-finite values (the syncer refuses it). Both sides start from R = Θ₀ (the
 // common initialisation) or, on resume, from the checkpoint's Θ.
@@ -139,17 +143,19 @@ enum Header : int {
 
 using ddiloco::checksum;
 
-/// Byte offsets of everything in a leader's window, the same on both sides, and the wire
-/// format. Outboxes and inboxes hold raw fp32 values or the encoding, whichever is larger;
-/// what crosses is what is written, kOutBytes / kInBytes.
+/// Byte offsets of everything in a leader's window, the same on both sides, the wire codec,
+/// and the learner's error-feedback decay β ∈ [0, 1] (wan.ef_decay). Outboxes and inboxes hold
+/// raw fp32 values or the encoding, whichever is larger; what crosses is what is written,
+/// kOutBytes / kInBytes. Throws Error for a codec its format cannot use (wire::check) or β
+/// outside [0, 1].
 class WindowLayout {
  public:
-  explicit WindowLayout(const FragmentPlan& plan, wire::Format format = wire::Format::fp32,
-                        size_t block = 64);
-  wire::Format format() const { return format_; }
-  size_t block() const { return block_; }
+  explicit WindowLayout(const FragmentPlan& plan, const wire::Codec& codec = {}, double ef_decay = 1.0);
+  const wire::Codec& codec() const { return codec_; }
+  wire::Format format() const { return codec_.format; }
+  float ef_decay() const { return ef_decay_; }
   /// Bytes a difference (or fp32 values) of fragment p takes on the wire.
-  size_t wire_bytes(int p) const { return wire::encoded_bytes(format_, numel_[p], block_); }
+  size_t wire_bytes(int p) const { return wire::encoded_bytes(codec_, numel_[p]); }
   /// Bytes fragment p's outbox and inbox each hold: max(numel·4, wire_bytes(p)).
   size_t capacity(int p) const { return capacity_[p]; }
   size_t bytes() const { return bytes_; }
@@ -164,8 +170,8 @@ class WindowLayout {
  private:
   std::vector<size_t> outbox_, inbox_, numel_, capacity_;
   size_t header_block_ = 0, bytes_ = 0;
-  wire::Format format_;
-  size_t block_;
+  wire::Codec codec_;
+  float ef_decay_;
 };
 
 /// Snapshot metadata a learner publishes with its fragment.
@@ -191,7 +197,9 @@ class LearnerWindow {
   /// May fragment p's outbox be written (the syncer consumed the previous snapshot)?
   bool outbox_free(int p) const;
   /// Writes a snapshot of fragment p (packed, numel(p) floats) in the wire format and publishes
-  /// it. Requires outbox_free(p). Returns the snapshot's sequence number.
+  /// it: θ_p − R + β·E, E ← that minus what the syncer decodes (β = layout.ef_decay()), or raw
+  /// fp32 values without a reference. Requires outbox_free(p). Returns the snapshot's sequence
+  /// number.
   int64_t publish(int p, std::span<const float> packed, const SnapshotMeta& meta);
   /// Sets the reference R of fragment p (wire format; the syncer must set the same).
   void set_reference(int p, int64_t version, std::span<const float> values);

@@ -32,6 +32,8 @@
 #include <string>
 #include <vector>
 
+#include "ddiloco/wire_format.hpp"
+
 namespace ddiloco {
 struct Config;
 }
@@ -119,7 +121,7 @@ class WanRing {
   MPI_Comm comm_;
   int rank_, size_;
   Link link_;
-  int format_;  // wire::Format
+  wire::Codec codec_;  // fp32 or bf16
   std::chrono::steady_clock::time_point t0_;
   double wait_s_ = 0;
   std::function<double()> rate_factor_ = [] { return 1.0; };
@@ -144,5 +146,8 @@ std::vector<LinkCounters> gather_link_counters(const LinkCounters& mine, MPI_Com
 LinkSpec link_spec(const Config& config, int unit);
 /// Is any link limited (a bandwidth or a latency set)? Unlimited links are still counted.
 bool emulated(const Config& config);
+/// The wire codec the configuration names: wan.format with wan.block, wan.chunk, wan.topk and
+/// wan.value_bits. Throws Error for an unknown format.
+wire::Codec wire_codec(const Config& config);
 
 }  // namespace ddiloco::wan

@@ -1,5 +1,5 @@
 // Wire formats for what crosses the (emulated) WAN between a unit and the syncer (issue 6):
-// fp32, bf16, and block-quantized int8 and 4-bit.
+// fp32, bf16, block-quantized int8, 4-bit and 2-bit, and sparse top-k.
 //
 // A vector of n fp32 values is encoded as
 //   fp32  n × 4 bytes, bit for bit
@@ -9,13 +9,36 @@
 //         fp32, all blocks' first; then one int8 q = round(x / a · 127) in [−127, 127] per value
 //   int4  as int8 with q = round(x / a · 7) in [−7, 7], two values per byte (value 2i in the
 //         low nibble, 2i+1 in the high one), each stored as q + 8
+//   int2  as int8 with q = round(x / a) in {−1, 0, 1}, four values per byte (value 4i in the
+//         lowest two bits, 4i+3 in the highest), each stored as q + 1
+//   sparse  top-k sparsification with quantized values (SparseLoCo: Sarfi, Thérien,
+//         Lidin and Belilovsky 2025, "Communication Efficient LLM Pre-training with SparseLoCo",
+//         arXiv 2508.15706), below.
 // Values beyond bf16's range (|x| > ~3.39e38) are refused by the bf16 encoder.
-// Decoding gives x̂ = (q / Q) · a (Q = 127 or 7), so zero blocks and each block's extreme
+// Decoding gives x̂ = (q / Q) · a (Q = 127, 7 or 1), so zero blocks and each block's extreme
 // values come back exactly (q / Q = ±1), constant vectors included, and every other value
 // within a / (2Q) plus fp32 rounding: absmax block quantization (Dettmers et al. 2022,
 // "8-bit Optimizers via Block-wise Quantization", arXiv 2110.02861).
+//
+// sparse: the values are cut into chunks of `chunk` values (the last may be shorter, length L).
+// Each chunk keeps its k = min(topk, L) largest magnitudes (ties: the lower index wins, so that
+// encoding is deterministic) and is laid out as
+//   a        fp32: the largest kept |x| (0 for an all-zero chunk)
+//   indices  k indices within the chunk, ascending, ⌈log2 chunk⌉ bits each (at least 1)
+//   values   k codes q + Q in b bits each, q = round(x / a · Q), Q = 2^(b−1) − 1,
+//            b = value_bits ∈ {2, 4, 8} (Q = 1, 7, 127)
+// with the index and value bits packed least significant bit first from the byte after the
+// scale, and the chunk padded to a whole byte. A chunk thus takes 4 + ⌈k·(⌈log2 chunk⌉ + b) / 8⌉
+// bytes, a fixed function of (n, chunk, topk, value_bits) (the windows rely on fixed sizes):
+// ≈ (k·(⌈log2 chunk⌉ + b) + 32) / chunk bits per value, 0.227 with the defaults (chunk 4096,
+// topk 64, b = 2). Decoding writes zeros except at the kept indices, (q / Q) · a there. Error
+// bounds: a kept value comes back within a / (2Q) plus fp32 rounding (its chunk's largest
+// exactly); a dropped value has magnitude ≤ the smallest kept one of its chunk and comes back
+// as 0. The round trip is exact where every chunk has at most k nonzeros, each of the form
+// (j / Q) · a in fp32 for an integer j (so with b = 2: every nonzero is ±a).
+//
 // What is encoded is the caller's choice; outer gradients are sent as θ − base, with a base
-// both sides hold, so that only the small difference is quantized.
+// both sides hold, so that only the small difference is quantized (sync_window.hpp).
 #pragma once
 
 #include <cstddef>
@@ -26,23 +49,38 @@
 
 namespace ddiloco::wire {
 
-enum class Format { fp32, bf16, int8, int4 };
+enum class Format { fp32, bf16, int8, int4, int2, sparse };
 
-/// "fp32", "bf16", "int8", "int4"; throws Error naming the value and the choices.
+/// A wire format with its parameters; each format reads only its own.
+struct Codec {
+  Format format = Format::fp32;
+  size_t block = 64;    ///< int8, int4, int2: values per fp32 scale, ≥ 1
+  size_t chunk = 4096;  ///< sparse: values per chunk, in [1, 2^24]
+  size_t topk = 64;     ///< sparse: values kept per chunk, ≥ 1 (a shorter chunk keeps all)
+  int value_bits = 2;   ///< sparse: bits per kept value, 2, 4 or 8
+};
+
+/// "fp32", "bf16", "int8", "int4", "int2", "sparse"; throws Error naming the value and the
+/// choices.
 Format parse_format(const std::string& name);
 const char* format_name(Format format);
 
-/// Bytes that `n` values take in `format` with blocks of `block` values (block ≥ 1; used by
-/// int8 and int4 only).
-size_t encoded_bytes(Format format, size_t n, size_t block);
+/// Throws Error naming the parameter of `codec` that its format cannot use (block 0, a chunk
+/// outside [1, 2^24], topk 0, value_bits not 2, 4 or 8).
+void check(const Codec& codec);
 
-/// Encodes `values` into `out` (encoded_bytes(...) bytes). Throws Error when a value is NaN or
-/// infinite (naming its index), or when `out` has the wrong size.
-void encode(Format format, std::span<const float> values, size_t block, std::span<std::byte> out);
-std::vector<std::byte> encode(Format format, std::span<const float> values, size_t block);
+/// Bytes that `n` values take in `codec` (formulas above). Throws Error as check() does.
+size_t encoded_bytes(const Codec& codec, size_t n);
 
-/// Decodes `in` into `out` (its size is the number of values). Throws Error when `in` does not
-/// have encoded_bytes(format, out.size(), block) bytes, or holds a non-finite scale or value.
-void decode(Format format, std::span<const std::byte> in, size_t block, std::span<float> out);
+/// Encodes `values` into `out` (encoded_bytes(codec, values.size()) bytes). Throws Error when a
+/// value is NaN or infinite (naming its index), or when `out` has the wrong size.
+void encode(const Codec& codec, std::span<const float> values, std::span<std::byte> out);
+std::vector<std::byte> encode(const Codec& codec, std::span<const float> values);
+
+/// Decodes `in` (untrusted) into `out` (its size is the number of values). Throws Error, naming
+/// what is wrong, when `in` does not have encoded_bytes(codec, out.size()) bytes, or holds a
+/// non-finite or negative scale, a code outside its format's range, a non-finite value, or
+/// (sparse) indices that are not strictly ascending within their chunk.
+void decode(const Codec& codec, std::span<const std::byte> in, std::span<float> out);
 
 }  // namespace ddiloco::wire

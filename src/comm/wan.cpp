@@ -45,9 +45,9 @@ WanRing::WanRing(MPI_Comm leaders, const Config& config)
       rank_(mpi::rank(leaders)),
       size_(mpi::size(leaders)),
       link_(link_spec(config, rank_), static_cast<uint64_t>(config.run.seed) * 1000 + rank_),
-      format_(static_cast<int>(wire::parse_format(config.wan.format))),
+      codec_(wire_codec(config)),
       t0_(std::chrono::steady_clock::now()) {
-  if (format_ != static_cast<int>(wire::Format::fp32) && format_ != static_cast<int>(wire::Format::bf16))
+  if (codec_.format != wire::Format::fp32 && codec_.format != wire::Format::bf16)
     fail("wan.format: ddp all-reduces gradients in fp32 or bf16, got {}", config.wan.format);
 }
 
@@ -58,7 +58,8 @@ double WanRing::now() const {
 void WanRing::allreduce_sum(std::span<float> data, bool raw) {
   const int M = size_;
   if (M == 1) return;
-  const auto format = raw ? wire::Format::fp32 : static_cast<wire::Format>(format_);
+  const wire::Codec codec = raw ? wire::Codec{} : codec_;  // (the default: fp32)
+  const wire::Format format = codec.format;
   const size_t n = data.size();
   auto chunk = [&](int c) {  // chunk c of M, as even as can be
     const int k = ((c % M) + M) % M;
@@ -99,21 +100,21 @@ void WanRing::allreduce_sum(std::span<float> data, bool raw) {
       const auto b = std::as_bytes(x);
       out.assign(b.begin(), b.end());
     } else {
-      out = wire::encode(format, x, 1);
+      out = wire::encode(codec, x);
     }
   };
   auto decode = [&](std::span<const std::byte> in, std::span<float> x) {
     if (format == wire::Format::fp32)
       std::memcpy(x.data(), in.data(), in.size());
     else
-      wire::decode(format, in, 1, x);
+      wire::decode(codec, in, x);
   };
   std::vector<std::byte> encoded;
   // Reduce-scatter: after M−1 steps this leader holds the full sum of chunk rank+1.
   for (int s = 0; s < M - 1; ++s) {
     const std::span<float> out = chunk(rank_ - s), in = chunk(rank_ - s - 1);
     encode(out, encoded);
-    const auto got = step(encoded, wire::encoded_bytes(format, in.size(), 1));
+    const auto got = step(encoded, wire::encoded_bytes(codec, in.size()));
     decoded_.resize(in.size());
     decode(got, decoded_);
     for (size_t i = 0; i < in.size(); ++i) in[i] += decoded_[i];
@@ -125,7 +126,7 @@ void WanRing::allreduce_sum(std::span<float> data, bool raw) {
   // All-gather: forward the owner's bytes as they are.
   for (int s = 0; s < M - 1; ++s) {
     const std::span<float> in = chunk(rank_ - s);
-    const auto got = step(encoded, wire::encoded_bytes(format, in.size(), 1));
+    const auto got = step(encoded, wire::encoded_bytes(codec, in.size()));
     encoded.assign(got.begin(), got.end());
     decode(encoded, in);
   }
@@ -168,5 +169,11 @@ LinkSpec link_spec(const Config& config, int unit) {
 }
 
 bool emulated(const Config& config) { return config.wan.emulated(config.units.count); }
+
+wire::Codec wire_codec(const Config& config) {
+  const WanConfig& w = config.wan;
+  return {wire::parse_format(w.format), static_cast<size_t>(w.block), static_cast<size_t>(w.chunk),
+          static_cast<size_t>(w.topk), w.value_bits};
+}
 
 }  // namespace ddiloco::wan

@@ -17,17 +17,19 @@ constexpr size_t kAlign = 64;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
-WindowLayout::WindowLayout(const FragmentPlan& plan, wire::Format format, size_t block)
-    : format_(format), block_(block) {
-  if (block == 0) fail("window layout: wire block must be ≥ 1");
+WindowLayout::WindowLayout(const FragmentPlan& plan, const wire::Codec& codec, double ef_decay)
+    : codec_(codec), ef_decay_(static_cast<float>(ef_decay)) {
+  wire::check(codec);
+  if (!(ef_decay >= 0 && ef_decay <= 1))
+    fail("window layout: error-feedback decay must be in [0, 1], got {}", ef_decay);
   const int P = plan.size();
   header_block_ = (kControlWords + static_cast<size_t>(P) * kHeaderWords) * sizeof(int64_t);
   size_t off = align_up(header_block_);
   for (const auto& f : plan.fragments()) {
     numel_.push_back(f.numel);
     // Room for raw fp32 values or the encoding, whichever is larger (int8 and int4 with very
-    // small blocks take more than 4 bytes per value).
-    capacity_.push_back(std::max(f.numel * sizeof(float), wire::encoded_bytes(format, f.numel, block)));
+    // small blocks take more than 4 bytes per value, sparse with tiny chunks too).
+    capacity_.push_back(std::max(f.numel * sizeof(float), wire::encoded_bytes(codec, f.numel)));
     outbox_.push_back(off);
     off = align_up(off + capacity_.back());
     inbox_.push_back(off);
@@ -129,16 +131,18 @@ int64_t LearnerWindow::publish(int p, std::span<const float> packed, const Snaps
     if (e.size() != packed.size()) e.assign(packed.size(), 0.0f);
     scratch_.resize(packed.size());
     bool finite = true;
+    // β·E: β = 1 adds E itself (1·e is e exactly, so the default changes no bit).
+    const float beta = layout_->ef_decay();
     for (size_t i = 0; i < packed.size(); ++i) {
-      scratch_[i] = packed[i] - ref_[p][i] + e[i];
+      scratch_[i] = packed[i] - ref_[p][i] + beta * e[i];
       finite &= std::isfinite(scratch_[i]);
     }
     if (finite) {
       bytes = layout_->wire_bytes(p);
       const std::span<std::byte> wire(out, bytes);
-      wire::encode(layout_->format(), scratch_, layout_->block(), wire);
+      wire::encode(layout_->codec(), scratch_, wire);
       // E ← what was meant − what the syncer will decode.
-      wire::decode(layout_->format(), wire, layout_->block(), e);
+      wire::decode(layout_->codec(), wire, e);
       for (size_t i = 0; i < packed.size(); ++i) e[i] = scratch_[i] - e[i];
     } else {
       raw = true;
@@ -193,7 +197,7 @@ bool LearnerWindow::take_inbox(int p, std::span<float> out) {
     if (static_cast<size_t>(p) >= ref_.size() || ref_[p].empty())
       fail("take_inbox: fragment {} arrived as a difference, but this unit holds no reference", p);
     scratch_.resize(out.size());
-    wire::decode(layout_->format(), std::span<const std::byte>(in, bytes), layout_->block(), scratch_);
+    wire::decode(layout_->codec(), std::span<const std::byte>(in, bytes), scratch_);
     for (size_t i = 0; i < out.size(); ++i) ref_[p][i] += scratch_[i];
     ref_version_[p] = version;
     std::copy(ref_[p].begin(), ref_[p].end(), out.begin());
@@ -380,7 +384,7 @@ std::optional<SyncerWindow::Fetched> SyncerWindow::end_fetch(int u, std::span<fl
                                                                          std::to_string(refs.rbegin()->first));
     } else {
       try {
-        wire::decode(layout_->format(), data, layout_->block(), dst);
+        wire::decode(layout_->codec(), data, dst);
       } catch (const Error& e) {
         got.problem = e.what();
         return got;
@@ -421,8 +425,8 @@ bool SyncerWindow::start_deliver(int u, int p, int64_t version, std::span<const 
     delta_.resize(data.size());
     for (size_t i = 0; i < data.size(); ++i) delta_[i] = data[i] - r[i];
     l.bytes.resize(layout_->wire_bytes(p));
-    wire::encode(layout_->format(), delta_, layout_->block(), l.bytes);
-    wire::decode(layout_->format(), l.bytes, layout_->block(), delta_);
+    wire::encode(layout_->codec(), delta_, l.bytes);
+    wire::decode(layout_->codec(), l.bytes, delta_);
     l.next = r;
     for (size_t i = 0; i < l.next.size(); ++i) l.next[i] += delta_[i];
   }

@@ -14,6 +14,7 @@
 #include "ddiloco/mpi.hpp"
 #include "ddiloco/run_dir.hpp"
 #include "ddiloco/signals.hpp"
+#include "ddiloco/wan.hpp"
 
 namespace ddiloco {
 
@@ -26,8 +27,7 @@ Syncer::Syncer(const Config& config, const OuterPlan& plan, const Topology& topo
       topo_(topo),
       parameters_(ParameterLayout::gpt2(config.model)),
       fragments_(parameters_, plan.fragments, plan.h, plan.warmup),
-      layout_(fragments_, plan.outer_steps ? wire::parse_format(config.wan.format) : wire::Format::fp32,
-              static_cast<size_t>(config.wan.block)),
+      layout_(fragments_, plan.outer_steps ? wan::wire_codec(config) : wire::Codec{}, config.wan.ef_decay),
       remote_(*link.remote),
       door_(link.listener),
       window_(remote_, layout_),

@@ -310,11 +310,28 @@ const std::vector<Entry<Config>>& entries() {
       DDILOCO_FIELD(std::vector<double>, "wan.unit_latency_ms", wan.unit_latency_ms,
                     "per-unit one-way latency, ms; empty = wan.latency_ms", each_at_least(0.0)),
       DDILOCO_FIELD(std::string, "wan.format", wan.format,
-                    "wire format of what crosses the links: fp32 | bf16 | int8 | int4 (outer "
-                    "gradients against a base both sides hold; ddp: fp32 or bf16 gradients)",
-                    one_of({"fp32", "bf16", "int8", "int4"})),
+                    "wire format of what crosses the links: fp32 | bf16 | int8 | int4 | int2 "
+                    "(absmax per wan.block values) | sparse (the wan.topk largest of every "
+                    "wan.chunk values, in wan.value_bits bits; SparseLoCo). Outer modes send outer "
+                    "gradients against a base both sides hold; ddp fp32 or bf16 gradients",
+                    one_of({"fp32", "bf16", "int8", "int4", "int2", "sparse"})),
       DDILOCO_FIELD(int, "wan.block", wan.block,
-                    "values per fp32 scale in int8 and int4", positive<int>()),
+                    "values per fp32 scale in int8, int4 and int2", positive<int>()),
+      DDILOCO_FIELD(int, "wan.chunk", wan.chunk,
+                    "sparse: values per chunk, each with its own top-k and fp32 scale (≤ 2^24)",
+                    positive<int>()),
+      DDILOCO_FIELD(int, "wan.topk", wan.topk,
+                    "sparse: largest-magnitude values kept per chunk, 1 … wan.chunk",
+                    positive<int>()),
+      DDILOCO_FIELD(int, "wan.value_bits", wan.value_bits,
+                    "sparse: bits per kept value: 2 | 4 | 8",
+                    [](const int& v) {
+                      return v == 2 || v == 4 || v == 8 ? "" : std::string("must be 2, 4 or 8");
+                    }),
+      DDILOCO_FIELD(double, "wan.ef_decay", wan.ef_decay,
+                    "error-feedback decay β in [0, 1]: each snapshot carries β × what the previous "
+                    "one's encoding lost (lossy formats; SparseLoCo's recipe); 1 = all of it",
+                    in_range(0.0, 1.0, false, false)),
       // launch (ddiloco launch: the isolated deployment)
       DDILOCO_FIELD(int, "launch.max_restarts", launch.max_restarts,
                     "ddiloco launch: restarts of each process (the syncer, each unit's MPI job) "
@@ -417,6 +434,18 @@ namespace {
 // Set once at start-up by the GPU unit backend's registration (before any thread starts), read
 // after.
 DeviceCheck g_cuda_check = nullptr;
+
+// The sparse format's keys, for a Config built in code as well as one parsed (whose fields'
+// checks name the key already).
+void check_wire(const WanConfig& w) {
+  if (w.chunk < 1 || w.chunk > (1 << 24))
+    fail("wan.chunk: must be in [1, {}], got {}", 1 << 24, w.chunk);
+  if (w.topk < 1 || w.topk > w.chunk)
+    fail("wan.topk: must be in [1, wan.chunk = {}], got {}", w.chunk, w.topk);
+  if (w.value_bits != 2 && w.value_bits != 4 && w.value_bits != 8)
+    fail("wan.value_bits: must be 2, 4 or 8, got {}", w.value_bits);
+  if (!(w.ef_decay >= 0 && w.ef_decay <= 1)) fail("wan.ef_decay: must be in [0, 1], got {}", w.ef_decay);
+}
 }  // namespace
 
 void set_cuda_check(DeviceCheck check) { g_cuda_check = check; }
@@ -464,14 +493,15 @@ void validate(const Config& c, const std::string& source) {
     check_delay("wan.jitter_ms", c.wan.jitter_ms);
     for (double l : c.wan.unit_latency_ms) check_delay("wan.unit_latency_ms", l);
     if (c.wan.block > (1 << 24)) fail("wan.block: must be ≤ {}, got {}", 1 << 24, c.wan.block);
+    check_wire(c.wan);
     if (!(c.wan.burst_kb <= 1 << 20)) fail("wan.burst_kb: must be ≤ {} KiB, got {}", 1 << 20, c.wan.burst_kb);
     if (c.mode == Mode::single && c.wan.emulated(M))
       fail("wan: links join learner units to the syncer and to each other; mode single has none "
            "(choose mode ddp, diloco, streaming or decoupled, or leave wan.bandwidth_mbit_s, "
            "latency_ms and jitter_ms at 0)");
     if (c.mode == Mode::ddp && c.wan.format != "fp32" && c.wan.format != "bf16")
-      fail("wan.format: ddp all-reduces gradients over the links in fp32 or bf16, got {} (int8 "
-           "and int4 are for the outer modes' outer gradients)",
+      fail("wan.format: ddp all-reduces gradients over the links in fp32 or bf16, got {} (int8, "
+           "int4, int2 and sparse are for the outer modes' outer gradients)",
            c.wan.format);
     if (c.syncer.quorum > M)
       fail("syncer.quorum: must be ≤ units.count = {}, got {}", M, c.syncer.quorum);

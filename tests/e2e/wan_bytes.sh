@@ -1,7 +1,8 @@
 # Emulated WAN links: the byte counters equal what the protocol moves for a known schedule, in
 # every wire format, and a link's bandwidth and latency set ddp's wall time (from below and above).
 #   diloco, M = 2, P = 1, H = 10, 40 steps: 4 rounds; each unit sends 4 snapshots and takes 4
-#     merged models, each encoded_bytes(format, N) (wire_format.hpp) for N parameters.
+#     merged models, each encoded_bytes(codec, N) (wire_format.hpp) for N parameters; the sizes
+#     below are that header's formulas, written out again.
 #   ddp, M = 2, 20 steps: per step each leader sends its half of the gradient (reduce-scatter)
 #     and its reduced half (all-gather): N values, 2 messages, in bf16 2·N bytes.
 source "$(dirname "$0")/lib/common.sh"
@@ -19,7 +20,7 @@ outer: {fragments: 1, h: 10}
 syncer: {eval_every: 1000}
 checkpoint: {at_stop: false}
 YAML
-check() {  # check RUN_DIR MODE FORMAT BLOCK
+check() {  # check RUN_DIR MODE FORMAT BLOCK [CHUNK TOPK VALUE_BITS (sparse)]
   /usr/bin/python3 - "$@" <<'PY'
 import json, math, sys
 run, mode, fmt, block = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -27,7 +28,18 @@ ev = [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
 n = next(e for e in ev if e["event"] == "start")["parameters"]
 done = next(e for e in ev if e["event"] == "done")
 scales = math.ceil(n / block) * 4
-size = {"fp32": 4 * n, "bf16": 2 * n, "int8": scales + n, "int4": scales + (n + 1) // 2}[fmt]
+def sparse_bytes(n, chunk, topk, bits):
+    # Per chunk of length L: an fp32 scale, then k = min(topk, L) indices of ⌈log2 chunk⌉ bits
+    # (at least 1) and k values of `bits` bits, padded to a whole byte.
+    index_bits = max(1, (chunk - 1).bit_length())
+    one = lambda length: 4 + (min(topk, length) * (index_bits + bits) + 7) // 8
+    full, rest = divmod(n, chunk)
+    return full * one(chunk) + (one(rest) if rest else 0)
+if fmt == "sparse":
+    size = sparse_bytes(n, *map(int, sys.argv[5:8]))
+else:
+    size = {"fp32": 4 * n, "bf16": 2 * n, "int8": scales + n, "int4": scales + (n + 1) // 2,
+            "int2": scales + (n + 3) // 4}[fmt]
 links = {l["unit"]: l for l in done["links"]}
 assert sorted(links) == [0, 1], links
 for u, l in links.items():
@@ -41,14 +53,21 @@ total = sum(l["up_bytes"] + (0 if mode == "ddp" else l["down_bytes"]) for l in l
 assert done["bytes_across_units"] == total, (done["bytes_across_units"], total)
 assert abs(done["bytes_per_token"] - total / done["tokens"]) < 1e-6 * total, done
 assert done["wan_format"] == fmt, done["wan_format"]
-print(f"ok: {mode} {fmt}: {n} parameters, {size} bytes per model, links {links[0]['up_bytes']} up / {links[0]['down_bytes']} down per unit")
+assert math.isfinite(done["val_loss"]), done["val_loss"]
+print(f"ok: {mode} {fmt}: {n} parameters, {size} bytes per model, links {links[0]['up_bytes']} up / {links[0]['down_bytes']} down per unit, val_loss {done['val_loss']:.3f}")
 PY
 }
-for fmt in fp32 bf16 int8 int4; do
+for fmt in fp32 bf16 int8 int4 int2; do
   "${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config base.yaml --set mode=diloco --set run.dir=d_$fmt \
     --set wan.format=$fmt --set wan.block=32 > d_$fmt.log 2>&1 || { cat d_$fmt.log; fail "diloco $fmt failed"; }
   check d_$fmt diloco $fmt 32 || fail "diloco $fmt: byte counters"
 done
+# Sparse: 7 of every 1000 values (10-bit indices) in 4 bits, the last chunk shorter; with a
+# decaying error feedback.
+"${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config base.yaml --set mode=diloco --set run.dir=d_sparse \
+  --set wan.format=sparse --set wan.chunk=1000 --set wan.topk=7 --set wan.value_bits=4 --set wan.ef_decay=0.9 \
+  > d_sparse.log 2>&1 || { cat d_sparse.log; fail "diloco sparse failed"; }
+check d_sparse diloco sparse 64 1000 7 4 || fail "diloco sparse: byte counters"
 # Blocks of one value: int8 then takes 5 bytes per value, more than fp32 (the windows make room).
 "${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config base.yaml --set mode=diloco --set run.dir=d_b1 \
   --set wan.format=int8 --set wan.block=1 > d_b1.log 2>&1 || { cat d_b1.log; fail "diloco int8, block 1 failed"; }

@@ -23,7 +23,7 @@ constexpr size_t kBlock = 16;
 struct Fixture {
   ParameterLayout layout = ParameterLayout::gpt2(GptConfig{16, 4, 1, 2, 8});
   FragmentPlan plan{layout, 1, 4};
-  sync::WindowLayout windows{plan, wire::Format::int4, kBlock};
+  sync::WindowLayout windows{plan, {.format = wire::Format::int4, .block = kBlock}};
   size_t n = windows.numel(0);
   bool syncer = mpi::rank(MPI_COMM_WORLD) == 0;
 };

@@ -210,6 +210,44 @@ TEST(Config, ModesListsAndUnitLayout) {
             "c.yaml: outer.merge: must be one of rda, mean, got median");
 }
 
+// The wire format's keys: each bad value is refused naming the key, what it accepts and what
+// it got, whether it came from a file or --set, or from a Config built in code.
+TEST(Config, WireKeysAreValidated) {
+  const Config c = load_config("", {"mode=decoupled", "units.count=2", "wan.format=sparse", "wan.chunk=256",
+                                    "wan.topk=256", "wan.value_bits=8", "wan.ef_decay=0"});
+  EXPECT_EQ(c.wan.format, "sparse");
+  EXPECT_EQ(c.wan.chunk, 256);
+  EXPECT_EQ(c.wan.topk, 256);
+  EXPECT_EQ(c.wan.value_bits, 8);
+  EXPECT_EQ(c.wan.ef_decay, 0.0);
+  const Config d = load_config("", {});
+  EXPECT_EQ(d.wan.chunk, 4096);
+  EXPECT_EQ(d.wan.topk, 64);
+  EXPECT_EQ(d.wan.value_bits, 2);
+  EXPECT_EQ(d.wan.ef_decay, 1.0);
+  EXPECT_EQ(load_config("", {"wan.format=int2"}).wan.format, "int2");
+  EXPECT_EQ(error_of("wan: {format: int3}\n"),
+            "c.yaml: wan.format: must be one of fp32, bf16, int8, int4, int2, sparse, got int3");
+  EXPECT_EQ(error_of("", {"wan.chunk=0"}), "--set: wan.chunk: must be > 0, got 0");
+  EXPECT_EQ(error_of("wan: {chunk: 16777217}\n"), "c.yaml: wan.chunk: must be in [1, 16777216], got 16777217");
+  EXPECT_EQ(error_of("", {"wan.topk=0"}), "--set: wan.topk: must be > 0, got 0");
+  EXPECT_EQ(error_of("wan: {chunk: 32, topk: 33}\n"), "c.yaml: wan.topk: must be in [1, wan.chunk = 32], got 33");
+  EXPECT_EQ(error_of("", {"wan.value_bits=3"}), "--set: wan.value_bits: must be 2, 4 or 8, got 3");
+  EXPECT_EQ(error_of("wan: {ef_decay: 1.5}\n"), "c.yaml: wan.ef_decay: must be in [0, 1], got 1.5");
+  EXPECT_EQ(error_of("", {"wan.ef_decay=-0.1"}), "--set: wan.ef_decay: must be in [0, 1], got -0.1");
+  for (auto [key, value] : {std::pair<std::string, int>{"wan.chunk", 0}, {"wan.topk", 0}, {"wan.value_bits", 16}}) {
+    Config bad = d;
+    (key == "wan.chunk" ? bad.wan.chunk : key == "wan.topk" ? bad.wan.topk : bad.wan.value_bits) = value;
+    try {
+      validate(bad, "code");
+      ADD_FAILURE() << key << " = " << value << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(key + ": must be"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("got " + std::to_string(value)), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Config, LaunchKeysValidatedAndListsOfStringsReadBack) {
   const Config d = load_config("", {});
   EXPECT_EQ(d.launch.max_restarts, 10);

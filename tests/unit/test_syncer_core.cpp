@@ -16,6 +16,7 @@
 #include "ddiloco/merge.hpp"
 #include "ddiloco/runtime.hpp"
 #include "ddiloco/syncer_core.hpp"
+#include "ddiloco/wan.hpp"
 #include "local_link.hpp"
 
 namespace ddiloco {
@@ -60,7 +61,7 @@ struct Harness {
         plan(OuterPlan::from(config)),
         parameters(ParameterLayout::gpt2(config.model)),
         fragments(parameters, plan.fragments, plan.h, plan.warmup),
-        layout(fragments, wire::parse_format(config.wan.format), static_cast<size_t>(config.wan.block)),
+        layout(fragments, wan::wire_codec(config), config.wan.ef_decay),
         remote(config.units.count),
         window(remote, layout),
         links(config, config.units.count),

@@ -154,7 +154,7 @@ TEST(WanConfig, PerUnitOverridesAndUnits) {
   // Out of any WAN's range (and beyond what the clocks can wait out).
   for (auto [key, value] : {std::pair<std::string, std::string>{"wan.latency_ms", "1e300"},
                             {"wan.bandwidth_mbit_s", "1e-300"}, {"wan.jitter_ms", "1e9"},
-                            {"wan.block", "100000000"}}) {
+                            {"wan.block", "100000000"}, {"wan.chunk", "16777217"}, {"wan.topk", "4097"}}) {
     Config bad = c;
     apply_override(bad, key + "=" + value, "--set");
     try {
@@ -170,13 +170,36 @@ TEST(WanConfig, PerUnitOverridesAndUnits) {
   single.wan.unit_bandwidth_mbit_s.clear();
   EXPECT_THROW(validate(single, "t.yaml"), Error);  // no links to emulate
   c.mode = Mode::ddp;
-  c.wan.format = "int4";
-  try {
-    validate(c, "t.yaml");
-    FAIL() << "ddp with int4 accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("wan.format"), std::string::npos) << e.what();
+  for (const char* format : {"int8", "int4", "int2", "sparse"}) {
+    c.wan.format = format;
+    try {
+      validate(c, "t.yaml");
+      ADD_FAILURE() << "ddp with " << format << " accepted";
+    } catch (const Error& e) {
+      const std::string want = "wan.format: ddp all-reduces gradients over the links in fp32 or bf16, got ";
+      EXPECT_NE(std::string(e.what()).find(want + format), std::string::npos) << e.what();
+    }
   }
+}
+
+// wire_codec: wan.format with its parameters, as both sides of a window and ddp's ring use it.
+TEST(WanConfig, WireCodecCarriesEveryParameter) {
+  Config c;
+  c.wan.format = "sparse";
+  c.wan.block = 32;
+  c.wan.chunk = 1024;
+  c.wan.topk = 16;
+  c.wan.value_bits = 4;
+  const wire::Codec codec = wire_codec(c);
+  EXPECT_EQ(codec.format, wire::Format::sparse);
+  EXPECT_EQ(codec.block, 32u);
+  EXPECT_EQ(codec.chunk, 1024u);
+  EXPECT_EQ(codec.topk, 16u);
+  EXPECT_EQ(codec.value_bits, 4);
+  c.wan.format = "int2";
+  EXPECT_EQ(wire_codec(c).format, wire::Format::int2);
+  c.wan.format = "fp16";
+  EXPECT_THROW(wire_codec(c), Error);
 }
 
 }  // namespace

@@ -2,9 +2,12 @@
 // control, and a unit that is lost and replaced by a new process (isolated deployment).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "ddiloco/error.hpp"
 #include "ddiloco/fragments.hpp"
 #include "ddiloco/model.hpp"
+#include "ddiloco/rng.hpp"
 #include "ddiloco/sync_window.hpp"
 #include "local_link.hpp"
 
@@ -20,10 +23,11 @@ std::vector<float> pattern(size_t n, float base) {
 struct Fixture {
   ParameterLayout layout = ParameterLayout::gpt2(GptConfig{16, 4, 1, 2, 8});
   FragmentPlan plan{layout, 2, 4};
-  sync::WindowLayout windows{plan, wire::Format::bf16, 64};
+  sync::WindowLayout windows;
   test::LocalRemote remote{2};
   std::vector<std::unique_ptr<test::LocalExposed>> memory;
-  Fixture() {
+  explicit Fixture(const wire::Codec& codec = {.format = wire::Format::bf16, .block = 64}, double ef_decay = 1.0)
+      : windows(plan, codec, ef_decay) {
     for (int u = 0; u < 2; ++u) {
       memory.push_back(std::make_unique<test::LocalExposed>(windows.bytes()));
       remote.attach(u, memory.back().get());
@@ -66,6 +70,101 @@ TEST(WindowProtocol, SnapshotAndMergeCrossInBothDirections) {
   // Both sides now hold the same reference R (sync_window.hpp): the next delivery is exact up
   // to one rounding, never an accumulated one.
   EXPECT_EQ(learner.reference_version(1), 1);
+}
+
+std::vector<float> plus_noise(const std::vector<float>& base, uint64_t seed, float scale) {
+  Rng rng(seed);
+  std::vector<float> v = base;
+  for (float& x : v) x += scale * static_cast<float>(rng.normal());
+  return v;
+}
+
+// Sparse snapshots with error feedback (SparseLoCo, arXiv 2508.15706): each snapshot encodes
+// θ_t − R + β·E_{t−1} (its bytes are exactly that encoding), what the syncer decodes is that
+// minus the new residual E_t, and with β = 1 the sum of what the syncer decodes over several
+// publishes is the sum of what was meant, θ_t − R, minus the final residual only.
+TEST(WindowProtocol, SparseSnapshotsWithErrorFeedbackLoseOnlyTheFinalResidual) {
+  const wire::Codec codec{.format = wire::Format::sparse, .chunk = 32, .topk = 3, .value_bits = 2};
+  for (double beta : {1.0, 0.5, 0.0}) {
+    Fixture f(codec, beta);
+    sync::SyncerWindow syncer(f.remote, f.windows);
+    sync::LearnerWindow learner(*f.memory[0], f.windows);
+    const size_t n = f.windows.numel(0);
+    ASSERT_GT(n, 4 * codec.chunk);
+    const auto r = pattern(n, 0.1f);
+    learner.set_reference(0, 0, r);
+    syncer.set_reference(0, 0, 0, r);
+    std::vector<double> meant(n, 0.0), decoded(n, 0.0);
+    std::vector<float> e_before(n, 0.0f), got(n);
+    std::vector<sync::UnitHeaders> h;
+    for (int t = 1; t <= 8; ++t) {
+      const auto theta = plus_noise(r, 100 + static_cast<uint64_t>(t), 0.01f);
+      std::vector<float> want(n);
+      for (size_t i = 0; i < n; ++i) want[i] = theta[i] - r[i] + static_cast<float>(beta) * e_before[i];
+      learner.publish(0, theta, {1, 10, t, 0});
+      const std::byte* outbox = f.memory[0]->base() + f.windows.outbox_offset(0);
+      ASSERT_EQ(std::vector<std::byte>(outbox, outbox + f.windows.wire_bytes(0)), wire::encode(codec, want))
+          << "β " << beta << ", publish " << t;
+      syncer.poll(h);
+      ASSERT_EQ(syncer.fetch(0, 0, h[0], got).problem, "");
+      syncer.ack(0, 0, h[0].header(0, sync::kOutSeq));
+      const auto e = learner.residual(0);
+      for (size_t lo = 0; lo < n; lo += codec.chunk) {  // at most topk values of each chunk cross
+        size_t nonzero = 0;
+        for (size_t i = lo; i < std::min(n, lo + codec.chunk); ++i) nonzero += got[i] != r[i];
+        EXPECT_LE(nonzero, codec.topk) << "β " << beta << ", chunk at " << lo;
+      }
+      for (size_t i = 0; i < n; ++i) {
+        const double d = static_cast<double>(got[i]) - r[i];  // what the syncer decoded
+        ASSERT_NEAR(d, static_cast<double>(want[i]) - e[i], 1e-7) << "β " << beta << ", publish " << t << ", " << i;
+        meant[i] += static_cast<double>(theta[i]) - r[i];
+        decoded[i] += d;
+      }
+      e_before.assign(e.begin(), e.end());
+    }
+    if (beta != 1.0) continue;
+    double residual = 0;
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_NEAR(decoded[i], meant[i] - e_before[i], 1e-6) << i;
+      residual = std::max(residual, std::fabs(static_cast<double>(e_before[i])));
+    }
+    EXPECT_GT(residual, 0.01) << "sparse drops most of each snapshot: what is lost is not negligible";
+  }
+}
+
+// Deliveries (syncer → unit) in int2 and sparse: Θ_p − R in the wire format; what a delivery
+// rounds or drops stays in Θ_p − R, so R lags Θ_p and the next deliveries carry the rest. Both
+// sides' R stay identical (else the unit's values would drift from Θ_p instead of converging).
+TEST(WindowProtocol, Int2AndSparseDeliveriesLagAndCatchUp) {
+  using wire::Format;
+  for (const wire::Codec& codec : {wire::Codec{.format = Format::int2, .block = 16},
+                                   wire::Codec{.format = Format::sparse, .chunk = 32, .topk = 4, .value_bits = 8},
+                                   wire::Codec{.format = Format::sparse, .chunk = 32, .topk = 8, .value_bits = 2}}) {
+    Fixture f(codec);
+    sync::SyncerWindow syncer(f.remote, f.windows);
+    sync::LearnerWindow learner(*f.memory[1], f.windows);
+    const size_t n = f.windows.numel(1);
+    const auto r = pattern(n, 0.3f);
+    learner.set_reference(1, 0, r);
+    syncer.set_reference(1, 1, 0, r);
+    const auto theta = plus_noise(r, 7, 0.05f);
+    auto error = [&](const std::vector<float>& held) {
+      double m = 0;
+      for (size_t i = 0; i < n; ++i) m = std::max(m, std::fabs(static_cast<double>(held[i]) - theta[i]));
+      return m;
+    };
+    std::vector<float> taken(n);
+    std::vector<double> errors;
+    for (int v = 1; v <= 40; ++v) {  // the same Θ_p, delivered again and again
+      ASSERT_EQ(syncer.deliver(1, 1, v, theta), f.windows.wire_bytes(1)) << wire::format_name(codec.format);
+      ASSERT_TRUE(learner.take_inbox(1, taken));
+      EXPECT_EQ(learner.reference_version(1), v);
+      errors.push_back(error(taken));
+    }
+    const std::string name = wire::format_name(codec.format) + std::string(" ") + std::to_string(codec.value_bits);
+    EXPECT_GT(errors.front(), 0.01) << name << ": one delivery does not carry all of Θ_p − R";
+    EXPECT_LT(errors.back(), 1e-3 * errors.front()) << name << ": later deliveries carry the rest";
+  }
 }
 
 TEST(WindowProtocol, ALostUnitIsSkippedAndANewProcessStartsFromRawTheta) {
