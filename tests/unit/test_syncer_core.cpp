@@ -287,6 +287,52 @@ TEST(SyncerCore, ADeliveryWaitsUntilTheUnitTookThePreviousOne) {
   EXPECT_TRUE(h.unit(0).outbox_free(1));
 }
 
+// Two units each one step of +1 from the Θ they hold; unit 1 never takes merge 1, so its next
+// snapshot is still measured against version 0. Returns Θ_0 after merge 2, less Θ₀ (int8:
+// constant differences cross exactly).
+double progress_after_a_lagging_unit(const std::string& anchor) {
+  Config c = small_config(Mode::decoupled, 2, 2);
+  c.wan.format = "int8";
+  c.outer.anchor = anchor;
+  c.outer.lr = 1.0;
+  c.outer.momentum = 0.0;
+  c.outer.merge = "mean";
+  Harness h(c);
+  const std::vector<float> theta0(h.core.theta(0).begin(), h.core.theta(0).end());
+  for (int u = 0; u < 2; ++u) {
+    h.unit(u).set_reference(0, 0, theta0);
+    h.window.set_reference(u, 0, 0, theta0);
+  }
+  auto publish = [&](int u, std::span<const float> from, int64_t base) {
+    std::vector<float> theta(from.begin(), from.end());
+    for (float& x : theta) x += 1.0f;
+    h.unit(u).publish(0, theta, {4, 400, 4, base});
+  };
+  publish(0, theta0, 0);
+  publish(1, theta0, 0);
+  h.tick();
+  EXPECT_EQ(h.core.versions()[0], 1);
+  std::vector<float> r1(theta0.size());
+  EXPECT_TRUE(h.unit(0).take_inbox(0, r1));  // unit 0 moves on from Θ version 1; unit 1 does not
+  publish(0, r1, 1);
+  publish(1, theta0, 0);
+  h.tick();
+  EXPECT_EQ(h.core.versions()[0], 2);
+  double sum = 0;
+  for (size_t i = 0; i < theta0.size(); ++i) sum += h.core.theta(0)[i] - theta0[i];
+  return sum / static_cast<double>(theta0.size());
+}
+
+TEST(SyncerCore, AnchorReferenceMeasuresEachUnitFromTheThetaItHolds) {
+  // Each merge averages two steps of +1: Θ moves by 1 per merge when each unit's progress is
+  // measured from the Θ it trained from (its reference), 2 in all.
+  EXPECT_NEAR(progress_after_a_lagging_unit("reference"), 2.0, 1e-5);
+  EXPECT_NEAR(progress_after_a_lagging_unit("base"), 2.0, 1e-5);
+  // Measured from Θ now, unit 1's second snapshot (Θ₀ + 1 = Θ version 1) looks like no
+  // progress, and the lag it has not received pulls Θ back: half a step is lost.
+  EXPECT_NEAR(progress_after_a_lagging_unit("current"), 1.5, 1e-5);
+}
+
 TEST(SyncerCore, ASilentUnitLeavesTheQuorumAndComesBackWhenItBeats) {
   Harness h(small_config(Mode::decoupled, 2, 2));
   h.beat(0);
