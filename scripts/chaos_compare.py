@@ -3,7 +3,7 @@
 
     /usr/bin/python3 scripts/chaos_compare.py [--config configs/kjv_decoupled.yaml]
         [--modes ddp,diloco,decoupled] [--schedule FILE | chaos keys via --set]
-        [--baseline] [--kills] [--set key=value ...] [--out runs/chaos]
+        [--baseline] [--kills] [--launch] [--set key=value ...] [--out runs/chaos]
 
 The fault schedule is drawn once from the config's `chaos:` keys (or read from --schedule),
 written to OUT/chaos_schedule.yaml, and replayed in every mode (chaos.schedule_file), so every
@@ -15,7 +15,8 @@ so that each fault falls at the same share of the run however fast the machine i
 replays the times as written). Each row says how many of the schedule's faults began before
 its run ended. --baseline adds a failure-free `decoupled` run. --kills adds `decoupled` in the isolated
 deployment under `ddiloco launch`, with every crash of the schedule replaced by a real SIGKILL
-of the unit's leader at the same time (kind kill; the launcher restarts the unit's job). Prints one table — goodput, global
+of the unit's leader at the same time (kind kill; the launcher restarts the unit's job);
+--launch runs every decoupled row there (the failure-free one too), not in one MPI job. Prints one table — goodput, global
 downtime, wall time, final global validation loss, tokens processed, rejoins — writes it as
 Markdown and JSON, and draws OUT/timeline.png: per mode, each unit's up/down/slow intervals
 and the outer updates, from the JSON lines. Needs build/ddiloco and Debian's
@@ -151,6 +152,8 @@ def main():
     ap.add_argument("--baseline", action="store_true", help="also run decoupled without faults")
     ap.add_argument("--kills", action="store_true",
                     help="also run decoupled under ddiloco launch with each crash a real kill -9")
+    ap.add_argument("--launch", action="store_true",
+                    help="run decoupled under ddiloco launch (the isolated deployment) in every row")
     ap.add_argument("--no-fit", action="store_true",
                     help="replay the schedule's times as written, even where it gives run_s")
     ap.add_argument("--set", action="append", default=[], help="key=value for every run")
@@ -198,7 +201,8 @@ def main():
                                                                    "chaos.link_mtbf_s=0"]
         run_dir = os.path.join(args.out, label.replace(", ", "_").replace(" ", "_"))
         sub = argparse.Namespace(config=args.config, set=sets)
-        row = compare_modes.run_mode(mode, sub, run_dir, launch=chaos == "kills")
+        row = compare_modes.run_mode(mode, sub, run_dir,
+                                     launch=chaos == "kills" or (args.launch and mode == "decoupled"))
         start = compare_modes.read_events(os.path.join(run_dir, "metrics.jsonl"))[0]
         row.update(label=label, dir=run_dir, chaos=chaos, units=start["units"])
         if chaos:
