@@ -237,10 +237,10 @@ class SyncerCore {
   std::vector<std::vector<Slot>> slots_;       // [unit][fragment]
   std::vector<Round> rounds_;                  // per fragment
   std::vector<std::vector<float>> incoming_;   // per fragment: a snapshot being read
-  // outer.anchor: base (or reference, whose raw snapshots fall back to it) — the Θ versions
+  // outer.anchor: base, or reference (whose raw snapshots fall back to base): the Θ versions
   // some unit may still measure its progress from (from the oldest base version a live unit
   // reported, to the current one).
-  const bool anchor_base_;
+  const bool keep_history_;
   // outer.anchor: reference — a snapshot sent against a reference R is measured from that R
   // (Slot::anchor), so that Δ_m is the decoded message itself: with a sparse wire format the
   // units' R lag Θ, and an anchor at Θ (or at Θ's version) would count the lag as progress.

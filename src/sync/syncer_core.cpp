@@ -36,7 +36,7 @@ SyncerCore::SyncerCore(const Config& config, const OuterPlan& plan, SyncerWindow
       log_(std::move(sink)),
       outer_(fragments, config.outer.lr, config.outer.momentum, parse_merge_rule(config.outer.merge)),
       grace_(config.syncer.grace_gamma, config.syncer.grace_cap_steps, plan.overlap),
-      anchor_base_(config.outer.anchor != "current"),
+      keep_history_(config.outer.anchor != "current"),
       anchor_reference_(config.outer.anchor == "reference"),
       epoch_(random_epoch()) {
   const int P = fragments_.size();
@@ -56,7 +56,7 @@ SyncerCore::SyncerCore(const Config& config, const OuterPlan& plan, SyncerWindow
   slots_.assign(M_, std::vector<Slot>(P));
   for (auto& unit : slots_)
     for (int p = 0; p < P; ++p) unit[p].data.resize(theta_[p].size());
-  if (anchor_base_) {
+  if (keep_history_) {
     history_.resize(P);
     for (int p = 0; p < P; ++p) history_[p].emplace(0, theta_[p]);
   }
@@ -380,7 +380,7 @@ std::string SyncerCore::check_snapshot(int p, const SnapshotMeta& meta, const Sy
   if (meta.base_version < 0 || meta.base_version > version_[p])
     return fmt::format("base version {} outside 0..{}", meta.base_version, version_[p]);
   if (too_stale(p, meta.base_version)) return staleness_problem(p, meta.base_version);
-  if (anchor_base_ && !history_[p].contains(meta.base_version))
+  if (keep_history_ && !history_[p].contains(meta.base_version))
     return fmt::format("base version {} is no longer held (oldest {})", meta.base_version,
                        history_[p].begin()->first);
   return "";
@@ -614,7 +614,7 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
     slots_[u][p].owed = true;
   }
   if (on_merge_) on_merge_(p, units);
-  if (anchor_base_) {
+  if (keep_history_) {
     history_[p].emplace(version_[p], theta_[p]);
     prune_history(p);
   }
@@ -652,7 +652,7 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
 // What a snapshot's outer gradient is measured from (Contribution::anchor; empty: Θ now).
 std::span<const float> SyncerCore::anchor_of(int p, const Slot& s) const {
   if (anchor_reference_ && !s.anchor.empty()) return s.anchor;
-  if (anchor_base_) return history_[p].at(s.meta.base_version);
+  if (keep_history_) return history_[p].at(s.meta.base_version);
   return {};
 }
 
@@ -792,7 +792,7 @@ void SyncerCore::restore(const checkpoint::SyncerState& c, const std::vector<std
     fragments_.pack(p, c.theta, theta_[p]);
     fragments_.pack(p, c.momentum, outer_.momentum(p));
     version_[p] = fork_[p] = c.versions[p];
-    if (anchor_base_) history_[p] = {{version_[p], theta_[p]}};
+    if (keep_history_) history_[p] = {{version_[p], theta_[p]}};
     for (int u = 0; u < M_; ++u) {
       // Wire-format references: the unit's own from its file when at the checkpoint's version
       // (the unit applies the same rule, checkpoint::has_reference), else the checkpoint's Θ.
@@ -823,7 +823,7 @@ void SyncerCore::adopt(int p, int64_t version, std::span<const float> values) {
   theta_[p].assign(values.begin(), values.end());
   version_[p] = fork_[p] = version;
   rounds_[p] = Round{};
-  if (anchor_base_) history_[p] = {{version, theta_[p]}};
+  if (keep_history_) history_[p] = {{version, theta_[p]}};
   for (int u = 0; u < M_; ++u) {
     Slot& s = slots_[u][p];
     s.delivered = std::min(s.delivered, version);
