@@ -177,7 +177,6 @@ def projected_time(row, rows, target):
         tokens = next((t for t, _, loss in other["curve"] if loss <= target), None)
         if tokens is not None:
             last_tokens, last_s, _ = row["curve"][-1]
-            row["projected"] = True
             return tokens * last_s / max(1, last_tokens)
     return None
 
@@ -193,14 +192,16 @@ def groups(rows, target):
         g["rows"].append(r)
     for g in out.values():
         rs = g["rows"]
-        times = [first_at_or_below(r["curve"], target) or projected_time(r, rows, target) for r in rs]
+        measured = [first_at_or_below(r["curve"], target) for r in rs]
+        projected = [None if t is not None else projected_time(r, rows, target) for r, t in zip(rs, measured)]
+        times = [m if m is not None else p for m, p in zip(measured, projected)]
         finals = [r["val_loss"] for r in rs if r["val_loss"] is not None]
         g.update(n=len(rs), bytes_per_token=mean([r["bytes_per_token"] for r in rs]),
                  time_to_target=mean([t for t in times if t is not None]),
                  reached=sum(t is not None for t in times),
                  val_loss=mean(finals), val_loss_sd=spread(finals),
                  stopped=any(r["stopped"] for r in rs),
-                 projected=any(r.get("projected") for r in rs),
+                 projected=any(p is not None for p in projected),
                  tokens=mean([r["tokens"] for r in rs]), train_s=mean([r["train_s"] for r in rs]))
     # Fastest links first (0 = unlimited), then the runs in the order they were given.
     order = {name: i for i, name in enumerate(dict.fromkeys(r["run"] for r in rows))}
