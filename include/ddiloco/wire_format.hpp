@@ -23,19 +23,21 @@
 // sparse: the values are cut into chunks of `chunk` values (the last may be shorter, length L).
 // Each chunk keeps its k = min(topk, L) largest magnitudes (ties: the lower index wins, so that
 // encoding is deterministic) and is laid out as
-//   a        fp32: the largest kept |x| (0 for an all-zero chunk)
+//   lo, hi   fp32 each: the smallest and the largest kept |x| (both 0 for an all-zero chunk)
 //   indices  k indices within the chunk, ascending, ⌈log2 chunk⌉ bits each (at least 1)
-//   values   k codes q + Q in b bits each, q = round(x / a · Q), Q = 2^(b−1) − 1,
-//            b = value_bits ∈ {2, 4, 8} (Q = 1, 7, 127)
-// with the index and value bits packed least significant bit first from the byte after the
-// scale, and the chunk padded to a whole byte. A chunk thus takes 4 + ⌈k·(⌈log2 chunk⌉ + b) / 8⌉
-// bytes, a fixed function of (n, chunk, topk, value_bits) (the windows rely on fixed sizes):
-// ≈ (k·(⌈log2 chunk⌉ + b) + 32) / chunk bits per value, 0.227 with the defaults (chunk 4096,
-// topk 64, b = 2). Decoding writes zeros except at the kept indices, (q / Q) · a there. Error
-// bounds: a kept value comes back within a / (2Q) plus fp32 rounding (its chunk's largest
-// exactly); a dropped value has magnitude ≤ the smallest kept one of its chunk and comes back
-// as 0. The round trip is exact where every chunk has at most k nonzeros, each of the form
-// (j / Q) · a in fp32 for an integer j (so with b = 2: every nonzero is ±a).
+//   values   k codes of b = value_bits ∈ {2, 4, 8} bits: the sign of x in the top bit, below it
+//            the nearest of S + 1 = 2^(b−1) magnitude levels lo·(1 − j/S) + hi·(j/S), j ∈ [0, S]
+// with the index and value bits packed least significant bit first from the byte after hi, and
+// the chunk padded to a whole byte. A chunk thus takes 8 + ⌈k·(⌈log2 chunk⌉ + b) / 8⌉ bytes, a
+// fixed function of (n, chunk, topk, value_bits) (the windows rely on fixed sizes):
+// ≈ (k·(⌈log2 chunk⌉ + b) + 64) / chunk bits per value, 0.234 with the defaults (chunk 4096,
+// topk 64, b = 2). No code stands for zero: a kept value is never rounded away (with b = 2 its
+// magnitude becomes lo or hi). Decoding writes zeros except at the kept indices. Error bounds:
+// a kept value comes back with its sign and within (hi − lo) / (2S) plus fp32 rounding, the
+// chunk's smallest and largest kept magnitudes exactly; a dropped value has magnitude ≤ lo and
+// comes back as 0. The round trip is exact where every chunk has at most k nonzeros, each of
+// magnitude lo·(1 − j/S) + hi·(j/S) in fp32 for an integer j (so with b = 2: at most two
+// magnitudes, or one besides zero).
 //
 // What is encoded is the caller's choice; outer gradients are sent as θ − base, with a base
 // both sides hold, so that only the small difference is quantized (sync_window.hpp).
@@ -80,7 +82,8 @@ std::vector<std::byte> encode(const Codec& codec, std::span<const float> values)
 /// Decodes `in` (untrusted) into `out` (its size is the number of values). Throws Error, naming
 /// what is wrong, when `in` does not have encoded_bytes(codec, out.size()) bytes, or holds a
 /// non-finite or negative scale, a code outside its format's range, a non-finite value, or
-/// (sparse) indices that are not strictly ascending within their chunk.
+/// (sparse) magnitudes that are not finite with 0 ≤ lo ≤ hi, or indices that are not strictly
+/// ascending within their chunk.
 void decode(const Codec& codec, std::span<const std::byte> in, std::span<float> out);
 
 }  // namespace ddiloco::wire

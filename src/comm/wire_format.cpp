@@ -134,12 +134,13 @@ class BitReader {
 // ⌈log2 chunk⌉, at least 1: enough bits for every index of a full chunk.
 int index_bits(size_t chunk) { return std::max(1, static_cast<int>(std::bit_width(chunk - 1))); }
 
-int value_levels(int bits) { return (1 << (bits - 1)) - 1; }
+// A sparse chunk's header: the smallest and the largest kept magnitude.
+constexpr size_t kSparseHeader = 2 * sizeof(float);
 
 // Bytes of one chunk of `len` values.
 size_t sparse_chunk_bytes(const Codec& c, size_t len) {
   const size_t k = std::min(c.topk, len);
-  return sizeof(float) + (k * static_cast<size_t>(index_bits(c.chunk) + c.value_bits) + 7) / 8;
+  return kSparseHeader + (k * static_cast<size_t>(index_bits(c.chunk) + c.value_bits) + 7) / 8;
 }
 
 size_t sparse_bytes(const Codec& c, size_t n) {
@@ -162,21 +163,38 @@ void top_k(std::span<const float> x, size_t k, std::vector<uint32_t>& order) {
   }
 }
 
+// Magnitude level j of L = 2^(b−1) between lo and hi. Written as an interpolation so that
+// j = 0 gives lo and j = L − 1 gives hi exactly.
+float sparse_magnitude(float lo, float hi, uint32_t j, int bits) {
+  const uint32_t top = (1u << (bits - 1)) - 1;
+  if (top == 0 || j == 0) return lo;
+  if (j == top) return hi;
+  const float t = static_cast<float>(j) / static_cast<float>(top);
+  return lo * (1.0f - t) + hi * t;
+}
+
+// Code of x: its sign in the top bit, below it the nearest of the L magnitude levels.
+uint32_t sparse_code(float x, float lo, float hi, int bits) {
+  const uint32_t top = (1u << (bits - 1)) - 1;
+  const float t = hi > lo ? (std::fabs(x) - lo) / (hi - lo) : 0.0f;
+  const auto j = static_cast<uint32_t>(std::clamp(std::lround(t * static_cast<float>(top)), 0L, static_cast<long>(top)));
+  return (std::signbit(x) ? 1u << (bits - 1) : 0u) | j;
+}
+
 // One chunk into `out` (sparse_chunk_bytes(c, x.size()) bytes, zeroed).
 void encode_sparse_chunk(const Codec& c, std::span<const float> x, std::vector<uint32_t>& order,
                          unsigned char* out) {
   const size_t k = std::min(c.topk, x.size());
   top_k(x, k, order);
-  float a = 0;
-  for (size_t j = 0; j < k; ++j) a = std::max(a, std::fabs(x[order[j]]));
-  std::memcpy(out, &a, sizeof(float));
-  BitWriter bits(out + sizeof(float));
-  const int ib = index_bits(c.chunk), Q = value_levels(c.value_bits);
+  float lo = INFINITY, hi = 0;
+  for (size_t j = 0; j < k; ++j) lo = std::min(lo, std::fabs(x[order[j]])), hi = std::max(hi, std::fabs(x[order[j]]));
+  if (k == 0) lo = 0;
+  std::memcpy(out, &lo, sizeof(float));
+  std::memcpy(out + sizeof(float), &hi, sizeof(float));
+  BitWriter bits(out + kSparseHeader);
+  const int ib = index_bits(c.chunk);
   for (size_t j = 0; j < k; ++j) bits.put(order[j], ib);
-  for (size_t j = 0; j < k; ++j) {
-    const int q = a == 0 ? 0 : static_cast<int>(std::lround(x[order[j]] / a * static_cast<float>(Q)));
-    bits.put(static_cast<uint32_t>(std::clamp(q, -Q, Q) + Q), c.value_bits);
-  }
+  for (size_t j = 0; j < k; ++j) bits.put(sparse_code(x[order[j]], lo, hi, c.value_bits), c.value_bits);
 }
 
 void encode_sparse(const Codec& c, std::span<const float> values, unsigned char* bytes, size_t size) {
@@ -192,13 +210,16 @@ void encode_sparse(const Codec& c, std::span<const float> values, unsigned char*
 // Chunk `chunk_no` from `in` (its sparse_chunk_bytes(c, out.size()) bytes) into `out`,
 // refusing what the encoder cannot have written.
 void decode_sparse_chunk(const Codec& c, const unsigned char* in, size_t chunk_no, std::span<float> out) {
-  float a;
-  std::memcpy(&a, in, sizeof(float));
-  if (!std::isfinite(a) || a < 0) fail("wire decode (sparse): chunk {} has scale {}", chunk_no, a);
+  float lo, hi;
+  std::memcpy(&lo, in, sizeof(float));
+  std::memcpy(&hi, in + sizeof(float), sizeof(float));
+  if (!std::isfinite(lo) || !std::isfinite(hi) || !(lo >= 0) || !(lo <= hi))
+    fail("wire decode (sparse): chunk {} has magnitudes [{}, {}], expected finite 0 ≤ smallest ≤ largest",
+         chunk_no, lo, hi);
   std::fill(out.begin(), out.end(), 0.0f);
   const size_t k = std::min(c.topk, out.size());
-  const int ib = index_bits(c.chunk), Q = value_levels(c.value_bits);
-  BitReader indices(in + sizeof(float), 0), codes(in + sizeof(float), k * static_cast<size_t>(ib));
+  const int ib = index_bits(c.chunk);
+  BitReader indices(in + kSparseHeader, 0), codes(in + kSparseHeader, k * static_cast<size_t>(ib));
   int64_t previous = -1;
   for (size_t j = 0; j < k; ++j) {
     const uint32_t i = indices.get(ib);
@@ -209,10 +230,9 @@ void decode_sparse_chunk(const Codec& c, const unsigned char* in, size_t chunk_n
       fail("wire decode (sparse): chunk {}: index {} (kept value {}) does not follow {} (indices must ascend)",
            chunk_no, i, j, previous);
     previous = i;
-    const auto code = static_cast<int>(codes.get(c.value_bits));
-    if (code > 2 * Q)
-      fail("wire decode (sparse): chunk {}: index {} has code {} outside [0, {}]", chunk_no, i, code, 2 * Q);
-    out[i] = static_cast<float>(code - Q) / static_cast<float>(Q) * a;
+    const uint32_t code = codes.get(c.value_bits), sign = 1u << (c.value_bits - 1);
+    const float m = sparse_magnitude(lo, hi, code & (sign - 1), c.value_bits);
+    out[i] = (code & sign) ? -m : m;
   }
 }
 

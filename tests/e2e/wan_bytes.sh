@@ -29,10 +29,11 @@ n = next(e for e in ev if e["event"] == "start")["parameters"]
 done = next(e for e in ev if e["event"] == "done")
 scales = math.ceil(n / block) * 4
 def sparse_bytes(n, chunk, topk, bits):
-    # Per chunk of length L: an fp32 scale, then k = min(topk, L) indices of ⌈log2 chunk⌉ bits
-    # (at least 1) and k values of `bits` bits, padded to a whole byte.
+    # Per chunk of length L: two fp32 magnitudes (smallest and largest kept), then
+    # k = min(topk, L) indices of ⌈log2 chunk⌉ bits (at least 1) and k values of `bits` bits,
+    # padded to a whole byte.
     index_bits = max(1, (chunk - 1).bit_length())
-    one = lambda length: 4 + (min(topk, length) * (index_bits + bits) + 7) // 8
+    one = lambda length: 8 + (min(topk, length) * (index_bits + bits) + 7) // 8
     full, rest = divmod(n, chunk)
     return full * one(chunk) + (one(rest) if rest else 0)
 if fmt == "sparse":

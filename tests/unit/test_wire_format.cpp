@@ -42,7 +42,7 @@ std::vector<float> randn(size_t n, uint64_t seed, float scale) {
 // Overwrites `bits` bits at bit `at` of the bit fields after a chunk's scale (least significant
 // bit first), as the format lays them out.
 void put_bits(std::vector<std::byte>& bytes, size_t chunk_offset, size_t at, uint32_t value, int bits) {
-  auto* b = reinterpret_cast<unsigned char*>(bytes.data() + chunk_offset + sizeof(float));
+  auto* b = reinterpret_cast<unsigned char*>(bytes.data() + chunk_offset + 2 * sizeof(float));
   for (int i = 0; i < bits; ++i, ++at) {
     const auto mask = static_cast<unsigned char>(1u << (at % 8));
     b[at / 8] = static_cast<unsigned char>(((value >> i) & 1u) ? b[at / 8] | mask : b[at / 8] & ~mask);
@@ -81,17 +81,17 @@ TEST(WireFormat, SizesPerFormat) {
 // 4 + ⌈k·(⌈log2 chunk⌉ + b) / 8⌉ bytes per chunk, k = min(topk, chunk length); numbers worked
 // out by hand.
 TEST(WireFormat, SparseSizes) {
-  EXPECT_EQ(encoded_bytes(Codec{.format = Format::sparse}, 4096), 116u);  // 64·(12 + 2) = 896 bits
+  EXPECT_EQ(encoded_bytes(Codec{.format = Format::sparse}, 4096), 120u);  // 8 + 64·(12 + 2) = 896 bits
   EXPECT_NEAR(116.0 * 8 / 4096, 0.227, 0.001);  // the defaults' bits per value, as documented
-  EXPECT_EQ(encoded_bytes(sparse(4096, 64, 2), 10000), 3 * 116u);  // the last chunk: 1808 ≥ 64
-  EXPECT_EQ(encoded_bytes(sparse(4096, 64, 2), 100), 116u);        // one short chunk, k = 64
-  EXPECT_EQ(encoded_bytes(sparse(4096, 64, 2), 30), 4 + 53u);      // k = 30: 420 bits
-  EXPECT_EQ(encoded_bytes(sparse(1000, 3, 4), 2500), 3 * 10u);     // 3·(10 + 4) = 42 bits → 6
-  EXPECT_EQ(encoded_bytes(sparse(1000, 3, 8), 2001), 2 * 11u + 4 + 3);  // 3·18 = 54 → 7; k = 1: 18 → 3
-  EXPECT_EQ(encoded_bytes(sparse(1, 1, 8), 5), 5 * 6u);            // 1-bit indices: 9 bits → 2
-  EXPECT_EQ(encoded_bytes(sparse(3, 5, 2), 7), 2 * (4 + 2u) + 4 + 1);  // topk > chunk: k = 3, 12 bits; k = 1
-  EXPECT_EQ(encoded_bytes(sparse(5, 5, 2), 5), 4 + 4u);            // 3-bit indices: 25 bits → 4
-  EXPECT_EQ(encoded_bytes(sparse(1 << 24, 1, 2), 1), 4 + 4u);      // 24-bit indices: 26 bits
+  EXPECT_EQ(encoded_bytes(sparse(4096, 64, 2), 10000), 3 * 120u);  // the last chunk: 1808 ≥ 64
+  EXPECT_EQ(encoded_bytes(sparse(4096, 64, 2), 100), 120u);        // one short chunk, k = 64
+  EXPECT_EQ(encoded_bytes(sparse(4096, 64, 2), 30), 8 + 53u);      // k = 30: 420 bits
+  EXPECT_EQ(encoded_bytes(sparse(1000, 3, 4), 2500), 3 * 14u);     // 3·(10 + 4) = 42 bits → 6
+  EXPECT_EQ(encoded_bytes(sparse(1000, 3, 8), 2001), 2 * 15u + 8 + 3);  // 3·18 = 54 → 7; k = 1: 18 → 3
+  EXPECT_EQ(encoded_bytes(sparse(1, 1, 8), 5), 5 * 10u);           // 1-bit indices: 9 bits → 2
+  EXPECT_EQ(encoded_bytes(sparse(3, 5, 2), 7), 2 * (8 + 2u) + 8 + 1);  // topk > chunk: k = 3, 12 bits; k = 1
+  EXPECT_EQ(encoded_bytes(sparse(5, 5, 2), 5), 8 + 4u);            // 3-bit indices: 25 bits → 4
+  EXPECT_EQ(encoded_bytes(sparse(1 << 24, 1, 2), 1), 8 + 4u);      // 24-bit indices: 26 bits
   EXPECT_EQ(encoded_bytes(sparse(64, 4, 2), 0), 0u);
   EXPECT_THROW(encoded_bytes(sparse(0, 1, 2), 10), Error);
   EXPECT_THROW(encoded_bytes(sparse((1 << 24) + 1, 1, 2), 10), Error);
@@ -166,20 +166,24 @@ TEST(WireFormat, Int2LayoutAndExactValues) {
   EXPECT_EQ(round_trip(blocks(Format::int2, 4), ternary), ternary);  // blocks {±1.5}, {±0.75}, {−2}
 }
 
-// Sparse's layout, worked out by hand: chunk 8 (3-bit indices), top 2, 2-bit values.
+// Sparse's layout, worked out by hand: chunk 8 (3-bit indices), top 2, 2-bit values (a sign bit
+// above one magnitude bit: the smallest or the largest kept magnitude).
 TEST(WireFormat, SparseLayout) {
-  const std::vector<float> x = {0.0f, 0.5f, 3.0f, 0.0f, 0.0f, -3.0f, 0.0f, 1.0f};
+  const std::vector<float> x = {0.0f, 0.5f, 3.0f, 0.0f, 0.0f, -1.0f, 0.0f, 1.0f};
   const std::vector<std::byte> bytes = encode(sparse(8, 2, 2), x);
-  ASSERT_EQ(bytes.size(), 4u + 2u);  // 2·(3 + 2) = 10 bits
-  float a;
-  std::memcpy(&a, bytes.data(), 4);
-  EXPECT_EQ(a, 3.0f);
-  // Indices 2 = 010, 5 = 101 (bits 0–5, lowest first), then q + 1 = 2 = 10 and 0 = 00 (bits 6–9).
-  EXPECT_EQ(std::to_integer<int>(bytes[4]), 0b10101010);
-  EXPECT_EQ(std::to_integer<int>(bytes[5]), 0);
+  ASSERT_EQ(bytes.size(), 8u + 2u);  // 2·(3 + 2) = 10 bits
+  float lo, hi;
+  std::memcpy(&lo, bytes.data(), 4);
+  std::memcpy(&hi, bytes.data() + 4, 4);
+  EXPECT_EQ(lo, 1.0f);  // −1 at 5 and 1 at 7 tie: the lower index is kept
+  EXPECT_EQ(hi, 3.0f);
+  // Indices 2 = 010, 5 = 101 (bits 0–5, lowest first), then 3 → code 01 (+, largest) at bits
+  // 6–7 and −1 → code 10 (−, smallest) at bits 8–9.
+  EXPECT_EQ(std::to_integer<int>(bytes[8]), 0b01101010);
+  EXPECT_EQ(std::to_integer<int>(bytes[9]), 0b10);
   std::vector<float> y(x.size());
   decode(sparse(8, 2, 2), bytes, y);
-  const std::vector<float> want = {0.0f, 0.0f, 3.0f, 0.0f, 0.0f, -3.0f, 0.0f, 0.0f};
+  const std::vector<float> want = {0.0f, 0.0f, 3.0f, 0.0f, 0.0f, -1.0f, 0.0f, 0.0f};
   EXPECT_EQ(y, want);
 }
 
@@ -195,24 +199,25 @@ std::vector<size_t> largest(std::span<const float> x, size_t k) {
 }
 
 // The k indices of the chunk at byte `offset`, read from its bit fields ((index_bits)-bit each,
-// least significant bit first after the scale).
+// least significant bit first after the two magnitudes).
 std::vector<size_t> indices_in(const std::vector<std::byte>& bytes, size_t offset, size_t k, int index_bits) {
   std::vector<size_t> out;
   for (size_t j = 0, at = 0; j < k; ++j) {
     size_t index = 0;
     for (int b = 0; b < index_bits; ++b, ++at)
-      index |= static_cast<size_t>((std::to_integer<unsigned>(bytes[offset + 4 + at / 8]) >> (at % 8)) & 1u) << b;
+      index |= static_cast<size_t>((std::to_integer<unsigned>(bytes[offset + 8 + at / 8]) >> (at % 8)) & 1u) << b;
     out.push_back(index);
   }
   return out;
 }
 
 // Each chunk keeps its k largest magnitudes (ties: the lower index; read back from the bytes);
-// kept values come back within a / (2Q) (the largest exactly), dropped ones as 0, and none of
-// them exceeds the smallest kept one.
+// kept values come back with their sign and within (hi − lo) / (2·(2^(b−1) − 1)) of themselves,
+// the smallest and the largest exactly; dropped ones come back as 0, and none of them exceeds
+// the smallest kept one.
 TEST(WireFormat, SparseKeepsTheLargestWithinHalfAStep) {
   for (int bits : {2, 4, 8}) {
-    const float Q = static_cast<float>((1 << (bits - 1)) - 1);
+    const float steps = static_cast<float>((1 << (bits - 1)) - 1);
     for (auto [chunk, topk, ib] : {std::tuple<size_t, size_t, int>{64, 4, 6}, {100, 7, 7}, {7, 7, 3}, {16, 20, 4},
                                    {1, 1, 1}}) {
       const Codec c = sparse(chunk, topk, bits);
@@ -226,7 +231,7 @@ TEST(WireFormat, SparseKeepsTheLargestWithinHalfAStep) {
         const size_t k = std::min(topk, xs.size());
         const std::vector<size_t> kept = indices_in(bytes, offset, k, ib);
         ASSERT_EQ(kept, largest(xs, k)) << "bits " << bits << " chunk " << chunk << " at " << lo;
-        offset += 4 + (k * static_cast<size_t>(ib + bits) + 7) / 8;
+        offset += 8 + (k * static_cast<size_t>(ib + bits) + 7) / 8;
         float a = 0, smallest = INFINITY;
         for (size_t i : kept) a = std::max(a, std::fabs(xs[i])), smallest = std::min(smallest, std::fabs(xs[i]));
         std::vector<bool> is_kept(xs.size(), false);
@@ -236,11 +241,13 @@ TEST(WireFormat, SparseKeepsTheLargestWithinHalfAStep) {
           if (!is_kept[i]) {
             EXPECT_EQ(yi, 0.0f) << "bits " << bits << " chunk " << chunk << " value " << lo + i << " is not kept";
             EXPECT_LE(std::fabs(xi), smallest);
-          } else {
-            EXPECT_LE(std::fabs(yi - xi), a / (2 * Q) * 1.0001f) << bits << " " << chunk << " " << lo + i;
-            if (std::fabs(xi) == a) {
-              EXPECT_EQ(yi, xi) << "the chunk's largest comes back exactly";
-            }
+            continue;
+          }
+          EXPECT_LE(std::fabs(yi - xi), (a - smallest) / (2 * steps) * 1.0001f + a * 1e-6f)
+              << bits << " " << chunk << " " << lo + i;
+          EXPECT_EQ(std::signbit(yi), std::signbit(xi)) << bits << " " << chunk << " " << lo + i;
+          if (std::fabs(xi) == a || std::fabs(xi) == smallest) {
+            EXPECT_EQ(yi, xi) << "the chunk's largest and smallest kept values come back exactly";
           }
         }
       }
@@ -257,33 +264,38 @@ TEST(WireFormat, SparseTiesGoToTheLowerIndex) {
   EXPECT_EQ(encode(sparse(5, 3, 8), x), encode(sparse(5, 3, 8), x)) << "deterministic";
 }
 
-// Exact: at most k nonzeros per chunk, each (j / Q)·a with the chunk's largest at ±a; zero
-// chunks and a short last chunk included.
+// Exact: at most k − 1 nonzeros per chunk (so a zero is kept and lo = 0), each (j / L)·hi with
+// L = 2^(b−1) − 1 and the chunk's largest at ±hi; zero chunks and a short last chunk included.
+// With 2 bits, also: exactly k nonzeros of two magnitudes.
 TEST(WireFormat, SparseRoundTripIsExactForKSparseGridValues) {
   Rng rng(11);
   for (int bits : {2, 4, 8}) {
-    const int Q = (1 << (bits - 1)) - 1;
+    const int L = (1 << (bits - 1)) - 1;
     for (auto [chunk, topk] : {std::pair<size_t, size_t>{64, 5}, {33, 33}, {10, 3}, {4096, 64}}) {
       std::vector<float> x(3 * chunk + chunk / 2 + 1, 0.0f);
       for (size_t lo = 0; lo < x.size(); lo += chunk) {
         if (lo == chunk) continue;  // the second chunk stays zero
         const size_t len = std::min(chunk, x.size() - lo), k = std::min(topk, len);
-        const float a = 0.001f * static_cast<float>(1 + rng.below(1000));
-        for (size_t j = 0; j + 1 < k; ++j) {  // k − 1 values on the grid, somewhere before the last
-          const int q = static_cast<int>(rng.below(2 * static_cast<uint64_t>(Q) + 1)) - Q;
-          x[lo + rng.below(len - 1)] = static_cast<float>(q) / static_cast<float>(Q) * a;
+        const float hi = 0.001f * static_cast<float>(1 + rng.below(1000));
+        for (size_t j = 0; j + 2 < k; ++j) {  // k − 2 values on the grid, somewhere before the last
+          const float t = static_cast<float>(rng.below(static_cast<uint64_t>(L) + 1)) / static_cast<float>(L);
+          x[lo + rng.below(len - 1)] = (rng.below(2) ? -1.0f : 1.0f) * (hi * t);
         }
-        x[lo + len - 1] = -a;  // the largest
+        x[lo + len - 1] = -hi;  // the largest
       }
       EXPECT_EQ(round_trip(sparse(chunk, topk, bits), x), x) << "bits " << bits << " chunk " << chunk;
     }
   }
+  const std::vector<float> two = {0.25f, 0.0f, -2.0f, -0.25f, 0.0f, 2.0f, 0.25f, 0.0f};
+  EXPECT_EQ(round_trip(sparse(8, 5, 2), two), two);
   const std::vector<float> zeros(100, 0.0f);
   EXPECT_EQ(round_trip(sparse(16, 4, 2), zeros), zeros);
   const std::vector<std::byte> bytes = encode(sparse(16, 4, 2), zeros);
-  float a = -1;
-  std::memcpy(&a, bytes.data(), 4);
-  EXPECT_EQ(a, 0.0f) << "an all-zero chunk has scale 0";
+  float lo = -1, hi = -1;
+  std::memcpy(&lo, bytes.data(), 4);
+  std::memcpy(&hi, bytes.data() + 4, 4);
+  EXPECT_EQ(lo, 0.0f) << "an all-zero chunk has magnitudes 0";
+  EXPECT_EQ(hi, 0.0f);
 }
 
 TEST(WireFormat, NonFiniteAndMalformedInputIsRefused) {
@@ -321,14 +333,15 @@ TEST(WireFormat, NonFiniteAndMalformedInputIsRefused) {
   expect_refused(blocks(Format::int2, 4), bad, 4, "value 2 has code 2");
 }
 
-// Every field of a sparse chunk checked: the scale, the indices (ascending, within the chunk),
-// the codes. Chunks of 6 (3-bit indices) keep 2 values in 2 bits: indices at bits 0–5, codes at
-// bits 6–9 after each chunk's scale; the second chunk starts at byte 6.
+// Every field of a sparse chunk checked: the two magnitudes, the indices (ascending, within the
+// chunk). Chunks of 6 (3-bit indices) keep 2 values in 2 bits: indices at bits 0–5, codes at
+// bits 6–9 after each chunk's two magnitudes; the second chunk starts at byte 10. Every code is
+// a sign and a level, so none is out of range.
 TEST(WireFormat, SparseMalformedInputIsRefused) {
   const Codec c = sparse(6, 2, 2);
   const std::vector<float> x = {0.0f, 0.0f, 3.0f, 0.0f, 0.0f, -3.0f, 1.0f, 0.0f, 0.0f, -2.0f};
   const std::vector<std::byte> good = encode(c, x);
-  ASSERT_EQ(good.size(), 6u + 6u);
+  ASSERT_EQ(good.size(), 10u + 10u);
   std::vector<float> out(x.size());
   decode(c, good, out);  // kept: 2 and 5; then 6 and 9 (4 values: indices 0 and 3)
   auto with = [&](size_t chunk_offset, size_t at, uint32_t value, int bits) {
@@ -336,26 +349,22 @@ TEST(WireFormat, SparseMalformedInputIsRefused) {
     put_bits(b, chunk_offset, at, value, bits);
     return b;
   };
-  decode(c, with(0, 6, 1, 2), out);  // a code in range changes a value, nothing more
-  EXPECT_EQ(out[2], 0.0f);
-  for (float scale : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), -1.0f}) {
+  decode(c, with(0, 6, 2, 2), out);  // any code changes a value, nothing more
+  EXPECT_EQ(out[2], -3.0f);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (auto [lo, hi] : {std::pair{nan, 2.0f}, {1.0f, nan}, {1.0f, inf}, {-1.0f, 2.0f}, {2.5f, 2.0f}}) {
     std::vector<std::byte> b = good;
-    std::memcpy(b.data() + 6, &scale, 4);
-    expect_refused(c, b, x.size(), "chunk 1 has scale");
+    std::memcpy(b.data() + 10, &lo, 4);
+    std::memcpy(b.data() + 14, &hi, 4);
+    expect_refused(c, b, x.size(), "chunk 1 has magnitudes");
   }
   expect_refused(c, with(0, 0, 5 | 2 << 3, 6), x.size(), "index 2 (kept value 1) does not follow 5");  // 5, 2
   expect_refused(c, with(0, 3, 2, 3), x.size(), "index 2 (kept value 1) does not follow 2");   // 2, 2
   expect_refused(c, with(0, 3, 6, 3), x.size(), "index 6 (kept value 1) is beyond its 6 values");
-  expect_refused(c, with(6, 3, 4, 3), x.size(), "chunk 1: index 4 (kept value 1) is beyond its 4 values");
-  expect_refused(c, with(0, 6, 3, 2), x.size(), "chunk 0: index 2 has code 3 outside [0, 2]");
-  expect_refused(c, with(6, 8, 3, 2), x.size(), "chunk 1: index 3 has code 3 outside [0, 2]");
-  const Codec c4 = sparse(6, 2, 4);  // 4-bit codes: 15 is outside [0, 14]
-  std::vector<std::byte> b4 = encode(c4, x);
-  put_bits(b4, 0, 6, 15, 4);
-  expect_refused(c4, b4, x.size(), "code 15 outside [0, 14]");
+  expect_refused(c, with(10, 3, 4, 3), x.size(), "chunk 1: index 4 (kept value 1) is beyond its 4 values");
   std::vector<std::byte> longer = good;
   longer.push_back(std::byte{0});
-  expect_refused(c, longer, x.size(), "13 bytes, expected 12");
+  expect_refused(c, longer, x.size(), "21 bytes, expected 20");
 }
 
 }  // namespace
