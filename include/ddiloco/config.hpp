@@ -161,6 +161,7 @@ struct WanConfig {
   int block = 64;                ///< values per scale (int8, int4, int2)
   int chunk = 4096;              ///< sparse: values per chunk, [1, 2^24]
   int topk = 64;                 ///< sparse: values kept per chunk, [1, chunk]
+  int down_topk = 0;             ///< sparse: values kept per chunk going down, [0, chunk]; 0 = topk
   int value_bits = 2;            ///< sparse: bits per kept value, 2 | 4 | 8
   /// Error-feedback decay β ∈ [0, 1]: a snapshot carries β × what the previous one's encoding
   /// lost (SparseLoCo, arXiv 2508.15706); 1 = all of it.

@@ -143,20 +143,26 @@ enum Header : int {
 
 using ddiloco::checksum;
 
-/// Byte offsets of everything in a leader's window, the same on both sides, the wire codec,
-/// and the learner's error-feedback decay β ∈ [0, 1] (wan.ef_decay). Outboxes and inboxes hold
-/// raw fp32 values or the encoding, whichever is larger; what crosses is what is written,
-/// kOutBytes / kInBytes. Throws Error for a codec its format cannot use (wire::check) or β
-/// outside [0, 1].
+/// Byte offsets of everything in a leader's window, the same on both sides, the wire codecs,
+/// and the learner's error-feedback decay β ∈ [0, 1] (wan.ef_decay). Snapshots go up in
+/// `codec`; deliveries come down in the same codec, except that a sparse one keeps `down_topk`
+/// values per chunk when it is > 0 (wan.down_topk: a merge of M k-sparse outer gradients has up
+/// to M·k nonzeros per chunk). Outboxes and inboxes hold raw fp32 values or the encoding,
+/// whichever is larger; what crosses is what is written, kOutBytes / kInBytes. Throws Error for
+/// a codec its format cannot use (wire::check) or β outside [0, 1].
 class WindowLayout {
  public:
-  explicit WindowLayout(const FragmentPlan& plan, const wire::Codec& codec = {}, double ef_decay = 1.0);
-  const wire::Codec& codec() const { return codec_; }
+  explicit WindowLayout(const FragmentPlan& plan, const wire::Codec& codec = {}, double ef_decay = 1.0,
+                        size_t down_topk = 0);
+  const wire::Codec& codec() const { return codec_; }            ///< snapshots (up)
+  const wire::Codec& down_codec() const { return down_codec_; }  ///< deliveries (down)
   wire::Format format() const { return codec_.format; }
   float ef_decay() const { return ef_decay_; }
-  /// Bytes a difference (or fp32 values) of fragment p takes on the wire.
+  /// Bytes a snapshot's difference of fragment p takes on the wire.
   size_t wire_bytes(int p) const { return wire::encoded_bytes(codec_, numel_[p]); }
-  /// Bytes fragment p's outbox and inbox each hold: max(numel·4, wire_bytes(p)).
+  /// Bytes a delivery's difference of fragment p takes on the wire.
+  size_t down_bytes(int p) const { return wire::encoded_bytes(down_codec_, numel_[p]); }
+  /// Bytes fragment p's outbox and inbox each hold: max(numel·4, wire_bytes(p), down_bytes(p)).
   size_t capacity(int p) const { return capacity_[p]; }
   size_t bytes() const { return bytes_; }
   size_t header_block_bytes() const { return header_block_; }  ///< control + all headers
@@ -170,7 +176,7 @@ class WindowLayout {
  private:
   std::vector<size_t> outbox_, inbox_, numel_, capacity_;
   size_t header_block_ = 0, bytes_ = 0;
-  wire::Codec codec_;
+  wire::Codec codec_, down_codec_;
   float ef_decay_;
 };
 

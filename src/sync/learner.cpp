@@ -52,7 +52,8 @@ Learner::Learner(const Config& config, const OuterPlan& plan, const Topology& to
       job_step_tokens_(config.job_tokens_per_step()),
       fragments_(trainer.model().layout(), plan.fragments, plan.h, plan.warmup),
       // In ddp the window only ships θ to the syncer for evaluation, not across the WAN: fp32.
-      layout_(fragments_, plan.outer_steps ? wan::wire_codec(config) : wire::Codec{}, config.wan.ef_decay),
+      layout_(fragments_, plan.outer_steps ? wan::wire_codec(config) : wire::Codec{}, config.wan.ef_decay,
+              static_cast<size_t>(config.wan.down_topk)),
       P_(fragments_.size()),
       gpu_(trainer.gpu()),
       gpu_overwrite_(gpu_ != nullptr && !blend_ && !carry_) {

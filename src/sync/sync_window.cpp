@@ -17,9 +17,11 @@ constexpr size_t kAlign = 64;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
-WindowLayout::WindowLayout(const FragmentPlan& plan, const wire::Codec& codec, double ef_decay)
-    : codec_(codec), ef_decay_(static_cast<float>(ef_decay)) {
+WindowLayout::WindowLayout(const FragmentPlan& plan, const wire::Codec& codec, double ef_decay, size_t down_topk)
+    : codec_(codec), down_codec_(codec), ef_decay_(static_cast<float>(ef_decay)) {
+  if (down_topk > 0) down_codec_.topk = down_topk;
   wire::check(codec);
+  wire::check(down_codec_);
   if (!(ef_decay >= 0 && ef_decay <= 1))
     fail("window layout: error-feedback decay must be in [0, 1], got {}", ef_decay);
   const int P = plan.size();
@@ -29,7 +31,8 @@ WindowLayout::WindowLayout(const FragmentPlan& plan, const wire::Codec& codec, d
     numel_.push_back(f.numel);
     // Room for raw fp32 values or the encoding, whichever is larger (int8 and int4 with very
     // small blocks take more than 4 bytes per value, sparse with tiny chunks too).
-    capacity_.push_back(std::max(f.numel * sizeof(float), wire::encoded_bytes(codec, f.numel)));
+    capacity_.push_back(std::max({f.numel * sizeof(float), wire::encoded_bytes(codec_, f.numel),
+                                  wire::encoded_bytes(down_codec_, f.numel)}));
     outbox_.push_back(off);
     off = align_up(off + capacity_.back());
     inbox_.push_back(off);
@@ -188,7 +191,7 @@ bool LearnerWindow::take_inbox(int p, std::span<float> out) {
   const bool raw = load(kInRaw) != 0 || layout_->format() == wire::Format::fp32;
   const auto bytes = static_cast<size_t>(load(kInBytes));
   const auto* in = reinterpret_cast<const std::byte*>(base_ + layout_->inbox_offset(p));
-  const size_t expected = raw ? out.size_bytes() : layout_->wire_bytes(p);
+  const size_t expected = raw ? out.size_bytes() : layout_->down_bytes(p);
   if (bytes != expected || checksum(std::span<const std::byte>(in, bytes)) != sum) return false;
   if (raw) {
     std::memcpy(out.data(), in, bytes);
@@ -197,7 +200,7 @@ bool LearnerWindow::take_inbox(int p, std::span<float> out) {
     if (static_cast<size_t>(p) >= ref_.size() || ref_[p].empty())
       fail("take_inbox: fragment {} arrived as a difference, but this unit holds no reference", p);
     scratch_.resize(out.size());
-    wire::decode(layout_->codec(), std::span<const std::byte>(in, bytes), scratch_);
+    wire::decode(layout_->down_codec(), std::span<const std::byte>(in, bytes), scratch_);
     for (size_t i = 0; i < out.size(); ++i) ref_[p][i] += scratch_[i];
     ref_version_[p] = version;
     std::copy(ref_[p].begin(), ref_[p].end(), out.begin());
@@ -424,9 +427,9 @@ bool SyncerWindow::start_deliver(int u, int p, int64_t version, std::span<const 
     const std::vector<float>& r = refs.rbegin()->second;
     delta_.resize(data.size());
     for (size_t i = 0; i < data.size(); ++i) delta_[i] = data[i] - r[i];
-    l.bytes.resize(layout_->wire_bytes(p));
-    wire::encode(layout_->codec(), delta_, l.bytes);
-    wire::decode(layout_->codec(), l.bytes, delta_);
+    l.bytes.resize(layout_->down_bytes(p));
+    wire::encode(layout_->down_codec(), delta_, l.bytes);
+    wire::decode(layout_->down_codec(), l.bytes, delta_);
     l.next = r;
     for (size_t i = 0; i < l.next.size(); ++i) l.next[i] += delta_[i];
   }
@@ -538,7 +541,7 @@ void SyncerWindow::ack(int u, int p, int64_t seq) {
 
 size_t SyncerWindow::delivery_bytes(int u, int p) const {
   const bool raw = layout_->format() == wire::Format::fp32 || refs_[u][p].empty();
-  return raw ? layout_->numel(p) * sizeof(float) : layout_->wire_bytes(p);
+  return raw ? layout_->numel(p) * sizeof(float) : layout_->down_bytes(p);
 }
 
 void SyncerWindow::request_stop(int u) { put_word(u, kStop * sizeof(int64_t), 1); }

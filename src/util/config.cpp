@@ -323,6 +323,10 @@ const std::vector<Entry<Config>>& entries() {
       DDILOCO_FIELD(int, "wan.topk", wan.topk,
                     "sparse: largest-magnitude values kept per chunk, 1 … wan.chunk",
                     positive<int>()),
+      DDILOCO_FIELD(int, "wan.down_topk", wan.down_topk,
+                    "sparse: values kept per chunk on the way down (a merge of M units' top-k has "
+                    "up to M × wan.topk nonzeros), 0 … wan.chunk; 0 = wan.topk",
+                    at_least(0)),
       DDILOCO_FIELD(int, "wan.value_bits", wan.value_bits,
                     "sparse: bits per kept value: 2 | 4 | 8",
                     [](const int& v) {
@@ -442,6 +446,8 @@ void check_wire(const WanConfig& w) {
     fail("wan.chunk: must be in [1, {}], got {}", 1 << 24, w.chunk);
   if (w.topk < 1 || w.topk > w.chunk)
     fail("wan.topk: must be in [1, wan.chunk = {}], got {}", w.chunk, w.topk);
+  if (w.down_topk < 0 || w.down_topk > w.chunk)
+    fail("wan.down_topk: must be in [0, wan.chunk = {}] (0: wan.topk), got {}", w.chunk, w.down_topk);
   if (w.value_bits != 2 && w.value_bits != 4 && w.value_bits != 8)
     fail("wan.value_bits: must be 2, 4 or 8, got {}", w.value_bits);
   if (!(w.ef_decay >= 0 && w.ef_decay <= 1)) fail("wan.ef_decay: must be in [0, 1], got {}", w.ef_decay);

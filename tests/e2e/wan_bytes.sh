@@ -20,7 +20,7 @@ outer: {fragments: 1, h: 10}
 syncer: {eval_every: 1000}
 checkpoint: {at_stop: false}
 YAML
-check() {  # check RUN_DIR MODE FORMAT BLOCK [CHUNK TOPK VALUE_BITS (sparse)]
+check() {  # check RUN_DIR MODE FORMAT BLOCK [CHUNK TOPK VALUE_BITS DOWN_TOPK (sparse)]
   /usr/bin/python3 - "$@" <<'PY'
 import json, math, sys
 run, mode, fmt, block = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -37,15 +37,17 @@ def sparse_bytes(n, chunk, topk, bits):
     full, rest = divmod(n, chunk)
     return full * one(chunk) + (one(rest) if rest else 0)
 if fmt == "sparse":
-    size = sparse_bytes(n, *map(int, sys.argv[5:8]))
+    chunk, topk, bits, down_topk = map(int, sys.argv[5:9])
+    size = sparse_bytes(n, chunk, topk, bits)
+    down = sparse_bytes(n, chunk, down_topk or topk, bits)  # wan.down_topk, 0 = wan.topk
 else:
-    size = {"fp32": 4 * n, "bf16": 2 * n, "int8": scales + n, "int4": scales + (n + 1) // 2,
-            "int2": scales + (n + 3) // 4}[fmt]
+    size = down = {"fp32": 4 * n, "bf16": 2 * n, "int8": scales + n, "int4": scales + (n + 1) // 2,
+                   "int2": scales + (n + 3) // 4}[fmt]
 links = {l["unit"]: l for l in done["links"]}
 assert sorted(links) == [0, 1], links
 for u, l in links.items():
     if mode == "diloco":
-        want = {"up_messages": 4, "down_messages": 4, "up_bytes": 4 * size, "down_bytes": 4 * size}
+        want = {"up_messages": 4, "down_messages": 4, "up_bytes": 4 * size, "down_bytes": 4 * down}
     else:  # ddp: 20 steps
         want = {"up_messages": 40, "down_messages": 40, "up_bytes": 20 * size, "down_bytes": 20 * size}
     got = {k: l[k] for k in want}
@@ -55,7 +57,7 @@ assert done["bytes_across_units"] == total, (done["bytes_across_units"], total)
 assert abs(done["bytes_per_token"] - total / done["tokens"]) < 1e-6 * total, done
 assert done["wan_format"] == fmt, done["wan_format"]
 assert math.isfinite(done["val_loss"]), done["val_loss"]
-print(f"ok: {mode} {fmt}: {n} parameters, {size} bytes per model, links {links[0]['up_bytes']} up / {links[0]['down_bytes']} down per unit, val_loss {done['val_loss']:.3f}")
+print(f"ok: {mode} {fmt}: {n} parameters, {size} bytes per model up, {down} down, links {links[0]['up_bytes']} up / {links[0]['down_bytes']} down per unit, val_loss {done['val_loss']:.3f}")
 PY
 }
 for fmt in fp32 bf16 int8 int4 int2; do
@@ -64,11 +66,13 @@ for fmt in fp32 bf16 int8 int4 int2; do
   check d_$fmt diloco $fmt 32 || fail "diloco $fmt: byte counters"
 done
 # Sparse: 7 of every 1000 values (10-bit indices) in 4 bits, the last chunk shorter; with a
-# decaying error feedback.
-"${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config base.yaml --set mode=diloco --set run.dir=d_sparse \
-  --set wan.format=sparse --set wan.chunk=1000 --set wan.topk=7 --set wan.value_bits=4 --set wan.ef_decay=0.9 \
-  > d_sparse.log 2>&1 || { cat d_sparse.log; fail "diloco sparse failed"; }
-check d_sparse diloco sparse 64 1000 7 4 || fail "diloco sparse: byte counters"
+# decaying error feedback. Then the same with 20 values per chunk going down (wan.down_topk).
+for down in 0 20; do
+  "${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config base.yaml --set mode=diloco --set run.dir=d_sparse$down \
+    --set wan.format=sparse --set wan.chunk=1000 --set wan.topk=7 --set wan.value_bits=4 --set wan.ef_decay=0.9 \
+    --set wan.down_topk=$down > d_sparse$down.log 2>&1 || { cat d_sparse$down.log; fail "diloco sparse (down $down) failed"; }
+  check d_sparse$down diloco sparse 64 1000 7 4 $down || fail "diloco sparse (down $down): byte counters"
+done
 # Blocks of one value: int8 then takes 5 bytes per value, more than fp32 (the windows make room).
 "${DDILOCO_MPIRUN[@]}" -np 3 "$DDILOCO" train --config base.yaml --set mode=diloco --set run.dir=d_b1 \
   --set wan.format=int8 --set wan.block=1 > d_b1.log 2>&1 || { cat d_b1.log; fail "diloco int8, block 1 failed"; }

@@ -225,6 +225,8 @@ TEST(Config, WireKeysAreValidated) {
   EXPECT_EQ(d.wan.topk, 64);
   EXPECT_EQ(d.wan.value_bits, 2);
   EXPECT_EQ(d.wan.ef_decay, 1.0);
+  EXPECT_EQ(d.wan.down_topk, 0) << "0: deliveries keep wan.topk";
+  EXPECT_EQ(load_config("", {"wan.down_topk=256"}).wan.down_topk, 256);
   EXPECT_EQ(load_config("", {"wan.format=int2"}).wan.format, "int2");
   EXPECT_EQ(error_of("wan: {format: int3}\n"),
             "c.yaml: wan.format: must be one of fp32, bf16, int8, int4, int2, sparse, got int3");
@@ -232,6 +234,9 @@ TEST(Config, WireKeysAreValidated) {
   EXPECT_EQ(error_of("wan: {chunk: 16777217}\n"), "c.yaml: wan.chunk: must be in [1, 16777216], got 16777217");
   EXPECT_EQ(error_of("", {"wan.topk=0"}), "--set: wan.topk: must be > 0, got 0");
   EXPECT_EQ(error_of("wan: {chunk: 32, topk: 33}\n"), "c.yaml: wan.topk: must be in [1, wan.chunk = 32], got 33");
+  EXPECT_EQ(error_of("", {"wan.down_topk=-1"}), "--set: wan.down_topk: must be ≥ 0, got -1");
+  EXPECT_EQ(error_of("wan: {chunk: 32, topk: 4, down_topk: 33}\n"),
+            "c.yaml: wan.down_topk: must be in [0, wan.chunk = 32] (0: wan.topk), got 33");
   EXPECT_EQ(error_of("", {"wan.value_bits=3"}), "--set: wan.value_bits: must be 2, 4 or 8, got 3");
   EXPECT_EQ(error_of("wan: {ef_decay: 1.5}\n"), "c.yaml: wan.ef_decay: must be in [0, 1], got 1.5");
   EXPECT_EQ(error_of("", {"wan.ef_decay=-0.1"}), "--set: wan.ef_decay: must be in [0, 1], got -0.1");

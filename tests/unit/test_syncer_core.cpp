@@ -61,7 +61,7 @@ struct Harness {
         plan(OuterPlan::from(config)),
         parameters(ParameterLayout::gpt2(config.model)),
         fragments(parameters, plan.fragments, plan.h, plan.warmup),
-        layout(fragments, wan::wire_codec(config), config.wan.ef_decay),
+        layout(fragments, wan::wire_codec(config), config.wan.ef_decay, static_cast<size_t>(config.wan.down_topk)),
         remote(config.units.count),
         window(remote, layout),
         links(config, config.units.count),

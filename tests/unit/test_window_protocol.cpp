@@ -26,8 +26,9 @@ struct Fixture {
   sync::WindowLayout windows;
   test::LocalRemote remote{2};
   std::vector<std::unique_ptr<test::LocalExposed>> memory;
-  explicit Fixture(const wire::Codec& codec = {.format = wire::Format::bf16, .block = 64}, double ef_decay = 1.0)
-      : windows(plan, codec, ef_decay) {
+  explicit Fixture(const wire::Codec& codec = {.format = wire::Format::bf16, .block = 64}, double ef_decay = 1.0,
+                   size_t down_topk = 0)
+      : windows(plan, codec, ef_decay, down_topk) {
     for (int u = 0; u < 2; ++u) {
       memory.push_back(std::make_unique<test::LocalExposed>(windows.bytes()));
       remote.attach(u, memory.back().get());
@@ -165,6 +166,43 @@ TEST(WindowProtocol, Int2AndSparseDeliveriesLagAndCatchUp) {
     EXPECT_GT(errors.front(), 0.01) << name << ": one delivery does not carry all of Θ_p − R";
     EXPECT_LT(errors.back(), 1e-3 * errors.front()) << name << ": later deliveries carry the rest";
   }
+}
+
+// wan.down_topk: deliveries keep their own number of values per chunk. A delivery is
+// down_bytes long, carries at most down_topk nonzeros per chunk, and the unit decodes it with
+// the same codec (an up codec would misread its indices); snapshots keep topk.
+TEST(WindowProtocol, SparseDeliveriesKeepDownTopk) {
+  const wire::Codec up{.format = wire::Format::sparse, .chunk = 32, .topk = 2, .value_bits = 8};
+  Fixture f(up, 1.0, 8);
+  EXPECT_EQ(f.windows.down_codec().topk, 8u);
+  EXPECT_EQ(f.windows.codec().topk, 2u);
+  const size_t n = f.windows.numel(1);
+  EXPECT_EQ(f.windows.wire_bytes(1), wire::encoded_bytes(up, n));
+  EXPECT_EQ(f.windows.down_bytes(1), wire::encoded_bytes(f.windows.down_codec(), n));
+  EXPECT_GT(f.windows.down_bytes(1), f.windows.wire_bytes(1));
+  EXPECT_GE(f.windows.capacity(1), f.windows.down_bytes(1));
+
+  sync::SyncerWindow syncer(f.remote, f.windows);
+  sync::LearnerWindow learner(*f.memory[1], f.windows);
+  const auto r = pattern(n, 0.3f);
+  learner.set_reference(1, 0, r);
+  syncer.set_reference(1, 1, 0, r);
+  const auto theta = plus_noise(r, 11, 0.05f);
+  ASSERT_EQ(syncer.deliver(1, 1, 1, theta), f.windows.down_bytes(1));
+  std::vector<float> taken(n);
+  ASSERT_TRUE(learner.take_inbox(1, taken));
+  for (size_t lo = 0; lo < n; lo += up.chunk) {
+    size_t moved = 0;
+    for (size_t i = lo; i < std::min(n, lo + up.chunk); ++i) moved += taken[i] != r[i];
+    EXPECT_EQ(moved, std::min<size_t>(8, std::min(n, lo + up.chunk) - lo)) << "chunk at " << lo;
+  }
+  // The largest moves land to within 8-bit rounding of their span.
+  double largest = 0, its_error = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (std::fabs(theta[i] - r[i]) > largest) largest = std::fabs(theta[i] - r[i]), its_error = std::fabs(taken[i] - theta[i]);
+  EXPECT_LT(its_error, 0.01 * largest);
+
+  EXPECT_EQ(sync::WindowLayout(f.plan, up, 1.0, 0).down_codec().topk, up.topk) << "0: deliveries keep topk";
 }
 
 TEST(WindowProtocol, ALostUnitIsSkippedAndANewProcessStartsFromRawTheta) {
