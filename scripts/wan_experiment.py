@@ -330,8 +330,8 @@ def main():
     # holds decoupled's (int4); ddp runs at its own batch and lr, diloco and streaming at theirs.
     ap.add_argument("--runs", default=",".join([
         "decoupled", "decoupled:wan.format=bf16", "decoupled:wan.format=int2",
-        "decoupled:wan.format=sparse;outer.anchor=reference;outer.lr=1;outer.momentum=0;"
-        "wan.ef_decay=0.95;outer.merge=mean",
+        "decoupled:wan.format=sparse;outer.anchor=reference;outer.lr=2;outer.momentum=0;"
+        "wan.ef_decay=0.95;outer.merge=mean;wan.topk=48;wan.down_topk=192",
         "diloco:train.lr=3e-3", "streaming:train.lr=3e-3",
         "ddp:wan.format=bf16;train.batch_size=8;train.steps=8000;train.lr=4e-3;train.warmup_steps=200"]))
     ap.add_argument("--seeds", default="1337,1338,1339", help="run.seed of each run of a mode at a bandwidth")
