@@ -14,6 +14,7 @@
 #include "ddiloco/config.hpp"
 #include "ddiloco/data_loader.hpp"
 #include "ddiloco/goodput.hpp"
+#include "ddiloco/outer_plan.hpp"
 #include "ddiloco/remote_memory.hpp"
 #include "ddiloco/topology.hpp"
 #include "ddiloco/trainer.hpp"
@@ -24,26 +25,6 @@ namespace ddiloco {
 namespace sync {
 class LearnerWindow;
 }
-
-/// The effective outer-loop settings of a mode, everything else being equal:
-///   ddp        gradients all-reduced across all units every step; no outer loop (P = 1 is
-///              used only to ship θ to the syncer for global evaluation)
-///   diloco     P = 1, τ = 0, K = M: every unit waits for every merge
-///   streaming  P, τ from the config, K = M: a unit waits at send + τ for the merge
-///   decoupled  P, τ, K from the config plus the grace window; a unit never waits (except
-///              τ = 0, where the merge is by definition needed before the next step)
-struct OuterPlan {
-  Mode mode = Mode::decoupled;
-  int fragments = 1;
-  int h = 1;
-  int overlap = 0;
-  int64_t warmup = 0;          ///< outer.warmup_steps: every step synchronised up to it (not ddp)
-  int quorum = 1;
-  bool learners_wait = false;  ///< a unit blocks at send + τ until its merge has arrived
-  bool outer_steps = true;     ///< false for ddp: the syncer only evaluates
-  /// Throws Error for settings the mode cannot run (τ ≥ H with fragments, ...).
-  static OuterPlan from(const Config& config);
-};
 
 /// Runs this rank's part of a multi-unit job (config.mode ≠ single). Collective over `world`.
 /// Every input is validated on every rank first (mpi::SetupFailed on all ranks otherwise);

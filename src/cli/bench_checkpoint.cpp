@@ -11,6 +11,7 @@
 #include "ddiloco/checkpoint.hpp"
 #include "ddiloco/config.hpp"
 #include "ddiloco/metrics.hpp"
+#include "ddiloco/outer_plan.hpp"
 #include "ddiloco/rng.hpp"
 #include "ddiloco/trainer.hpp"
 
@@ -38,7 +39,7 @@ int bench_checkpoint(const BenchCheckpointOptions& o) {
   for (int i = 0; i < 3; ++i) step();
   const double step_s = c.seconds() / 3;
 
-  const int P = config.mode == Mode::diloco || config.mode == Mode::single ? 1 : config.outer.fragments;
+  const int P = OuterPlan::fragments_of(config);
   const auto copy = [](std::span<const float> x) { return std::vector<float>(x.begin(), x.end()); };
   checkpoint::UnitState unit;
   unit.id = 1;

@@ -12,6 +12,7 @@
 
 #include "ddiloco/checksum.hpp"
 #include "ddiloco/error.hpp"
+#include "ddiloco/outer_plan.hpp"
 #include "ddiloco/run_dir.hpp"
 #include "io/h5.hpp"
 #include "io/tensors.hpp"
@@ -364,7 +365,7 @@ void write_manifest(const fs::path& dir, int64_t id, const Config& config,
                         {"n_embd", config.model.n_embd}}},
                       {"units", config.units.count},
                       {"unit_ranks", unit_ranks},
-                      {"fragments", config.mode == Mode::diloco ? 1 : config.outer.fragments},
+                      {"fragments", OuterPlan::fragments_of(config)},
                       {"h", config.outer.h},
                       {"warmup_steps", config.outer.warmup_steps},
                       {"files", files}};
@@ -439,15 +440,15 @@ void check_compatible(const nlohmann::json& m, const Config& config, const fs::p
     for (int u = 0; u < config.units.count && u < static_cast<int>(ranks.size()); ++u)
       if (ranks[u] != config.unit_ranks(u))
         mismatch(fmt::format("the ranks of unit {}", u), ranks[u], config.unit_ranks(u));
-    const int fragments = config.mode == Mode::diloco ? 1 : config.outer.fragments;
+    const int fragments = OuterPlan::fragments_of(config);
     if (m.at("fragments").get<int>() != fragments)
       mismatch("outer.fragments", m.at("fragments").get<int>(), fragments);
     // diloco counts rounds in steps (a unit back from a crash redoes its round from step
     // round·H, after the warm-up's rounds of one step): neither can change under it.
-    if (config.mode == Mode::diloco && m.at("h").get<int>() != config.outer.h)
+    if (OuterPlan::from(config).redoes_lost_round && m.at("h").get<int>() != config.outer.h)
       mismatch("outer.h (diloco counts its rounds in steps)", m.at("h").get<int>(), config.outer.h);
     const int warmup = m.value("warmup_steps", 0);  // checkpoints from before the key: none
-    if (config.mode == Mode::diloco && warmup != config.outer.warmup_steps)
+    if (OuterPlan::from(config).redoes_lost_round && warmup != config.outer.warmup_steps)
       mismatch("outer.warmup_steps (diloco counts its rounds in steps)", warmup, config.outer.warmup_steps);
   } catch (const nlohmann::json::exception& e) {
     fail("{}/manifest.json: invalid manifest: {}", where, e.what());

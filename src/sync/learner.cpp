@@ -47,7 +47,7 @@ Learner::Learner(const Config& config, const OuterPlan& plan, const Topology& to
       tracks_fragments_(plan.outer_steps),
       checkpoints_(plan.outer_steps && config.checkpoint.enabled()),
       ckpt_root_(config.checkpoint.directory(config.run.dir)),
-      max_steps_(plan.mode == Mode::decoupled ? INT64_MAX : config.train.steps),
+      max_steps_(plan.stops_on_token_budget ? INT64_MAX : config.train.steps),
       eval_period_(static_cast<int64_t>(plan.h) * config.syncer.eval_every),
       job_step_tokens_(config.job_tokens_per_step()),
       fragments_(trainer.model().layout(), plan.fragments, plan.h, plan.warmup),
@@ -57,7 +57,7 @@ Learner::Learner(const Config& config, const OuterPlan& plan, const Topology& to
       P_(fragments_.size()),
       gpu_(trainer.gpu()),
       gpu_overwrite_(gpu_ != nullptr && !blend_ && !carry_) {
-  if (plan.mode == Mode::ddp) {
+  if (!plan.outer_steps) {  // ddp: the leaders' ring all-reduces the gradients
     if (topo.leader) ring_ = std::make_shared<wan::WanRing>(topo.leaders_comm, config);
     trainer.set_gradient_reducer(hierarchical_reducer(topo, topo.stream_count, ring_, ddp_stop_));
   }
@@ -161,19 +161,19 @@ void Learner::start_clock() {
 // A resumed job that had already finished has nothing left to do; nor has a process told to
 // stop while it joined.
 bool Learner::nothing_left() const {
-  return stopped_down_ || (resume_ && (plan_.mode == Mode::decoupled
+  return stopped_down_ || (resume_ && (plan_.stops_on_token_budget
                                            ? resume_->syncer.tokens >= config_.token_budget()
                                            : resume_->unit.step >= max_steps_));
 }
 
 StepStats Learner::train_step(int64_t t) {
-  if (plan_.mode == Mode::ddp && topo_.leader) ddp_stop_->vote = stop_requested();
+  if (!plan_.outer_steps && topo_.leader) ddp_stop_->vote = stop_requested();
   const StepStats s = trainer_.step();
   // A non-finite loss or gradient norm (the same on every rank of the unit: both are
   // all-reduced) has poisoned the parameters. Where a crashed unit can rejoin from Θ
   // (diloco, decoupled) the unit starts over from it like a crash without down-time, and
   // the syncer never sees the poison; elsewhere the job cannot go on.
-  if (diverged(s) && plan_.mode != Mode::diloco && plan_.mode != Mode::decoupled)
+  if (diverged(s) && !plan_.can_rejoin)
     fail("unit {}: training diverged: loss {}, gradient norm {} at step {}", u_, s.loss,
          s.grad_norm, t);
   return s;

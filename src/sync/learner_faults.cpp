@@ -61,7 +61,7 @@ void Learner::start_over_for_syncer(Actions& actions) {
 // Only where it never waits for a merge (decoupled with τ ≥ 1, past the warm-up): a unit that
 // waits for the merge of a snapshot the dead syncer had read would wait for good.
 bool Learner::trains_through_syncer_restart(int64_t t) const {
-  return plan_.mode == Mode::decoupled && !plan_.learners_wait && !fragments_.warm(t + 1);
+  return plan_.outer_steps && !plan_.learners_wait && !fragments_.warm(t + 1);
 }
 
 // Leader: has the syncer answered our offer with "start over" (kStartOver)?
@@ -168,7 +168,7 @@ bool Learner::crash_and_rejoin(const Actions& a, int64_t& t, bool joining) {
   // unit back from a crash redoes, from the Θ it fetched (round words[1]), the steps of the
   // round it lost, so that its snapshots and its last step stay in line with the others'.
   const int64_t crashed_at = t;
-  if (plan_.mode == Mode::diloco) {
+  if (plan_.redoes_lost_round) {
     t = fragments_.step_of_sync(0, words[1]);
     trainer_.set_steps_done(t);  // the learning rate follows the round too
   }

@@ -21,7 +21,7 @@ Actions Learner::decide(int64_t t, const StepStats& s, double step_s, bool non_f
   actions.stop = decide_stop(actions, t);
   if (!actions.stop) wait_if_budget_spent_alone(t);
   if (checkpoints_) actions.checkpoint = decide_checkpoint(actions.stop);
-  if (plan_.mode == Mode::decoupled)
+  if (plan_.lr_on_job_clock)
     actions.schedule_step = window_->control(sync::kJobTokens) / job_step_tokens_;
   decide_crash(actions, t, s, non_finite, crash_ready);
   if (actions.crash) {
@@ -59,7 +59,7 @@ void Learner::publish_running_book() {
 }
 
 bool Learner::decide_stop(const Actions& actions, int64_t t) {
-  bool stop = (plan_.mode == Mode::ddp ? ddp_stop_->agreed : stop_requested()) || t >= max_steps_;
+  bool stop = (plan_.outer_steps ? stop_requested() : ddp_stop_->agreed) || t >= max_steps_;
   // diloco stops on the round the syncer named, so that every unit ends on the same merge.
   if (const int64_t last_round = window_->control(sync::kStopAfterVersion); last_round > 0) {
     int64_t round = frag_[0].applied;  // diloco (P = 1): the round this step ends on
@@ -75,7 +75,7 @@ bool Learner::decide_stop(const Actions& actions, int64_t t) {
 // a syncer to come back and say stop. Without this, units whose syncer died near the end of
 // the budget would train past it for as long as it is away.
 void Learner::wait_if_budget_spent_alone(int64_t t) {
-  if (plan_.mode != Mode::decoupled || !sync_link_.syncer_present) return;
+  if (!plan_.stops_on_token_budget || !sync_link_.syncer_present) return;
   if (const int64_t job = window_->control(sync::kJobTokens); job != job_tokens_seen_) {
     job_tokens_seen_ = job;
     job_tokens_step_ = t;
@@ -112,7 +112,7 @@ void Learner::broadcast(Actions& actions) {
 // stops alone, the syncer loses it and merges on, whatever the mode.
 bool Learner::stop_requested() {
   if (stop_signal() != 0) window_->set_control(sync::kSignal, stop_signal());
-  const bool alone = topo_.isolated || plan_.mode != Mode::diloco;
+  const bool alone = topo_.isolated || !plan_.stops_on_named_round;
   return window_->control(sync::kStop) != 0 || (stop_signal() != 0 && alone);
 }
 

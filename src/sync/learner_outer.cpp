@@ -106,7 +106,7 @@ bool Learner::wait_for_merge(int p, bool crash_ready) {
   const FragmentState& f = frag_[p];
   // Synchronous modes: every merge includes every unit, so the merge of our k-th snapshot is
   // version k. Decoupled with τ = 0: any merge newer than ours.
-  const int64_t want = plan_.mode == Mode::decoupled ? f.applied + 1 : f.sends;
+  const int64_t want = plan_.every_merge_has_all ? f.sends : f.applied + 1;
   // The merge may need our own snapshot, still on its way to host memory.
   if (gpu_ && f.pending_version < want) publish_all();
   // A crash due meanwhile happens on time: a unit that waits can fail too. A restarted syncer

@@ -26,7 +26,7 @@ void Learner::resume_from_checkpoint() {
     trainer_.optimizer().set_step_count(st.adam_step);
   }
   trainer_.set_steps_done(st.step);
-  if (plan_.mode == Mode::decoupled) trainer_.set_schedule_step(st.schedule_step);
+  if (plan_.lr_on_job_clock) trainer_.set_schedule_step(st.schedule_step);
   trainer_.data()->seek(st.cursors[topo_.unit_rank]);
   tokens_ = st.tokens;
   rejoins_ = st.rejoins;

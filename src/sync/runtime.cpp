@@ -1,4 +1,4 @@
-// Mode → outer-loop settings, and the entry point that sends each rank to its role.
+// The entry point that sends each rank to its role.
 #include <omp.h>
 
 #include <cmath>
@@ -14,49 +14,9 @@
 
 namespace ddiloco {
 
-OuterPlan OuterPlan::from(const Config& c) {
-  OuterPlan plan;
-  plan.mode = c.mode;
-  plan.h = c.outer.h;
-  switch (c.mode) {
-    case Mode::single:
-      fail("mode single has no outer loop");
-    case Mode::ddp:
-      plan.outer_steps = false;
-      plan.fragments = 1;
-      plan.overlap = 0;
-      plan.quorum = c.units.count;
-      break;
-    case Mode::diloco:
-      plan.fragments = 1;
-      plan.overlap = 0;
-      plan.quorum = c.units.count;
-      plan.learners_wait = true;
-      break;
-    case Mode::streaming:
-      plan.fragments = c.outer.fragments;
-      plan.overlap = c.outer.overlap;
-      plan.quorum = c.units.count;
-      plan.learners_wait = true;
-      break;
-    case Mode::decoupled:
-      plan.fragments = c.outer.fragments;
-      plan.overlap = c.outer.overlap;
-      plan.quorum = c.syncer.quorum;
-      plan.learners_wait = c.outer.overlap == 0;
-      break;
-  }
-  plan.warmup = plan.outer_steps ? c.outer.warmup_steps : 0;
-  if (plan.overlap >= plan.h)
-    fail("outer.overlap: must be < outer.h = {} (a merge must land before the fragment is due "
-         "again), got {}",
-         plan.h, plan.overlap);
-  return plan;
-}
-
 // The checkpoint a job resumes from ("" = a fresh start), chosen on one rank.
 std::string choose_checkpoint(const Config& config, const std::string& resume) {
-  if (config.mode == Mode::ddp)
+  if (!OuterPlan::from(config).outer_steps)
     fail("--resume: mode ddp writes no checkpoints (modes diloco, streaming and decoupled do)");
   if (resume == "auto") {
     const std::filesystem::path root = config.checkpoint.directory(config.run.dir);

@@ -163,7 +163,7 @@ void Syncer::check_stop() {
                 {"tokens", tokens}, {"elapsed_s", now()}});
     return;
   }
-  if (signal != 0 && plan_.mode == Mode::diloco && stop_after_version_ == 0) {
+  if (signal != 0 && plan_.stops_on_named_round && stop_after_version_ == 0) {
     // diloco ends on a round boundary, where every unit holds Θ and nothing is in flight: the
     // round now under way (no merge of it can have happened yet) is the last.
     stop_after_version_ = core_.versions()[0] + 1;
@@ -173,8 +173,8 @@ void Syncer::check_stop() {
     log_.write({{"event", "interrupted"}, {"signal", signal}, {"stop_after_version", stop_after_version_},
                 {"tokens", tokens}, {"elapsed_s", now()}});
   }
-  if (!core_.stopping() && plan_.mode != Mode::diloco &&
-      (signal != 0 || (plan_.mode == Mode::decoupled && tokens >= budget_))) {
+  if (!core_.stopping() && !plan_.stops_on_named_round &&
+      (signal != 0 || (plan_.stops_on_token_budget && tokens >= budget_))) {
     // Token budget reached (decoupled) or told to stop: every unit stops at its next step
     // boundary (units waiting for a merge stop waiting). Set before this round's deliveries,
     // so that a unit taking its last merge also sees the stop.
@@ -322,7 +322,7 @@ void Syncer::start() {
   if (!resumed_from_.empty()) {
     std::printf("resumed from %s: %lld merges, %.2fM tokens\n", resumed_from_.c_str(),
                 static_cast<long long>(core_.total_merges()), resumed_tokens_ / 1e6);
-    if (plan_.mode == Mode::decoupled && resumed_tokens_ >= budget_)
+    if (plan_.stops_on_token_budget && resumed_tokens_ >= budget_)
       std::printf("the checkpoint's job had completed its token budget (%.2fM): nothing left to "
                   "train\n", budget_ / 1e6);
   }

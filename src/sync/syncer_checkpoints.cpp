@@ -31,7 +31,7 @@ void SyncerCheckpoints::restore(SyncerCore& core, const Config& config, const ch
   const int M = core.units(), P = core.fragments();
   std::vector<std::vector<int64_t>> last_seq(M);
   std::vector<std::vector<std::vector<float>>> refs(M);
-  const bool wire_refs = config.mode != Mode::ddp && config.wan.format != "fp32";
+  const bool wire_refs = config.wan.format != "fp32";  // (ddp is never resumed)
   for (int u = 0; u < M; ++u) {
     const std::filesystem::path file = checkpoint::unit_file(dir, u);
     last_seq[u] = checkpoint::unit_last_seq(file, P);

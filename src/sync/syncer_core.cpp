@@ -185,7 +185,7 @@ void SyncerCore::unit_connected(int u) {
   // The job's progress as the unit last heard it stays (a restarted syncer knows it from the
   // units): written lower, every unit's learning-rate schedule would start over.
   if (books) progress_sent_ = std::max(progress_sent_, h.control(kJobTokens));
-  if (plan_.mode == Mode::decoupled) window_.set_job_tokens(u, progress_sent_);
+  if (plan_.lr_on_job_clock) window_.set_job_tokens(u, progress_sent_);
   if (stopping_) window_.request_stop(u);
 }
 
@@ -303,7 +303,7 @@ void SyncerCore::serve_rejoins() {
     // count the pending round as its next and stay one round behind.
     bool pending_round = false;
     for (int p = 0; p < fragments_.size(); ++p) pending_round |= slots_[u][p].fresh;
-    if (pending_round && plan_.mode != Mode::decoupled && serving_[u].next == 0) continue;
+    if (pending_round && plan_.every_merge_has_all && serving_[u].next == 0) continue;
     if (!serve(u)) continue;  // on its way, or unreachable now: the next poll goes on
     if (!window_.set_control(u, kRejoinServed, request)) continue;  // next poll
     rejoin_served_[u] = request;
@@ -539,7 +539,7 @@ std::vector<int> SyncerCore::ready_units(int p) const {
 // merged: that is the final flush.
 int SyncerCore::quorum_needed(int p, int live, int done) const {
   if (stopping_ || done == M_) return 1;
-  if (plan_.mode == Mode::decoupled) return std::min(plan_.quorum, std::max(live, 1));
+  if (!plan_.every_merge_has_all) return std::min(plan_.quorum, std::max(live, 1));
   int finished = 0;
   for (int u = 0; u < M_; ++u) finished += unit_done(u) && !snapshot_pending(u, p);
   return M_ - finished;
@@ -574,7 +574,7 @@ bool SyncerCore::merge_ready() {
     // Everyone alive has reported: nobody left to wait for.
     const bool everyone = static_cast<int>(ready.size()) >= live || stopping_;
     // In the warm-up the units wait for this merge (τ = 0): no slack to wait for stragglers in.
-    const double grace = plan_.mode == Mode::decoupled && !warm(p, ready) ? grace_.seconds() : 0.0;
+    const double grace = !plan_.every_merge_has_all && !warm(p, ready) ? grace_.seconds() : 0.0;
     if (!everyone && now() < r.quorum_at + grace) continue;
     merge(p, ready);
     any = true;
@@ -641,7 +641,7 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
         {"at_steps", at_steps},
         {"quorum_wait_s", round.quorum_at - round.first_at},
         {"grace_wait_s", start - round.quorum_at},
-        {"grace_window_s", plan_.mode == Mode::decoupled ? grace_.seconds() : 0.0},
+        {"grace_window_s", plan_.every_merge_has_all ? 0.0 : grace_.seconds()},
         {"merge_s", sync_s},
         {"bytes_in", bytes_in},
         {"bytes_out", links_.down_bytes() - bytes_out_before},  // sent now (lands later over a WAN)
@@ -669,7 +669,7 @@ std::span<const float> SyncerCore::anchor_of(int p, const Slot& s) const {
 // once, alone, 1.2794 (2.2382 with outer.anchor: base); dropping it, 1.2726; against 1.2337
 // this way.
 bool SyncerCore::warm_round_overdue(int p, const std::vector<int>& ready) const {
-  if (plan_.mode != Mode::decoupled || fragments_.size() == 1 || ready.empty() || !warm(p, ready))
+  if (plan_.every_merge_has_all || fragments_.size() == 1 || ready.empty() || !warm(p, ready))
     return false;
   double oldest = now();
   for (int u : ready) oldest = std::min(oldest, slots_[u][p].arrives_at);
@@ -775,7 +775,7 @@ bool SyncerCore::deliver_pending() {
 }
 
 void SyncerCore::publish_progress(int64_t tokens) {
-  if (plan_.mode != Mode::decoupled) return;
+  if (!plan_.lr_on_job_clock) return;
   if (tokens - progress_sent_ < progress_step_) return;
   for (int u = 0; u < M_; ++u)
     if (!unit_done(u)) window_.set_job_tokens(u, tokens);

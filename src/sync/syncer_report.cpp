@@ -96,7 +96,7 @@ void Syncer::report(double train_end, const std::vector<TimeBook>& books,
   uint64_t bytes = 0;
   nlohmann::json link_json = nlohmann::json::array();
   for (const wan::LinkCounters& c : links) {
-    bytes += c.up_bytes + (plan_.mode == Mode::ddp ? 0 : c.down_bytes);
+    bytes += c.up_bytes + (plan_.outer_steps ? c.down_bytes : 0);
     link_json.push_back({{"unit", c.unit}, {"up_bytes", c.up_bytes}, {"down_bytes", c.down_bytes},
                          {"up_messages", c.up_messages}, {"down_messages", c.down_messages}});
   }
@@ -126,7 +126,7 @@ void Syncer::report(double train_end, const std::vector<TimeBook>& books,
               {"merges", merges},
               {"bytes_across_units", bytes},
               {"bytes_per_token", trained > 0 ? static_cast<double>(bytes) / trained : 0.0},
-              {"wan_format", plan_.outer_steps || plan_.mode == Mode::ddp ? config_.wan.format : "fp32"},
+              {"wan_format", config_.wan.format},
               {"links", link_json},
               {"window_bytes", window_bytes},
               {"snapshots_rejected", core_.snapshots_rejected()},
