@@ -57,6 +57,7 @@
 #include <chrono>
 #include <bit>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -271,7 +272,10 @@ struct UnitHeaders {
 /// it must outlive the window).
 class SyncerWindow {
  public:
-  SyncerWindow(comm::RemoteMemory& remote, const WindowLayout& layout);
+  /// Seconds on a monotonic clock: it times each lane's patience (lane_on_time) and the poll
+  /// budget. Empty: a steady clock. Tests pass the manual clock their SyncerCore runs on.
+  using Clock = std::function<double()>;
+  SyncerWindow(comm::RemoteMemory& remote, const WindowLayout& layout, Clock clock = {});
   SyncerWindow(const SyncerWindow&) = delete;
   SyncerWindow& operator=(const SyncerWindow&) = delete;
   void close() { remote_->close(); }
@@ -408,12 +412,12 @@ class SyncerWindow {
     uint64_t sum = 0;
     bool raw = false;
     std::vector<float> next;
-    std::chrono::steady_clock::time_point started;
+    double started = 0;   // clock seconds
     uint64_t serial = 0;  // transfers started on this lane so far
-    void busy(Lane k, int p) {  // a transfer of fragment p started now
+    void busy(Lane k, int p, double now) {  // a transfer of fragment p started now
       kind = k;
       fragment = p;
-      started = std::chrono::steady_clock::now();
+      started = now;
       ++serial;
     }
     void end() {  // its transfer is over (its bytes and announcement stay for the caller)
@@ -433,7 +437,8 @@ class SyncerWindow {
   int units_;
   uint64_t bytes_read_ = 0, bytes_written_ = 0;
   double poll_budget_ = 0;
-  std::vector<std::chrono::steady_clock::time_point> next_poll_;
+  std::vector<double> next_poll_;  // clock seconds
+  Clock clock_;
   // [unit][fragment]: the unit's reference R at every version it may still name (lossy
   // formats): from the older of its last taken version and the one its unread snapshot names.
   std::vector<std::vector<std::map<int64_t, std::vector<float>>>> refs_;

@@ -255,9 +255,13 @@ void LearnerWindow::offer(int p, int64_t version, std::span<const float> values,
 
 // ---------------------------------------------------------------------------- syncer side
 
-SyncerWindow::SyncerWindow(comm::RemoteMemory& remote, const WindowLayout& layout)
-    : remote_(&remote), layout_(&layout), units_(remote.units()),
+SyncerWindow::SyncerWindow(comm::RemoteMemory& remote, const WindowLayout& layout, Clock clock)
+    : remote_(&remote), layout_(&layout), units_(remote.units()), clock_(std::move(clock)),
       refs_(units_, std::vector<std::map<int64_t, std::vector<float>>>(layout.fragments())) {
+  if (!clock_)
+    clock_ = [t0 = std::chrono::steady_clock::now()] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
   lanes_.resize(units_);
   waiting_words_.resize(units_);
   poll_now_.assign(units_, false);
@@ -272,9 +276,8 @@ void SyncerWindow::poll(std::vector<UnitHeaders>& out, bool all) {
   const size_t words = layout_->header_block_bytes() / sizeof(int64_t);
   out.resize(units_);
   next_poll_.resize(units_);
-  const auto now = std::chrono::steady_clock::now();
-  const auto spacing = std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(
-      poll_budget_ > 0 ? static_cast<double>(layout_->header_block_bytes()) / poll_budget_ : 0.0));
+  const double now = clock_();
+  const double spacing = poll_budget_ > 0 ? static_cast<double>(layout_->header_block_bytes()) / poll_budget_ : 0.0;
   std::vector<comm::RemoteMemory::Read> reads;
   std::vector<std::vector<int64_t>> fresh(units_);
   for (int u = 0; u < units_; ++u) {
@@ -343,7 +346,7 @@ bool SyncerWindow::start_fetch(int u, int p, const UnitHeaders& headers) {
   const size_t read = std::min(static_cast<size_t>(std::max<int64_t>(announced, 0)), layout_->capacity(p));
   l.ticket = remote_->start_get(u, layout_->outbox_offset(p), read);
   if (l.ticket == 0) return false;
-  l.busy(Lane::fetch, p);
+  l.busy(Lane::fetch, p, clock_());
   l.ref = ref;
   l.announced = announced;
   l.sum = static_cast<uint64_t>(headers.header(p, kOutChecksum));
@@ -437,7 +440,7 @@ bool SyncerWindow::start_deliver(int u, int p, int64_t version, std::span<const 
   // reference of it stays: the caller delivers again later.
   l.ticket = remote_->start_put(u, layout_->inbox_offset(p), l.bytes);
   if (l.ticket == 0) return false;
-  l.busy(Lane::deliver, p);
+  l.busy(Lane::deliver, p, clock_());
   l.version = version;
   l.raw = raw;
   l.sum = checksum(std::span<const std::byte>(l.bytes));
@@ -473,7 +476,7 @@ bool SyncerWindow::lane_on_time(int u) const {
 
 double SyncerWindow::lane_age_s(int u) const {
   if (lanes_[u].kind == Lane::idle) return 0.0;
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - lanes_[u].started).count();
+  return clock_() - lanes_[u].started;
 }
 
 void SyncerWindow::set_link_min_rate(double bytes_per_s) {

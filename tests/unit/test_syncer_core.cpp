@@ -5,8 +5,6 @@
 // learners are their windows (sync_window.hpp), driven by hand as a leader would drive them.
 #include <gtest/gtest.h>
 
-#include <chrono>
-#include <thread>
 
 #include <cmath>
 #include <limits>
@@ -63,7 +61,7 @@ struct Harness {
         fragments(parameters, plan.fragments, plan.h, plan.warmup),
         layout(fragments, wan::wire_codec(config), config.wan.ef_decay, static_cast<size_t>(config.wan.down_topk)),
         remote(config.units.count),
-        window(remote, layout),
+        window(remote, layout, [this] { return clock; }),
         links(config, config.units.count),
         core(config, plan, window, fragments, links, [this] { return clock; },
              [this](json e) { events.push_back(std::move(e)); }) {
@@ -617,7 +615,7 @@ TEST(SyncerCore, ATransferPastItsPatienceIsLoggedOnceAsASlowLink) {
   h.publish(1, 0, 1.0f, 4, 400);
   h.tick();
   EXPECT_TRUE(h.named("link_slow").empty()) << "a transfer on time is no slow link";
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  h.clock += 0.4;
   h.tick();
   h.tick();
   ASSERT_EQ(h.named("link_slow").size(), 1u) << "once per transfer";
@@ -634,8 +632,10 @@ TEST(SyncerCore, ATransferPastItsPatienceIsLoggedOnceAsASlowLink) {
 
 TEST(SyncerCore, AUnitWithATransferOnTimeIsHeardAndSilentOncePastIt) {
   // Its headers are not polled while its read is on its way: within the read's patience
-  // (0.25 s + its bytes at 1e7 B/s, real time) it is not silent, whatever the syncer's clock says.
+  // (0.25 s + its bytes at the slowest rate allowed for, here 10 s) it is not silent, though
+  // it has not beaten for longer than heartbeat_timeout_s = 5.
   Harness h(small_config(Mode::decoupled, 2, 1));
+  h.window.set_link_min_rate(static_cast<double>(h.layout.numel(0) * sizeof(float)) / 10);
   h.remote.hold(1, true);
   h.publish(1, 0, 1.0f, 4, 400);
   h.tick();
@@ -643,8 +643,7 @@ TEST(SyncerCore, AUnitWithATransferOnTimeIsHeardAndSilentOncePastIt) {
   h.beat(0);
   h.tick();
   EXPECT_TRUE(h.named("unit_silent").empty()) << "a unit with a transfer on time was declared silent";
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));
-  h.clock = 12.0;
+  h.clock = 12.0;  // past its patience
   h.beat(0);
   h.tick();
   ASSERT_EQ(h.named("unit_silent").size(), 1u) << "a transfer past its patience still made the unit heard";
@@ -822,7 +821,7 @@ TEST(SyncerCore, ARestartedCoreReadsItsBooksBackAndAdoptsTheNewestThetaOffered) 
   EXPECT_EQ(h.core.tokens_total(), 840);
 
   // The syncer dies; a new one starts over the same windows.
-  sync::SyncerWindow window(h.remote, h.layout);
+  sync::SyncerWindow window(h.remote, h.layout, [&] { return h.clock; });
   sync::UnitLinks links(c, 2);
   std::vector<json> events;
   sync::SyncerCore restarted(c, h.plan, window, h.fragments, links, [&] { return h.clock; },
@@ -869,7 +868,7 @@ TEST(SyncerCore, ARestartedCoreReadsItsBooksBackAndAdoptsTheNewestThetaOffered) 
   EXPECT_EQ(h.unit(0).inbox_version(1), 0) << "unit 0 holds Θ_1 at the syncer's version: nothing owed";
 
   // A fresh run's syncer over the same windows (--resume never) takes none of those books.
-  sync::SyncerWindow window2(h.remote, h.layout);
+  sync::SyncerWindow window2(h.remote, h.layout, [&] { return h.clock; });
   sync::SyncerCore fresh(c, h.plan, window2, h.fragments, links, [&] { return h.clock; }, [](json) {});
   fresh.set_isolated(true);
   for (int u = 0; u < 2; ++u) fresh.unit_connected(u);
