@@ -1,7 +1,7 @@
 // Run configuration: YAML files with `--set key=value` overrides, validated before use.
 //
 // Every key is declared once (name, type, default, documentation, range check) in
-// src/util/config.cpp; `ddiloco config --list` prints them all. Loading rejects unknown keys,
+// src/config/config.cpp; `ddiloco config --list` prints them all. Loading rejects unknown keys,
 // values of the wrong type and values out of range with a one-line message naming the source
 // (file or --set), the key and what was expected, e.g.
 //   configs/x.yaml: train.lr: must be > 0, got -0.001
@@ -273,7 +273,7 @@ void validate(const Config& config, const std::string& source);
 
 /// What validate() checks when run.device is cuda (what a GPU learner unit cannot run). The
 /// GPU unit backend installs it with itself (gpu::register_unit_backend,
-/// include/ddiloco/gpu/unit_backend.hpp), so that the rules stay with the GPU code and this
+/// include/ddiloco/unit_backend.hpp), so that the rules stay with the GPU code and this
 /// layer knows none of them. None installed (a binary built without CUDA): validate() refuses
 /// run.device: cuda. Throws Error (unprefixed; validate() adds the source). Set once at
 /// start-up, before any configuration is read; nullptr uninstalls it.

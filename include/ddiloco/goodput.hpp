@@ -2,8 +2,6 @@
 // every rank books its wall time, and the syncer measures global downtime.
 #pragma once
 
-#include <mpi.h>
-
 #include <nlohmann/json.hpp>
 
 #include <vector>
@@ -36,10 +34,6 @@ struct TimeBook {
   std::vector<double> to_vector() const;
   static TimeBook from_vector(const double* v);
 };
-
-/// Gathers every rank's book at rank 0 of `comm` (collective; waiting ranks sleep). Returns
-/// them in rank order at the root, nothing elsewhere.
-std::vector<TimeBook> gather_time_books(const TimeBook& mine, MPI_Comm comm);
 
 /// Global downtime: the total length of the intervals between two consecutive outer updates
 /// (of any fragment; or the last one and the end of training) that are longer than `factor`

@@ -26,6 +26,10 @@ namespace sync {
 class LearnerWindow;
 }
 
+/// Gathers every rank's book at rank 0 of `comm` (collective; waiting ranks sleep). Returns
+/// them in rank order at the root, nothing elsewhere.
+std::vector<TimeBook> gather_time_books(const TimeBook& mine, MPI_Comm comm);
+
 /// Runs this rank's part of a multi-unit job (config.mode ≠ single). Collective over `world`.
 /// Every input is validated on every rank first (mpi::SetupFailed on all ranks otherwise);
 /// run.dir must not hold a previous run unless `overwrite` or resuming. SIGINT, SIGTERM and

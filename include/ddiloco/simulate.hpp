@@ -201,6 +201,18 @@ std::vector<SimResult> sweep(const SimConfig& config);
 
 nlohmann::json to_json(const SimResult& r);
 
+/// Throws Error (naming `source` and the key) unless `config` can be calibrated: two
+/// calibration.chips, two goodputs each for dp and elastic dp, one per sweep.learners for
+/// decoupled, failures on, every M ≤ calibration.chips[0], headline M ≤ calibration.chips[1].
+void check_calibration(const SimConfig& config, const std::string& source);
+
+/// `config` with dp.checkpoint_seconds and chips.recovery_minutes fitted to calibration.dp, then
+/// elastic.checkpoint_seconds and elastic.rescale_seconds to calibration.elastic_dp (the goodput
+/// at calibration.chips[0] and [1]; each pair by nested bisection, dp first: elastic dp's
+/// rejoins depend on the recovery time). Throws Error where a target cannot be reached, or
+/// check_calibration's errors.
+SimConfig calibrate(SimConfig config, const std::string& source);
+
 /// Closed-form goodput of dp with exponential failures of total rate Λ = N/MTBI, a fixed
 /// recovery R, restart S and compute τ between checkpoints costing δ (all seconds), failures
 /// possible while down and while restarting: downtime per failure

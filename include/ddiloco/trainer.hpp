@@ -4,7 +4,7 @@
 // gradient, same update). One inner step = forward + backward on the rank's own batch,
 // MPI_Allreduce of the gradients over the unit (mean), clipping by global norm, AdamW.
 //
-// With run.device: cuda the same step runs on this rank's GPU (gpu/unit_backend.hpp: GptCuda,
+// With run.device: cuda the same step runs on this rank's GPU (unit_backend.hpp: GptCuda,
 // NCCL mean of the gradients, clip and AdamW on the device). The host model and optimizer
 // then are a mirror that is NOT kept current step by step: download_state() copies the
 // device's parameters and AdamW state into them, upload_state() the other way; callers that
@@ -21,7 +21,7 @@
 
 #include "ddiloco/config.hpp"
 #include "ddiloco/data_loader.hpp"
-#include "ddiloco/gpu/unit_backend.hpp"
+#include "ddiloco/unit_backend.hpp"
 #include "ddiloco/model.hpp"
 #include "ddiloco/optim.hpp"
 

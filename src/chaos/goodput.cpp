@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "ddiloco/mpi.hpp"
-
 namespace ddiloco {
 
 TimeBook& TimeBook::operator+=(const TimeBook& o) {
@@ -35,21 +33,6 @@ TimeBook TimeBook::from_vector(const double* v) {
   b.discarded = v[4];
   b.allocated = v[5];
   return b;
-}
-
-std::vector<TimeBook> gather_time_books(const TimeBook& mine, MPI_Comm comm) {
-  const std::vector<double> send = mine.to_vector();
-  const int root = 0, n = mpi::size(comm);
-  std::vector<double> all(mpi::rank(comm) == root ? static_cast<size_t>(n) * TimeBook::kFields : 0);
-  MPI_Request request;
-  mpi::check(MPI_Igather(send.data(), TimeBook::kFields, MPI_DOUBLE, all.data(), TimeBook::kFields,
-                         MPI_DOUBLE, root, comm, &request),
-             "Igather(time books)");
-  mpi::wait(request);
-  std::vector<TimeBook> books;
-  for (size_t i = 0; i < all.size(); i += TimeBook::kFields)
-    books.push_back(TimeBook::from_vector(all.data() + i));
-  return books;
 }
 
 void GlobalDowntime::interval(double length, double nominal) {

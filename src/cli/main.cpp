@@ -16,7 +16,8 @@
 #include "ddiloco/config.hpp"
 #include "ddiloco/data_loader.hpp"
 #include "ddiloco/error.hpp"
-#include "ddiloco/gpu/unit_backend.hpp"
+#include "ddiloco/gpu/bench_gpu.hpp"
+#include "ddiloco/unit_backend.hpp"
 #include "ddiloco/isolated.hpp"
 #include "ddiloco/launch.hpp"
 #include "ddiloco/model_io.hpp"
@@ -407,7 +408,7 @@ Command bench_simulate_command(CLI::App& bench) {
 }
 
 // bench gpu's options; the GPT-2 124M shape unless --config/--set name another (run_bench_gpu).
-void add_bench_gpu_options(CLI::App* sub, cli::BenchGpuOptions& o) {
+void add_bench_gpu_options(CLI::App* sub, gpu::BenchGpuOptions& o) {
   sub->add_option("--n-layer", o.n_layer, "layers")->check(CLI::PositiveNumber);
   sub->add_option("--n-head", o.n_head, "attention heads")->check(CLI::PositiveNumber);
   sub->add_option("--n-embd", o.n_embd, "channels")->check(CLI::PositiveNumber);
@@ -449,7 +450,7 @@ void add_bench_gpu_options(CLI::App* sub, cli::BenchGpuOptions& o) {
 }
 
 // The config's shape and optimizer, except where a flag was given explicitly.
-int run_bench_gpu(CLI::App* sub, const ConfigArgs& args, cli::BenchGpuOptions& o) {
+int run_bench_gpu(CLI::App* sub, const ConfigArgs& args, gpu::BenchGpuOptions& o) {
   if (!args.path.empty() || !args.overrides.empty()) {
     const Config c = load_config(args.path, args.overrides);
     auto unset = [&](const char* flag) { return sub->get_option(flag)->count() == 0; };
@@ -468,7 +469,7 @@ int run_bench_gpu(CLI::App* sub, const ConfigArgs& args, cli::BenchGpuOptions& o
     o.weight_decay = c.train.weight_decay;
   }
 #ifdef DDILOCO_HAVE_CUDA
-  return cli::bench_gpu(o);
+  return gpu::bench_gpu(o);
 #else
   fail("bench gpu: this ddiloco was built without CUDA; build it with the cuda preset "
        "(cmake --preset cuda && cmake --build --preset cuda)");
@@ -477,7 +478,7 @@ int run_bench_gpu(CLI::App* sub, const ConfigArgs& args, cli::BenchGpuOptions& o
 
 Command bench_gpu_command(CLI::App& bench) {
   auto args = std::make_shared<ConfigArgs>();
-  auto o = std::make_shared<cli::BenchGpuOptions>();
+  auto o = std::make_shared<gpu::BenchGpuOptions>();
   CLI::App* sub = bench.add_subcommand(
       "gpu", "GPU training step (bf16) tokens/s and MFU; GPT-2 124M shape by default, or the "
              "model, train.batch_size and optimizer of --config/--set (explicit flags win)");

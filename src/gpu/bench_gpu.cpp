@@ -16,17 +16,17 @@
 #include <string>
 #include <vector>
 
-#include "cli/commands.hpp"
 #include "ddiloco/error.hpp"
+#include "ddiloco/gpu/bench_gpu.hpp"
 #include "ddiloco/gpu/check.hpp"
 #include "ddiloco/gpu/cudnn_attention.hpp"
 #include "ddiloco/gpu/gpt_cuda.hpp"
 #include "ddiloco/gpu/kernels.hpp"
 #include "ddiloco/gpu/profiler.hpp"
-#include "ddiloco/gpu/sdpa_shape.hpp"
+#include "ddiloco/sdpa_shape.hpp"
 #include "ddiloco/rng.hpp"
 
-namespace ddiloco::cli {
+namespace ddiloco::gpu {
 namespace {
 
 // `--profile`: `steps` more training steps with the model's OpProfiler on, then the table.
@@ -306,4 +306,4 @@ int bench_gpu(const BenchGpuOptions& o) {
   return 0;
 }
 
-}  // namespace ddiloco::cli
+}  // namespace ddiloco::gpu

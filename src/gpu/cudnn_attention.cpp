@@ -8,7 +8,7 @@
 // "Specialized Runtime Fusion Engines"), so the node order, the data types of the virtual
 // tensors and the strides follow the frontend's lowering for cuDNN 9.x below 9.21 (where
 // softmax and the causal mask are still pointwise/reduction composites). The views come
-// from gpu/sdpa_shape.hpp.
+// from sdpa_shape.hpp.
 #include "ddiloco/gpu/cudnn_attention.hpp"
 
 #include <cudnn.h>
@@ -24,7 +24,7 @@
 
 #include "ddiloco/error.hpp"
 #include "ddiloco/gpu/check.hpp"
-#include "ddiloco/gpu/sdpa_shape.hpp"
+#include "ddiloco/sdpa_shape.hpp"
 
 namespace ddiloco::gpu {
 

@@ -13,7 +13,7 @@
 #include "ddiloco/gpu/check.hpp"
 #include "ddiloco/gpu/cudnn_attention.hpp"
 #include "ddiloco/gpu/kernels.hpp"
-#include "ddiloco/gpu/sdpa_shape.hpp"
+#include "ddiloco/sdpa_shape.hpp"
 #include "model/weights.hpp"
 
 namespace ddiloco::gpu {

@@ -1,4 +1,4 @@
-// A learner rank on its GPU (include/ddiloco/gpu/unit_backend.hpp): GptCuda for the step,
+// A learner rank on its GPU (include/ddiloco/unit_backend.hpp): GptCuda for the step,
 // NCCL inside the unit, HostStaging for the leader's fragment exchange with the syncer.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -13,7 +13,7 @@
 #include "ddiloco/gpu/gpt_cuda.hpp"
 #include "ddiloco/gpu/host_staging.hpp"
 #include "ddiloco/gpu/nccl.hpp"
-#include "ddiloco/gpu/unit_backend.hpp"
+#include "ddiloco/unit_backend.hpp"
 #include "ddiloco/mpi.hpp"
 
 namespace ddiloco::gpu {

@@ -7,7 +7,7 @@
 
 #include "ddiloco/error.hpp"
 #include "ddiloco/simulate.hpp"
-#include "util/config_schema.hpp"
+#include "config/config_schema.hpp"
 
 namespace ddiloco::sim {
 

@@ -230,7 +230,7 @@ class Learner {
   const int P_;
   std::unique_ptr<comm::ExposedMemory> memory_;  // before window_: it outlives it
   std::optional<sync::LearnerWindow> window_;
-  // run.device: cuda (gpu/unit_backend.hpp), else null: the parameters and AdamW state live on
+  // run.device: cuda (unit_backend.hpp), else null: the parameters and AdamW state live on
   // the GPU and the host model is a mirror, synchronised where host code reads or writes it.
   gpu::UnitBackend* const gpu_;
   // cuda with outer.apply overwrite: merged fragments are uploaded as soon as they are taken

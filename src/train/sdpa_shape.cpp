@@ -1,5 +1,5 @@
-// Shapes and in-place views of cuDNN's fused attention graphs (include/ddiloco/gpu/sdpa_shape.hpp).
-#include "ddiloco/gpu/sdpa_shape.hpp"
+// Shapes and in-place views of cuDNN's fused attention graphs (include/ddiloco/sdpa_shape.hpp).
+#include "ddiloco/sdpa_shape.hpp"
 
 #include <cmath>
 

@@ -1,10 +1,10 @@
-// The CPU library's side of the GPU unit backend (include/ddiloco/gpu/unit_backend.hpp): the
+// The CPU library's side of the GPU unit backend (include/ddiloco/unit_backend.hpp): the
 // registered factory, the refusal where none is installed (a binary built without CUDA), and
 // the run.device: cuda checks that config validation makes once one is.
-#include "ddiloco/gpu/unit_backend.hpp"
+#include "ddiloco/unit_backend.hpp"
 
 #include "ddiloco/error.hpp"
-#include "ddiloco/gpu/sdpa_shape.hpp"
+#include "ddiloco/sdpa_shape.hpp"
 
 namespace ddiloco::gpu {
 

@@ -17,7 +17,7 @@
 #include "ddiloco/gpu/cudnn_attention.hpp"
 #include "ddiloco/gpu/gpt_cuda.hpp"
 #include "ddiloco/gpu/kernels.hpp"
-#include "ddiloco/gpu/sdpa_shape.hpp"
+#include "ddiloco/sdpa_shape.hpp"
 #include "ddiloco/layers.hpp"
 #include "device_util.hpp"
 #include "gpu_test.hpp"

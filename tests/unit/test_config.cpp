@@ -4,7 +4,7 @@
 
 #include "ddiloco/config.hpp"
 #include "ddiloco/error.hpp"
-#include "ddiloco/gpu/unit_backend.hpp"
+#include "ddiloco/unit_backend.hpp"
 #include "temp_dir.hpp"
 
 namespace ddiloco {
@@ -131,7 +131,7 @@ TEST(Config, CudnnAttentionNeedsACudnnBuild) {
   gpu::register_unit_backend(nullptr);
 }
 
-// With cuDNN 9.19: the model's shape against cuDNN's SDPA limits (gpu/sdpa_shape.hpp).
+// With cuDNN 9.19: the model's shape against cuDNN's SDPA limits (sdpa_shape.hpp).
 TEST(Config, CudnnAttentionChecksTheShape) {
   gpu::register_unit_backend(stand_in_backend(), 91900);
   EXPECT_EQ(gpu::unit_backend_cudnn_version(), 91900);

@@ -1,4 +1,4 @@
-// The host side of cuDNN's fused attention (gpu/sdpa_shape.hpp), without a GPU: that the 4-D
+// The host side of cuDNN's fused attention (sdpa_shape.hpp), without a GPU: that the 4-D
 // views the cuDNN graphs are built from address our (B,T,3C) and (B,T,C) activations element
 // by element, the workspace arithmetic, and every limit of cuDNN's SDPA the path checks.
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "ddiloco/error.hpp"
-#include "ddiloco/gpu/sdpa_shape.hpp"
+#include "ddiloco/sdpa_shape.hpp"
 
 namespace ddiloco::gpu {
 namespace {

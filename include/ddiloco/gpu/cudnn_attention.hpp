@@ -5,7 +5,7 @@
 //
 // Each (B,T,C,NH) and direction gets an operation graph of matmul, pointwise and reduction
 // nodes in the shape the cuDNN frontend lowers its sdpa / sdpa_backward nodes to (see
-// gpu/sdpa_shape.hpp for the sources), which cuDNN's runtime fusion engines compile into one
+// sdpa_shape.hpp for the sources), which cuDNN's runtime fusion engines compile into one
 // FlashAttention-2 kernel (Dao 2023, arXiv:2307.08691); an execution plan is chosen from
 // cuDNN's heuristics (mode A, then the fallback list) and cached by shape: the first call for
 // a shape builds (slow: seconds with runtime compilation), later ones only execute.

@@ -44,7 +44,7 @@ class OpProfiler;  // ddiloco/gpu/profiler.hpp
 ///           from the (B,T,3C) activations and writing y and dQ, dK, dV in place; like flash
 ///           only a (B,NH,T) log-sum-exp per layer. Only in builds with cuDNN 9
 ///           (attention_kind_built); head size a multiple of 8 and ≤ 128, T ≥ 2 for backward
-///           (gpu/sdpa_shape.hpp; Error otherwise). Built and tested without a GPU, not yet
+///           (sdpa_shape.hpp; Error otherwise). Built and tested without a GPU, not yet
 ///           measured.
 enum class AttentionKind { cublas, flash, cublas_inplace, cudnn };
 /// Every kind, in the order bench gpu --compare runs them (those attention_kind_built).

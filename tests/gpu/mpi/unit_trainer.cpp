@@ -16,7 +16,7 @@
 
 #include "ddiloco/config.hpp"
 #include "ddiloco/fragments.hpp"
-#include "ddiloco/gpu/unit_backend.hpp"
+#include "ddiloco/unit_backend.hpp"
 #include "ddiloco/rng.hpp"
 #include "ddiloco/shard.hpp"
 #include "ddiloco/trainer.hpp"

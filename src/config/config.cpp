@@ -15,7 +15,7 @@
 
 #include "ddiloco/chaos.hpp"
 #include "ddiloco/error.hpp"
-#include "util/config_schema.hpp"
+#include "config/config_schema.hpp"
 
 namespace ddiloco {
 

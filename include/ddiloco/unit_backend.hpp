@@ -9,7 +9,7 @@
 // install_cuda_unit_backend() before they load a configuration. "Built with CUDA" is thereby a
 // property of the binary: registering the backend also installs its configuration checks
 // (validate below) as config's DeviceCheck, and without a registered backend run.device: cuda
-// is refused at config validation (src/util/config.cpp).
+// is refused at config validation (src/config/config.cpp).
 //
 // What the backend holds (one per learner rank, on the GPU select_device picks by node-local
 // rank): the GPU model (GptCuda: fp32 master weights, bf16 working copy, fp32 gradients and
@@ -144,7 +144,7 @@ std::unique_ptr<UnitBackend> make_unit_backend(const Config& config, MPI_Comm un
 /// run.device is cuda and a backend is registered: mode ddp (its gradient ring across units
 /// runs on host buffers), run.gpu_attention: flash without head size 64 and seq_len a multiple
 /// of 64, run.gpu_attention: cudnn in a build without cuDNN or for a shape cuDNN's fused
-/// attention refuses (gpu/sdpa_shape.hpp, sdpa_unsupported, with train.batch_size and the
+/// attention refuses (sdpa_shape.hpp, sdpa_unsupported, with train.batch_size and the
 /// backend's cuDNN version). Throws Error (unprefixed: validate() names the source).
 void validate(const Config& config);
 
