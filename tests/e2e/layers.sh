@@ -1,72 +1,37 @@
-# The module layers point one way (README "Layout"): configuration, wire formats and transport,
-# data and files (src/util, src/comm, src/data, src/io) do not depend on the protocol, the
-# training loop or the GPU side above them (src/sync, src/train, src/gpu), and the training
-# loop does not depend on the protocol that drives it. No file of a lower directory includes,
-# directly or through the headers it includes, a header that an upper one implements.
+# The layers of src/ point one way, and the build enforces it (cmake/check_layers.py, run by
+# the CMake target check_layers before the core library; docs/architecture.md, "Layers").
+#   1. This tree passes the check.
+#   2. A copy of it with one wrong-way include planted (src/util/rng.cpp including
+#      ddiloco/syncer_core.hpp of src/sync) fails to build: CMake configures the copy and
+#      building the core library stops at the check, naming the file and the header.
+#   3. A folder of src/ that is not placed in the order fails the check too.
 source "$(dirname "$0")/lib/common.sh"
-cd "$SRC"
 
-# lower directories : the directories they must not reach
-rules=("util comm data io : sync train gpu"
-       "train : sync gpu")
+/usr/bin/python3 "$SRC/cmake/check_layers.py" "$SRC" || fail "this tree has wrong-way includes (above)"
+echo "ok: every include of src/ points down"
 
-# Which directory implements each header: include/ddiloco/[gpu/]X.hpp the one with X.cpp
-# (gpu/unit_backend.hpp is src/train's), the rest of include/ddiloco/gpu/ src/gpu; the private
-# headers src/D/*.hpp their directory D.
-declare -A owner=()
-for h in include/ddiloco/gpu/*.hpp; do owner["${h#include/}"]=gpu; done
-for h in include/ddiloco/*.hpp include/ddiloco/gpu/*.hpp; do
-  for c in src/*/"$(basename "$h" .hpp)".cpp; do
-    [[ -e $c && $c != src/cli/* ]] && owner["${h#include/}"]=$(basename "$(dirname "$c")")
-  done
-done
-for h in src/*/*.hpp; do owner["${h#src/}"]=$(basename "$(dirname "$h")"); done
-for must in ddiloco/fragments.hpp:sync ddiloco/sync_window.hpp:sync ddiloco/runtime.hpp:sync \
-            ddiloco/trainer.hpp:train ddiloco/gpu/unit_backend.hpp:train \
-            ddiloco/gpu/host_staging.hpp:gpu ddiloco/wire_format.hpp:comm; do
-  [[ ${owner[${must%:*}]:-} == "${must#*:}" ]] ||
-    fail "layers.sh places ${must%:*} in src/${owner[${must%:*}]:-?}, expected src/${must#*:}"
-done
+copy=$WORK/tree
+mkdir -p "$copy"
+cp -r "$SRC/CMakeLists.txt" "$SRC/CMakePresets.json" "$SRC/cmake" "$SRC/include" "$SRC/src" \
+      "$SRC/kernels" "$copy/"
+sed -i '1i #include "ddiloco/syncer_core.hpp"  // planted: util must not use sync' "$copy/src/util/rng.cpp"
+cmake -S "$copy" -B "$copy/build" -DDDILOCO_BUILD_TESTS=OFF -DDDILOCO_BUILD_BENCH=OFF \
+      > "$WORK/configure.log" 2>&1 || { cat "$WORK/configure.log"; fail "the copy did not configure"; }
+if cmake --build "$copy/build" --target ddiloco_core > "$WORK/build.log" 2>&1; then
+  fail "a wrong-way include built (log: $WORK/build.log)"
+fi
+grep -q "src/util/rng.cpp includes ddiloco/syncer_core.hpp" "$WORK/build.log" ||
+  { cat "$WORK/build.log"; fail "the build failed, but not on the planted include"; }
+if ls "$copy/build"/CMakeFiles/ddiloco_core.dir/src/*/*.o > /dev/null 2>&1; then
+  fail "the core was compiled before the check"
+fi
+echo "ok: the planted wrong-way include failed the build: $(grep -m1 'rng.cpp includes' "$WORK/build.log")"
 
-# Where an #include "..." is found: include/ for ddiloco/..., src/ for the private headers.
-resolve() {
-  if [[ -e include/$1 ]]; then echo "include/$1"; elif [[ -e src/$1 ]]; then echo "src/$1"; fi
-}
-
-bad=0
-for rule in "${rules[@]}"; do
-  lower=${rule% : *}
-  upper=" ${rule#* : } "
-  checked=0
-  for d in $lower; do
-    for f in src/"$d"/*; do
-      # Breadth-first over the headers f reaches; via[h] is the file that included h first.
-      declare -A via=()
-      queue=("$f")
-      while ((${#queue[@]})); do
-        cur=${queue[0]}
-        queue=("${queue[@]:1}")
-        while read -r inc; do
-          o=${owner[$inc]:-}
-          if [[ -n $o && $upper == *" $o "* ]]; then
-            chain=$inc
-            at=$cur
-            while [[ $at != "$f" ]]; do chain="$at -> $chain"; at=${via[$at]}; done
-            echo "FAIL: $f -> $chain (src/$o)" >&2
-            bad=1
-            continue
-          fi
-          path=$(resolve "$inc")
-          [[ -n $path && -z ${via[$path]:-} && $path != "$f" ]] || continue
-          via[$path]=$cur
-          queue+=("$path")
-        done < <(sed -n 's/^#include "\([^"]*\)".*/\1/p' "$cur")
-      done
-      unset via
-      checked=$((checked + 1))
-    done
-  done
-  echo "checked $checked files of src/{${lower// /,}} against the headers of src/{$(echo $upper | tr ' ' ,)}"
-done
-((bad == 0)) || fail "a lower layer depends on an upper one (chains above)"
-echo "PASS: the layers point one way"
+mkdir "$copy/src/newfolder"
+sed -i '1d' "$copy/src/util/rng.cpp"
+if /usr/bin/python3 "$SRC/cmake/check_layers.py" "$copy" 2> "$WORK/folder.log"; then
+  fail "a folder not placed in the order passed"
+fi
+grep -q "src/newfolder: a folder not in LAYERS" "$WORK/folder.log" || { cat "$WORK/folder.log"; fail "wrong message"; }
+echo "ok: an unplaced folder fails the check"
+echo "PASS: the layers point one way, and the build enforces it"
