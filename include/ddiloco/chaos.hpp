@@ -1,5 +1,5 @@
 // Fault injection: a seeded, reproducible schedule of unit crashes, straggler episodes and link
-// degradations (architecture.md, "Chaos and goodput"; paper_notes.md on the failure model).
+// degradations (docs/architecture.md, "Chaos and goodput"; docs/algorithm.md on the failure model).
 //
 // Times are wall-clock seconds since the job's common start (all ranks leave one barrier
 // together, so every rank reads the same schedule against the same clock). Each unit's faults

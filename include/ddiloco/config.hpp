@@ -80,13 +80,13 @@ struct OuterConfig {
   double lr = 0.7;            ///< η of outer Nesterov SGD
   double momentum = 0.9;      ///< μ
   std::string merge = "rda";  ///< rda | mean
-  /// overwrite (θ ← Θ, paper_notes.md) | blend (θ ← α·θ + (1−α)·Θ) | carry
+  /// overwrite (θ ← Θ, docs/algorithm.md) | blend (θ ← α·θ + (1−α)·Θ) | carry
   /// (θ ← Θ + (θ − θ_sent): the τ steps made since the snapshot are kept, and the next
   /// snapshot carries them with their steps and tokens)
   std::string apply = "overwrite";
   double blend_alpha = 0.5;   ///< blend: θ ← α·θ + (1−α)·Θ
   /// What a unit's outer gradient is measured from: current (the syncer's Θ now,
-  /// paper_notes.md) | base (the Θ version the unit last received; not with apply: blend) |
+  /// docs/algorithm.md) | base (the Θ version the unit last received; not with apply: blend) |
   /// reference (that version as the unit decoded it, the reference R its snapshot was sent
   /// against: Δ is then exactly the decoded message; needed where R lags Θ, wan.format: sparse).
   std::string anchor = "current";

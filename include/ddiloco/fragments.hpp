@@ -1,5 +1,5 @@
 // Fragments: the parameter vector split into P groups of whole tensors, each synchronised on
-// its own staggered schedule (Streaming DiLoCo, Douillard et al. 2025; paper_notes.md,
+// its own staggered schedule (Streaming DiLoCo, Douillard et al. 2025; docs/algorithm.md,
 // "Fragments and schedule").
 #pragma once
 

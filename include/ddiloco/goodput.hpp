@@ -1,4 +1,4 @@
-// Goodput accounting (architecture.md, "Chaos and goodput"; the paper's §on goodput):
+// Goodput accounting (docs/architecture.md, "Chaos and goodput"; the paper's §on goodput):
 // every rank books its wall time, and the syncer measures global downtime.
 #pragma once
 

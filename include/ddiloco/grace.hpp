@@ -1,5 +1,5 @@
-// The syncer's adaptive grace window (paper_notes.md, "Syncer", step 2): after a quorum of K
-// fresh snapshots, wait at most
+// The syncer's adaptive grace window (docs/algorithm.md, "Syncer, for each fragment round",
+// step 2): after a quorum of K fresh snapshots, wait at most
 //     g = clamp(γ · (τ·ξ_step − ξ_quorum − ξ_sync), 0, cap_steps · ξ_median_step)
 // seconds for more units, where ξ are exponential moving averages of the slowest unit's inner
 // step time, the time from a round's first snapshot to its quorum, and a merge + delivery.

@@ -1,10 +1,10 @@
-// The syncer's merge of learners' fragments and its outer optimizer (paper_notes.md,
+// The syncer's merge of learners' fragments and its outer optimizer (docs/algorithm.md,
 // "Syncer, for each fragment round", steps 3-6).
 //
 // For a fragment with global parameters Θ and contributions θ_m from units m with token
 // counts (c_tok, c_steps) since each last received the fragment:
 //   outer gradient   Δ_m = A_m − θ_m, anchored at A_m = Θ (the syncer's current fragment,
-//                    paper_notes.md step 3) or at the Θ version unit m last received
+//                    docs/algorithm.md step 3) or at the Θ version unit m last received
 //                    (`outer.anchor: base`: Δ_m is then exactly the unit's own progress, the
 //                    pseudo-gradient of asynchronous local SGD, Liu et al. 2024, arXiv 2401.09135)
 //   token weight     w_m = c_tok · (c_tok / c_steps)

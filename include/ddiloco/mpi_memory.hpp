@@ -2,7 +2,7 @@
 // unit leaders share a communicator (rank 0 the syncer, rank u+1 the leader of unit u).
 // Every leader exposes one MPI_Win_allocate window; the syncer reads and writes them with
 // passive-target RMA inside one MPI_Win_lock_all epoch per side held for the whole run
-// (architecture.md, "Learner ↔ syncer over MPI one-sided windows"). Windows are in MPI's
+// (docs/architecture.md, "Learner ↔ syncer over one-sided windows"). Windows are in MPI's
 // unified memory model on every transport we use (osc/sm, osc/rdma). No peer can fail alone:
 // a dead rank ends the MPI job, so connected() is always true.
 #pragma once

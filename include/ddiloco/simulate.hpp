@@ -1,7 +1,7 @@
 // Goodput simulator: a discrete-event model of one pre-training run on N chips that fail,
 // for planning a deployment (learner units M, quorum K, checkpoint interval) before renting
 // a cluster. It reproduces the comparison of the paper's chaos simulation (Douillard et al.
-// 2026, arXiv 2604.21428, "Reported results"; ../shared/design/paper_notes.md): data
+// 2026, arXiv 2604.21428, "Reported results"; docs/algorithm.md): data
 // parallel without elasticity, elastic data parallel, and Decoupled DiLoCo, 150k–2.4M chips,
 // every chip failing on average once a year.
 //
@@ -32,7 +32,7 @@
 //     (decoupled.on_chip_failure); a down unit loses its state, i.e. the work since its last
 //     merged snapshot, and rejoins from Θ (decoupled.rejoin_seconds). A unit publishes a
 //     snapshot every H inner steps and never waits; the syncer merges once K units have fresh
-//     snapshots and all live ones have reported or the adaptive grace window (paper_notes.md,
+//     snapshots and all live ones have reported or the adaptive grace window (docs/algorithm.md,
 //     Syncer step 2) has passed. Work counts as useful once merged.
 // At the end, dp's work is in the model; the live units' work reaches it in a last merge
 // if they make a quorum, else it is pending, not useful.

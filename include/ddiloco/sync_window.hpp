@@ -1,5 +1,5 @@
-// The learner ↔ syncer protocol over one-sided windows (architecture.md, "Learner ↔ syncer
-// over MPI one-sided windows"), written once over the transport of remote_memory.hpp: MPI RMA
+// The learner ↔ syncer protocol over one-sided windows (docs/architecture.md, "Learner ↔ syncer
+// over one-sided windows"), written once over the transport of remote_memory.hpp: MPI RMA
 // in the one-job deployment, UCX between separately launched jobs.
 //
 // Every unit leader exposes one window (comm::ExposedMemory) holding a control block, one

@@ -1,4 +1,4 @@
-// Process layout of a multi-unit job (architecture.md, "One job, three kinds of rank"):
+// Process layout of a multi-unit job (docs/architecture.md, "One job, three kinds of rank"):
 // world rank 0 is the syncer; ranks 1.. form the learner units in order, unit u taking
 // units.ranks[u] consecutive ranks. Each unit's local rank 0 is its leader, the only rank that
 // talks to the syncer.

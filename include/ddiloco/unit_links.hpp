@@ -1,4 +1,4 @@
-// The syncer's model of every unit's link to the WAN (wan.hpp, architecture.md "WAN
+// The syncer's model of every unit's link to the WAN (wan.hpp, docs/architecture.md "WAN
 // emulation"): when a snapshot it read from a unit counts as arrived, when that unit's outbox
 // may be acknowledged, and when a merged fragment lands in the unit's inbox. Nothing here
 // sleeps or moves bytes: the syncer reads and writes windows at once and compares these times

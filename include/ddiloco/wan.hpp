@@ -1,4 +1,4 @@
-// Emulated wide-area links (issue 6; architecture.md, "WAN emulation").
+// Emulated wide-area links (issue 6; docs/architecture.md, "WAN emulation").
 //
 // Every unit has one link to the WAN, with two directions: up (unit → WAN) and down (WAN →
 // unit). The syncer sits on the WAN backbone, so a snapshot crosses its unit's up direction

@@ -552,7 +552,7 @@ class Simulation {
   }
 
   // Quorum K reached: merge at once if every live unit has reported, else open the grace
-  // window g = clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap·ξ_step) (paper_notes.md).
+  // window g = clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap·ξ_step) (docs/algorithm.md).
   void try_merge(double t) {
     if (fresh_count_ < quorum_) return;
     if (all_live_fresh()) {

@@ -1,7 +1,7 @@
 // A learner rank in a multi-unit job (run_learner in runtime.hpp is its public entry point):
 // inner steps as in a single unit, plus the outer loop — counters per fragment, publishing
-// snapshots when due, applying merged fragments τ steps after sending (paper_notes.md,
-// "Learner m, every inner step").
+// snapshots when due, applying merged fragments τ steps after sending (docs/algorithm.md,
+// "Learner, every inner step").
 //
 // Every rank of a unit runs one Learner. The unit's leader (local rank 0) alone talks to the
 // syncer through its window (sync_window.hpp); after each inner step it decides what the
@@ -46,7 +46,7 @@ namespace ddiloco {
 /// The outer loop's state of one fragment p on one learner rank. Versions count the syncer's
 /// merges of Θ_p; sequence numbers count our snapshots of θ_p.
 struct FragmentState {
-  // Counters (paper_notes.md): what our next snapshot of p reports, from which the syncer
+  // Counters (docs/algorithm.md): what our next snapshot of p reports, from which the syncer
   // weighs it (token weight c_tok²/c_steps).
   /// Inner steps since θ_p last took a merge (carry: since the snapshot that merge answered).
   int64_t c_steps = 0;

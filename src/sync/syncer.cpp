@@ -1,6 +1,6 @@
 // The syncer process: holds Θ and the outer optimizer (syncer_core.hpp), collects snapshots
 // from the units' windows, merges each fragment once a quorum has reported (plus the grace
-// window), delivers the result, and evaluates Θ (paper_notes.md, "Syncer, for each fragment
+// window), delivers the result, and evaluates Θ (docs/algorithm.md, "Syncer, for each fragment
 // round"). This file: construction, the run loop, admission of units and the stop.
 #include "sync/syncer.hpp"
 

@@ -1,6 +1,6 @@
 # Quorum K = 2 of 3 with unit 2 stalled (test hook, no sleep): the syncer keeps merging units 0
 # and 1, unit 2's weight is 0 meanwhile; once it resumes, its snapshot is merged and its
-# staleness (global versions behind) is logged. First as paper_notes.md has it (Δ from the
+# staleness (global versions behind) is logged. First as docs/algorithm.md has it (Δ from the
 # current Θ, full steps), then again with outer gradients measured from
 # each unit's base version (the syncer must still hold the version unit 2 started from, however
 # far Θ moved meanwhile) and share-scaled steps (a merge of 2 of 3 equal units is 2/3 of a round).
@@ -21,7 +21,7 @@ syncer: {quorum: 2, eval_every: 100}
 debug: {stall_unit: 2, stall_at_step: 4, stall_until_merges: 6}
 YAML
 for variant in paper base; do
-extra=(--set outer.share_steps=false)  # paper_notes.md as written: every merge a full step
+extra=(--set outer.share_steps=false)  # docs/algorithm.md as written: every merge a full step
 [ "$variant" = base ] && extra=(--set outer.anchor=base --set outer.share_steps=true)
 ddiloco_mpirun -np 4 "$DDILOCO" train --config q.yaml --overwrite --set run.dir=q_$variant "${extra[@]}" \
   > q_$variant.log 2>&1 || { cat q_$variant.log; fail "$variant: run failed"; }

@@ -1,4 +1,4 @@
-// The unit leader's copies between its GPU and the syncer's side (architecture.md, "Learner ↔
+// The unit leader's copies between its GPU and the syncer's side (docs/architecture.md, "Learner ↔
 // syncer"): fragment snapshots device → pinned host memory, merged fragments host → device,
 // on a copy stream of their own, so that the inner loop never waits for PCIe.
 //

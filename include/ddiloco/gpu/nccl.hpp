@@ -1,4 +1,4 @@
-// Inside a learner unit on GPUs (architecture.md, "Inside a unit"): one rank per GPU, the
+// Inside a learner unit on GPUs (docs/architecture.md, "Inside a unit"): one rank per GPU, the
 // device chosen by the node-local rank; one NCCL communicator per unit, its unique id
 // broadcast over the unit's MPI communicator; the gradient all-reduce and the leader's
 // broadcast of merged fragments run on the communicator's own stream, ordered against the
@@ -129,7 +129,7 @@ class NcclComm {
   /// Makes `compute` wait (on the GPU, not the host) for every collective issued so far.
   void join(cudaStream_t compute);
   /// Host wait for every collective issued so far, polling with back-off (never a busy spin;
-  /// architecture.md) and checking ncclCommGetAsyncError between polls, so that a peer that
+  /// docs/architecture.md) and checking ncclCommGetAsyncError between polls, so that a peer that
   /// failed surfaces as an Error instead of a hang.
   void synchronize();
   /// Throws Error when NCCL reports an asynchronous error on this communicator.
