@@ -42,6 +42,7 @@ HOMES = {
     "ddiloco/simulate.hpp": "sim",
     "ddiloco/gpu/kernels.hpp": "gpu",
     "ddiloco/gpu/nccl.hpp": "gpu",
+    "ddiloco/ucx_link.hpp": "comm",  # ucx_syncer_link.cpp, ucx_unit_link.cpp
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
