@@ -91,6 +91,9 @@ class SyncerCore {
   /// Units come and go (the isolated deployment): a unit silent past its heartbeat timeout is
   /// then logged as lost (reason heartbeat), not only silent; it keeps its connection either way.
   void set_isolated(bool isolated) { isolated_ = isolated; }
+  /// Test hooks: called with unit u before each read of one of its snapshots starts (the
+  /// syncer process installs src/sync/read_hooks.hpp's; the core has none of its own).
+  void set_before_read(std::function<void(int u)> hook) { before_read_ = std::move(hook); }
 
   // One poll, in the order above. The bool results say whether anything happened (the loop
   // backs off only when nothing did).
@@ -203,7 +206,6 @@ class SyncerCore {
   double silence_after_s(int u) const;
   std::string check_snapshot(int p, const SnapshotMeta& meta, const SyncerWindow::Fetched& got,
                              int64_t seq) const;
-  void await_read_answer(int u);
   void accept_snapshot(int u, int p, int64_t seq, const SnapshotMeta& meta, size_t wire_bytes, int64_t ref);
   std::span<const float> anchor_of(int p, const Slot& s) const;
   void ack_arrived(int u, int p);
@@ -272,7 +274,7 @@ class SyncerCore {
   // poll has read them again (else the same stale announcement is read again and again).
   std::vector<bool> torn_, repolled_;
   void report_slow_link(int u);
-  std::vector<int64_t> reads_started_;         // debug.crash_during_read
+  std::function<void(int)> before_read_;
   std::vector<int64_t> tokens_before_, steps_before_;  // per unit: its earlier processes' work
   std::vector<int64_t> tokens_floor_;  // per unit: its tokens in the checkpoint resumed from
   std::vector<std::vector<int64_t>> merged_seq_;  // [unit][fragment]: last snapshot merged

@@ -37,6 +37,7 @@ Syncer::Syncer(const Config& config, const OuterPlan& plan, const Topology& topo
             [this](nlohmann::json e) { log_.write(e); }),
       checkpoints_(config, plan, core_, window_, [this] { return now(); }, [this](nlohmann::json e) { log_.write(e); },
                    bar_, resumed ? resumed_dir : std::filesystem::path(), resumed ? resumed->id : 0),
+      read_hooks_(config, plan, window_, M_),
       val_(val),
       budget_(config.token_budget()),
       restarted_(link.recover && link.listener != nullptr) {
@@ -47,6 +48,7 @@ Syncer::Syncer(const Config& config, const OuterPlan& plan, const Topology& topo
   settled_.assign(M_, 0);
   if (restarted_) core_.set_restarted();
   core_.set_isolated(door_ != nullptr);
+  if (read_hooks_.any()) core_.set_before_read([this](int u) { read_hooks_.before_read(u); });
   // Isolated, the units' links are real: polls take at most 5 % of the slowest one's rate,
   // yet come at least four times per heartbeat timeout (else every unit would seem silent).
   if (door_) window_.set_link_min_rate(config.syncer.link_min_mbit_s * 1e6 / 8);
@@ -221,6 +223,7 @@ void Syncer::unit_joined(int u, const sync::Hello& hello) {
   members_->joined(hello, now());
   core_.unit_connected(u);
   checkpoints_.unit_connected(u);
+  read_hooks_.unit_connected(u);
   // Its offers so far are settled as its window says (a new process: none; a live one: what
   // this or an earlier syncer took); what was read of an earlier connection is stale.
   settled_[u] = core_.headers(u).control(sync::kOfferTaken);

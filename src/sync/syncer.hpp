@@ -23,6 +23,7 @@
 #include "ddiloco/topology.hpp"
 #include "ddiloco/unit_links.hpp"
 #include "sync/global_eval.hpp"
+#include "sync/read_hooks.hpp"
 #include "sync/syncer_checkpoints.hpp"
 
 namespace ddiloco {
@@ -87,6 +88,7 @@ class Syncer {
   ProgressBar bar_{config_.run.progress};
   sync::SyncerCore core_;
   sync::SyncerCheckpoints checkpoints_;
+  sync::ReadHooks read_hooks_;  // debug.* test hooks on snapshot reads
   const ValidationSet& val_;
   std::unique_ptr<GlobalEvaluator> evaluator_;
   int64_t budget_ = 0;

@@ -3,16 +3,13 @@
 #include "ddiloco/syncer_core.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <random>
-#include <thread>
 
 #include "ddiloco/checkpoint.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/model.hpp"
-#include "ddiloco/mpi.hpp"
 
 namespace ddiloco::sync {
 
@@ -66,7 +63,6 @@ SyncerCore::SyncerCore(const Config& config, const OuterPlan& plan, SyncerWindow
   heard_at_.assign(M_, 0.0);
   silent_.assign(M_, false);
   rejoin_served_.assign(M_, 0);
-  reads_started_.assign(M_, 0);
   in_flight_.assign(M_, InFlight{});
   slow_reported_.assign(M_, 0);
   torn_.assign(M_, false);
@@ -181,7 +177,6 @@ void SyncerCore::unit_connected(int u) {
   rejoin_served_[u] = std::max<int64_t>(0, headers_[u].control(kRejoinServed));
   serving_[u] = Serving{};
   torn_[u] = repolled_[u] = false;
-  reads_started_[u] = 0;
   // The job's progress as the unit last heard it stays (a restarted syncer knows it from the
   // units): written lower, every unit's learning-rate schedule would start over.
   if (books) progress_sent_ = std::max(progress_sent_, h.control(kJobTokens));
@@ -456,9 +451,7 @@ bool SyncerCore::collect_unit(int u) {
     if (seq <= s.acked) continue;
     const SnapshotMeta meta{headers_[u].header(p, kOutSteps), headers_[u].header(p, kOutTokens),
                             headers_[u].header(p, kOutStep), headers_[u].header(p, kOutBaseVersion)};
-    if (config_.debug.crash_during_read && plan_.outer_steps) await_read_answer(u);
-    if (config_.debug.syncer_read_delay_ms > 0)  // test hook: a syncer slower than learners
-      std::this_thread::sleep_for(std::chrono::milliseconds(config_.debug.syncer_read_delay_ms));
+    if (before_read_) before_read_(u);  // test hooks (read_hooks.hpp)
     // Lost, or its link stalled (read again once it is back): nothing of this unit now.
     if (!window_.start_fetch(u, p, headers_[u])) break;
     in_flight_[u] = InFlight{p, seq, meta};
@@ -499,21 +492,6 @@ bool SyncerCore::transfers_in_flight() const {
   for (int u = 0; u < M_; ++u)
     if (window_.lane(u) != SyncerWindow::Lane::idle && window_.remote().connected(u)) return true;
   return false;
-}
-
-// Test hook (debug.crash_during_read): every read of a unit's snapshot is announced, and waits
-// until the unit has answered it at a step boundary; a unit with a crash due takes it before it
-// answers, so the read finds its memory gone, whatever the machine's load. A unit that has
-// finished or is gone answers nothing and is not waited for.
-void SyncerCore::await_read_answer(int u) {
-  const int64_t n = ++reads_started_[u];
-  window_.set_control(u, kReadsStarted, n);
-  mpi::Backoff backoff(1000);
-  for (int64_t seen = 0, state = 0;;) {
-    if (!window_.fetch_control(u, kReadSeen, seen) || seen >= n) return;
-    if (!window_.fetch_control(u, kState, state) || state == kDone) return;
-    backoff.idle();
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
