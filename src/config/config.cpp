@@ -318,7 +318,7 @@ const std::vector<Entry<Config>>& entries() {
       DDILOCO_FIELD(int, "wan.block", wan.block,
                     "values per fp32 scale in int8, int4 and int2", positive<int>()),
       DDILOCO_FIELD(int, "wan.chunk", wan.chunk,
-                    "sparse: values per chunk, each with its own top-k and fp32 scale (≤ 2^24)",
+                    "sparse: values per chunk, each with its own top-k and two fp32 magnitudes (≤ 2^24)",
                     positive<int>()),
       DDILOCO_FIELD(int, "wan.topk", wan.topk,
                     "sparse: largest-magnitude values kept per chunk, 1 … wan.chunk",
