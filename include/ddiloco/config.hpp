@@ -291,17 +291,24 @@ struct ConfigKeyDoc {
 /// Every key with its value in `config` (defaults when not given), and its meaning.
 std::vector<ConfigKeyDoc> config_keys(const Config& config = Config{});
 
-/// The keys `config` sets away from their defaults that its mode does not use, one line each
-/// naming the key, its value, the mode and why (e.g. "outer.fragments = 4 is ignored in mode
-/// diloco: it synchronises all of θ every H steps (P = 1)"): a configuration written for one
-/// mode and run with another changes nothing there without saying so otherwise.
+/// The keys `config` sets away from their defaults that its mode, or its wire format, does not
+/// use, one line each naming the key, its value, the mode or format and why (e.g.
+/// "outer.fragments = 4 is ignored in mode diloco: it synchronises all of θ every H steps
+/// (P = 1)", "wan.topk = 48 is ignored with wan.format = int4: only wan.format: sparse uses
+/// it"): a configuration written for one mode or format and run with another changes nothing
+/// there without saying so otherwise.
 std::vector<std::string> ignored_keys(const Config& config);
 /// diloco only: when train.steps − outer.warmup_steps is not a multiple of outer.h, the steps
 /// after the last merge (step W + k·H) are trained on and never merged into Θ, the model the
 /// job evaluates and saves. Says how many and the nearest budgets without such a tail; empty
 /// otherwise. (streaming and decoupled stagger their fragments, so some tail is inherent there.)
 std::optional<std::string> unsynced_tail(const Config& config);
-/// Prints ignored_keys() and unsynced_tail() to stderr, one "ddiloco: warning: ..." line each.
+/// An outer mode sending `sparse` with outer.anchor: current: what the down link drops makes the
+/// units' references lag Θ, and Δ measured from Θ counts that lag as progress (docs/results.md,
+/// "Sparse outer gradients"). The line says so and names outer.anchor: reference; empty otherwise.
+std::optional<std::string> sparse_anchor_note(const Config& config);
+/// Prints ignored_keys(), unsynced_tail() and sparse_anchor_note() to stderr, one
+/// "ddiloco: warning: ..." line each.
 void warn_config(const Config& config);
 
 }  // namespace ddiloco

@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -628,23 +629,48 @@ std::vector<Unused> unused_in(const Config& c) {
   return {};
 }
 
+// The wire keys of the formats `c` does not send (the mode's list names them first in single).
+std::vector<Unused> unused_by_format(const Config& c) {
+  std::vector<Unused> u;
+  if (c.wan.format != "sparse")
+    for (const char* key : {"wan.chunk", "wan.topk", "wan.down_topk", "wan.value_bits"})
+      u.push_back({key, "only wan.format: sparse uses it"});
+  if (c.wan.format != "int8" && c.wan.format != "int4" && c.wan.format != "int2")
+    u.push_back({"wan.block", "only wan.format int8, int4 and int2 use it"});
+  return u;
+}
+
 }  // namespace
 
 std::vector<std::string> ignored_keys(const Config& config) {
-  const std::vector<Unused> unused = unused_in(config);
+  const std::vector<Unused> by_mode = unused_in(config), by_format = unused_by_format(config);
   const std::vector<ConfigKeyDoc> set = config_keys(config), defaults = config_keys(Config{});
+  const auto matches = [](const Unused& u, const std::string& key) {
+    return u.prefix.back() == '.' ? key.rfind(u.prefix, 0) == 0 : key == u.prefix;
+  };
   std::vector<std::string> lines;
   for (size_t i = 0; i < set.size(); ++i) {
     if (set[i].default_value == defaults[i].default_value) continue;
-    for (const Unused& u : unused) {
-      const bool section = u.prefix.back() == '.';
-      if (section ? set[i].key.rfind(u.prefix, 0) != 0 : set[i].key != u.prefix) continue;
-      lines.push_back(fmt::format("{} = {} is ignored in mode {}: {}", set[i].key, set[i].default_value,
-                                  mode_name(config.mode), u.why));
-      break;
-    }
+    const std::string& key = set[i].key;
+    const auto mode = std::find_if(by_mode.begin(), by_mode.end(), [&](const Unused& u) { return matches(u, key); });
+    const auto format = std::find_if(by_format.begin(), by_format.end(), [&](const Unused& u) { return matches(u, key); });
+    if (mode != by_mode.end())
+      lines.push_back(fmt::format("{} = {} is ignored in mode {}: {}", key, set[i].default_value,
+                                  mode_name(config.mode), mode->why));
+    else if (format != by_format.end())
+      lines.push_back(fmt::format("{} = {} is ignored with wan.format = {}: {}", key,
+                                  set[i].default_value, config.wan.format, format->why));
   }
   return lines;
+}
+
+std::optional<std::string> sparse_anchor_note(const Config& c) {
+  if (c.wan.format != "sparse" || c.outer.anchor != "current" || c.mode == Mode::single ||
+      c.mode == Mode::ddp)
+    return std::nullopt;
+  return "wan.format = sparse with outer.anchor = current: what the down link leaves out makes the "
+         "units' references lag Θ, and measured from Θ that lag counts as their progress; use "
+         "outer.anchor: reference (docs/results.md, \"Sparse outer gradients\")";
 }
 
 std::optional<std::string> unsynced_tail(const Config& c) {
@@ -668,6 +694,7 @@ std::optional<std::string> unsynced_tail(const Config& c) {
 void warn_config(const Config& config) {
   std::vector<std::string> lines = ignored_keys(config);
   if (auto tail = unsynced_tail(config)) lines.push_back(*tail);
+  if (auto note = sparse_anchor_note(config)) lines.push_back(*note);
   for (const std::string& line : lines) std::fprintf(stderr, "ddiloco: warning: %s\n", line.c_str());
   std::fflush(stderr);
 }

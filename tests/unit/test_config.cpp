@@ -325,6 +325,38 @@ TEST(Config, KeysTheModeIgnoresAreNamed) {
   EXPECT_EQ(ignored_keys(c).size(), 5u);  // units.count and the four above
 }
 
+// The wire keys of a format the run does not send are named too, and sparse with the anchor
+// that would count the down link's lag as progress is warned about.
+TEST(Config, WireKeysTheFormatIgnoresAreNamed) {
+  Config c;
+  c.mode = Mode::decoupled;
+  c.units.count = 4;
+  c.wan.format = "int4";
+  c.wan.topk = 48;
+  c.wan.down_topk = 192;
+  c.wan.block = 32;
+  auto lines = ignored_keys(c);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0], "wan.topk = 48 is ignored with wan.format = int4: only wan.format: sparse uses it");
+  EXPECT_NE(lines[1].find("wan.down_topk = 192 is ignored with wan.format = int4"), std::string::npos);
+  c.wan.format = "sparse";
+  lines = ignored_keys(c);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0], "wan.block = 32 is ignored with wan.format = sparse: only wan.format int8, int4 and int2 use it");
+  // The mode's reason comes first: single has no links at all.
+  c.mode = Mode::single;
+  for (const auto& line : ignored_keys(c)) EXPECT_NE(line.find("in mode single"), std::string::npos) << line;
+
+  c.mode = Mode::decoupled;
+  ASSERT_TRUE(sparse_anchor_note(c).has_value()) << "sparse measured from Θ";
+  EXPECT_NE(sparse_anchor_note(c)->find("use outer.anchor: reference"), std::string::npos);
+  c.outer.anchor = "reference";
+  EXPECT_FALSE(sparse_anchor_note(c).has_value());
+  c.outer.anchor = "current";
+  c.wan.format = "int4";
+  EXPECT_FALSE(sparse_anchor_note(c).has_value());
+}
+
 // diloco's steps after its last merge are trained on and never merged: said, with the budgets
 // that have no such tail.
 TEST(Config, DilocoStepsAfterTheLastMergeAreNamed) {
