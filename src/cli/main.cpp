@@ -32,6 +32,13 @@ namespace {
 
 using namespace ddiloco;
 
+// --config and --set, written straight into `path` and `overrides`.
+void add_config_options(CLI::App* app, std::string& path, std::vector<std::string>& overrides,
+                        bool required, const std::string& what = "YAML run configuration (configs/*.yaml)") {
+  app->add_option("--config,-c", path, what)->required(required)->check(CLI::ExistingFile);
+  app->add_option("--set,-s", overrides, "override a key: --set train.lr=1e-3 (repeatable)");
+}
+
 struct ConfigArgs {
   std::string path;
   std::vector<std::string> overrides;
@@ -39,10 +46,7 @@ struct ConfigArgs {
   std::string resume;
   void add_to(CLI::App* app, bool required,
               const std::string& what = "YAML run configuration (configs/*.yaml)") {
-    app->add_option("--config,-c", path, what)
-        ->required(required)
-        ->check(CLI::ExistingFile);
-    app->add_option("--set,-s", overrides, "override a key: --set train.lr=1e-3 (repeatable)");
+    add_config_options(app, path, overrides, required, what);
   }
 };
 
@@ -380,31 +384,21 @@ Command prepare_data_command(CLI::App& app) {
 }
 
 Command bench_model_command(CLI::App& bench) {
-  auto args = std::make_shared<ConfigArgs>();
   auto o = std::make_shared<cli::BenchModelOptions>();
   CLI::App* sub = bench.add_subcommand("model", "forward+backward+AdamW tokens/s, one rank");
-  args->add_to(sub, false);
+  add_config_options(sub, o->config, o->overrides, false);
   sub->add_option("--steps", o->steps, "timed steps")->check(CLI::PositiveNumber);
   sub->add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
-  return {sub, always(true), [args, o] {
-            o->config = args->path;
-            o->overrides = args->overrides;
-            return cli::bench_model(*o);
-          }};
+  return {sub, always(true), [o] { return cli::bench_model(*o); }};
 }
 
 Command bench_simulate_command(CLI::App& bench) {
-  auto args = std::make_shared<ConfigArgs>();
   auto o = std::make_shared<cli::BenchSimulateOptions>();
   CLI::App* sub = bench.add_subcommand(
       "simulate", "real time of one simulated run per strategy against a budget, one core");
-  args->add_to(sub, false, "YAML simulator configuration (configs/sim/*.yaml)");
+  add_config_options(sub, o->config, o->overrides, false, "YAML simulator configuration (configs/sim/*.yaml)");
   sub->add_option("--budget", o->budget_s, "seconds allowed for one run")->check(CLI::PositiveNumber);
-  return {sub, always(false), [args, o] {
-            o->config = args->path;
-            o->overrides = args->overrides;
-            return cli::bench_simulate(*o);
-          }};
+  return {sub, always(false), [o] { return cli::bench_simulate(*o); }};
 }
 
 // bench gpu's options; the GPT-2 124M shape unless --config/--set name another (run_bench_gpu).
@@ -488,18 +482,13 @@ Command bench_gpu_command(CLI::App& bench) {
 }
 
 Command bench_checkpoint_command(CLI::App& bench) {
-  auto args = std::make_shared<ConfigArgs>();
   auto o = std::make_shared<cli::BenchCheckpointOptions>();
   CLI::App* sub = bench.add_subcommand(
       "checkpoint", "checkpoint write/verify/read time of the config's model against one inner step");
-  args->add_to(sub, false);
+  add_config_options(sub, o->config, o->overrides, false);
   sub->add_option("--dir", o->dir, "where to write (default checkpoint.dir)");
   sub->add_option("--repeats", o->repeats, "timed repeats")->check(CLI::PositiveNumber);
-  return {sub, always(true), [args, o] {
-            o->config = args->path;
-            o->overrides = args->overrides;
-            return cli::bench_checkpoint(*o);
-          }};
+  return {sub, always(true), [o] { return cli::bench_checkpoint(*o); }};
 }
 
 // Only its MPI half runs under MPI: the command itself starts mpirun for it.
@@ -537,11 +526,10 @@ Command config_command(CLI::App& app) {
 }
 
 Command simulate_command(CLI::App& app) {
-  auto args = std::make_shared<ConfigArgs>();
   auto o = std::make_shared<cli::SimulateOptions>();
   CLI::App* sub = app.add_subcommand(
       "simulate", "goodput simulator: dp, elastic dp and decoupled on N failing chips");
-  args->add_to(sub, false, "YAML simulator configuration (configs/sim/*.yaml)");
+  add_config_options(sub, o->config, o->overrides, false, "YAML simulator configuration (configs/sim/*.yaml)");
   sub->add_flag("--sweep", o->sweep, "the grid sweep.chips × strategies");
   sub->add_flag("--json", o->json, "JSON instead of tables");
   sub->add_flag("--list", o->list, "print every simulator key, default and meaning");
@@ -550,11 +538,7 @@ Command simulate_command(CLI::App& app) {
                 "fit dp's and elastic dp's keys (dp.checkpoint_seconds, chips.recovery_minutes, "
                 "elastic.checkpoint_seconds, elastic.rescale_seconds) to the two columns of "
                 "calibration.*");
-  return {sub, always(false), [args, o] {
-            o->config = args->path;
-            o->overrides = args->overrides;
-            return cli::simulate(*o);
-          }};
+  return {sub, always(false), [o] { return cli::simulate(*o); }};
 }
 
 Command chaos_command(CLI::App& app) {
