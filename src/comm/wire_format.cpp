@@ -186,9 +186,11 @@ void encode_sparse_chunk(const Codec& c, std::span<const float> x, std::vector<u
                          unsigned char* out) {
   const size_t k = std::min(c.topk, x.size());
   top_k(x, k, order);
-  float lo = INFINITY, hi = 0;
-  for (size_t j = 0; j < k; ++j) lo = std::min(lo, std::fabs(x[order[j]])), hi = std::max(hi, std::fabs(x[order[j]]));
-  if (k == 0) lo = 0;
+  float lo = k > 0 ? INFINITY : 0.0f, hi = 0;
+  for (size_t j = 0; j < k; ++j) {
+    lo = std::min(lo, std::fabs(x[order[j]]));
+    hi = std::max(hi, std::fabs(x[order[j]]));
+  }
   std::memcpy(out, &lo, sizeof(float));
   std::memcpy(out + sizeof(float), &hi, sizeof(float));
   BitWriter bits(out + kSparseHeader);

@@ -665,9 +665,8 @@ std::vector<std::string> ignored_keys(const Config& config) {
 }
 
 std::optional<std::string> sparse_anchor_note(const Config& c) {
-  if (c.wan.format != "sparse" || c.outer.anchor != "current" || c.mode == Mode::single ||
-      c.mode == Mode::ddp)
-    return std::nullopt;
+  // (ddp never gets here with sparse: validate() refuses it.)
+  if (c.wan.format != "sparse" || c.outer.anchor != "current" || c.mode == Mode::single) return std::nullopt;
   return "wan.format = sparse with outer.anchor = current: what the down link leaves out makes the "
          "units' references lag Θ, and measured from Θ that lag counts as their progress; use "
          "outer.anchor: reference (docs/results.md, \"Sparse outer gradients\")";

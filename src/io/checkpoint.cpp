@@ -445,10 +445,11 @@ void check_compatible(const nlohmann::json& m, const Config& config, const fs::p
       mismatch("outer.fragments", m.at("fragments").get<int>(), fragments);
     // diloco counts rounds in steps (a unit back from a crash redoes its round from step
     // round·H, after the warm-up's rounds of one step): neither can change under it.
-    if (OuterPlan::from(config).redoes_lost_round && m.at("h").get<int>() != config.outer.h)
+    const bool rounds_in_steps = OuterPlan::from(config).redoes_lost_round;
+    if (rounds_in_steps && m.at("h").get<int>() != config.outer.h)
       mismatch("outer.h (diloco counts its rounds in steps)", m.at("h").get<int>(), config.outer.h);
     const int warmup = m.value("warmup_steps", 0);  // checkpoints from before the key: none
-    if (OuterPlan::from(config).redoes_lost_round && warmup != config.outer.warmup_steps)
+    if (rounds_in_steps && warmup != config.outer.warmup_steps)
       mismatch("outer.warmup_steps (diloco counts its rounds in steps)", warmup, config.outer.warmup_steps);
   } catch (const nlohmann::json::exception& e) {
     fail("{}/manifest.json: invalid manifest: {}", where, e.what());
