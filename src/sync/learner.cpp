@@ -25,41 +25,45 @@ bool diverged(const StepStats& s) { return !std::isfinite(s.loss) || !std::isfin
 TimeBook run_learner(const Config& config, const OuterPlan& plan, const Topology& topo,
                      UnitTrainer& trainer, const LearnerResume* resume, wan::LinkCounters* link,
                      const LearnerLink& sync_link) {
-  Learner learner(config, plan, topo, trainer, resume, link, sync_link);
-  return learner.run();
+  Learner learner(config, plan, topo, trainer, resume, sync_link);
+  TimeBook book = learner.run();
+  if (link) *link = learner.link_counters();
+  return book;
+}
+
+Learner::Settings Learner::Settings::of(const Config& config, const OuterPlan& plan, int unit) {
+  Settings s;
+  s.unit = unit;
+  s.threads = omp_get_max_threads();
+  s.base_slowdown = config.units.slowdown.empty() ? 1.0 : config.units.slowdown[unit];
+  s.blend = config.outer.apply == "blend";
+  s.carry = config.outer.apply == "carry";
+  s.alpha = static_cast<float>(config.outer.blend_alpha);
+  s.tracks_fragments = plan.outer_steps;
+  s.checkpoints = plan.outer_steps && config.checkpoint.enabled();
+  s.ckpt_root = config.checkpoint.directory(config.run.dir);
+  s.max_steps = plan.stops_on_token_budget ? INT64_MAX : config.train.steps;
+  s.eval_period = static_cast<int64_t>(plan.h) * config.syncer.eval_every;
+  return s;
 }
 
 Learner::Learner(const Config& config, const OuterPlan& plan, const Topology& topo, UnitTrainer& trainer,
-                 const LearnerResume* resume, wan::LinkCounters* link, const LearnerLink& sync_link)
+                 const LearnerResume* resume, const LearnerLink& sync_link)
     : config_(config),
       plan_(plan),
       topo_(topo),
       trainer_(trainer),
       resume_(resume),
-      link_counters_(link),
       sync_link_(sync_link),
-      u_(topo.unit),
-      threads_(omp_get_max_threads()),
-      base_slowdown_(config.units.slowdown.empty() ? 1.0 : config.units.slowdown[topo.unit]),
-      blend_(config.outer.apply == "blend"),
-      carry_(config.outer.apply == "carry"),
-      alpha_(static_cast<float>(config.outer.blend_alpha)),
-      tracks_fragments_(plan.outer_steps),
-      checkpoints_(plan.outer_steps && config.checkpoint.enabled()),
-      ckpt_root_(config.checkpoint.directory(config.run.dir)),
-      max_steps_(plan.stops_on_token_budget ? INT64_MAX : config.train.steps),
-      eval_period_(static_cast<int64_t>(plan.h) * config.syncer.eval_every),
-      job_step_tokens_(config.job_tokens_per_step()),
+      set_(Settings::of(config, plan, topo.unit)),
       fragments_(trainer.model().layout(), plan.fragments, plan.h, plan.warmup),
       // In ddp the window only ships θ to the syncer for evaluation, not across the WAN: fp32.
       layout_(fragments_, plan.outer_steps ? wan::wire_codec(config) : wire::Codec{}, config.wan.ef_decay,
               static_cast<size_t>(config.wan.down_topk)),
-      P_(fragments_.size()),
-      gpu_(trainer.gpu()),
-      gpu_overwrite_(gpu_ != nullptr && !blend_ && !carry_) {
+      gpu_(trainer.gpu()) {
   if (!plan.outer_steps) {  // ddp: the leaders' ring all-reduces the gradients
-    if (topo.leader) ring_ = std::make_shared<wan::WanRing>(topo.leaders_comm, config);
-    trainer.set_gradient_reducer(hierarchical_reducer(topo, topo.stream_count, ring_, ddp_stop_));
+    if (topo.leader) ddp_.ring = std::make_shared<wan::WanRing>(topo.leaders_comm, config);
+    trainer.set_gradient_reducer(hierarchical_reducer(topo, topo.stream_count, ddp_.ring, ddp_.stop));
   }
   if (topo.leader) {
     memory_ = sync_link.expose(layout_.bytes());
@@ -68,18 +72,37 @@ Learner::Learner(const Config& config, const OuterPlan& plan, const Topology& to
   // cuda: the leader's snapshots go device → pinned host asynchronously and are published when
   // they land; merged fragments are scattered on the GPU and NCCL-broadcast in the unit.
   if (gpu_ && plan.outer_steps) gpu_->attach_fragments(fragments_, topo.leader);
-  faults_ = chaos::UnitTimeline(chaos::Schedule::from_config(config.chaos, config.units.count), u_);
+  make_core();
+  if (topo.leader && LearnerTestHooks::wanted(config.debug, set_.unit))
+    hooks_ = std::make_unique<LearnerTestHooks>(config.debug, set_.unit);
   size_t largest = 0;
   for (const auto& f : fragments_.fragments()) largest = std::max(largest, f.numel);
   packed_.resize(largest);
   incoming_.resize(largest);
-  frag_.resize(P_);
-  for (int p = 0; p < P_; ++p) {
-    FragmentState& f = frag_[p];
-    if (carry_) f.sent_theta.resize(layout_.numel(p));
-    if (topo.leader) f.pending.resize(layout_.numel(p));
-    f.share = static_cast<double>(layout_.numel(p)) / trainer.model().layout().size();
+  work_.resize(fragments_.size());
+  for (int p = 0; p < fragments_.size(); ++p) {
+    if (set_.carry) work_[p].sent_theta.resize(layout_.numel(p));
+    work_[p].share = static_cast<double>(layout_.numel(p)) / trainer.model().layout().size();
   }
+}
+
+void Learner::make_core() {
+  LearnerCore::Env env;
+  env.job_time = [this] { return clock_.job_time(); };
+  env.log = [this](nlohmann::json e) { log_event(std::move(e)); };
+  env.reconnected = sync_link_.reconnected;
+  env.syncer_present = sync_link_.syncer_present;
+  if (gpu_) env.flush_snapshots = [this] { publish_all(); };
+  if (gpu_ && !set_.blend && !set_.carry)  // overwrite: scattered on the GPU when due
+    env.taken = [this](int p, std::span<const float> theta) { gpu_->stage_merge(p, theta); };
+  core_.emplace(plan_, fragments_, window_ ? &*window_ : nullptr,
+                LearnerCore::Settings::of(config_, plan_, set_.unit, topo_.isolated),
+                chaos::UnitTimeline(chaos::Schedule::from_config(config_.chaos, config_.units.count), set_.unit),
+                std::move(env));
+}
+
+wan::LinkCounters Learner::link_counters() const {
+  return ddp_.ring ? wan::LinkCounters::of(set_.unit, ddp_.ring->link()) : wan::LinkCounters{};
 }
 
 TimeBook Learner::run() {
@@ -99,11 +122,11 @@ TimeBook Learner::run() {
 
       // The leader publishes, decides what to apply and whether to stop; the unit follows.
       Stopwatch wait_clock;
-      Actions actions = topo_.leader ? decide(t, s, step_s, non_finite) : Actions(P_);
+      Actions actions = topo_.leader ? decide(t, s, step_s, non_finite) : Actions(fragments_.size());
       broadcast(actions);
       record_sends(actions);
       if (actions.schedule_step >= 0) trainer_.set_schedule_step(actions.schedule_step);
-      apply_merges(actions);
+      for (const auto& [p, version] : actions.apply) apply_merge(p, version);
       since_log_.wait += wait_clock.seconds();
       book_.wait += wait_clock.seconds();
       since_log_.wall += step_clock.seconds();
@@ -126,19 +149,19 @@ TimeBook Learner::run() {
 void Learner::log_start() {
   if (!topo_.leader) return;
   // A restarted unit process appends to its predecessors' log.
-  log_ = JsonlWriter(std::filesystem::path(config_.run.dir) / fmt::format("unit_{}.jsonl", u_),
+  log_ = JsonlWriter(std::filesystem::path(config_.run.dir) / fmt::format("unit_{}.jsonl", set_.unit),
                      resume_ == nullptr && sync_link_.restart == 0);
   log_.write({{"event", "start"}, {"step", 0}, {"tokens", 0}, {"elapsed_s", 0.0},
-              {"unit", u_}, {"ranks", topo_.unit_size}, {"threads_per_rank", threads_},
+              {"unit", set_.unit}, {"ranks", topo_.unit_size}, {"threads_per_rank", set_.threads},
               {"host", host_name()}, {"pid", static_cast<int64_t>(::getpid())},
               {"restart", sync_link_.restart}, {"processes", sync_link_.processes},
-              {"slowdown", base_slowdown_}, {"mode", mode_name(plan_.mode)}});
+              {"slowdown", set_.base_slowdown}, {"mode", mode_name(plan_.mode)}});
   if (gpu_) {
     // Printed too, so that a run's console says which attention path ran.
     const std::string device = gpu_->describe();
-    log_.write({{"event", "device"}, {"unit", u_}, {"step", 0}, {"tokens", 0},
+    log_.write({{"event", "device"}, {"unit", set_.unit}, {"step", 0}, {"tokens", 0},
                 {"elapsed_s", 0.0}, {"device", device}});
-    std::printf("unit %d device: %s\n", u_, device.c_str());
+    std::printf("unit %d device: %s\n", set_.unit, device.c_str());
   }
   window_->set_control(sync::kState, sync::kRunning);
 }
@@ -147,15 +170,15 @@ void Learner::start_clock() {
   // Every rank starts its clock when all leave this barrier: the fault schedule's time zero.
   mpi::barrier_patient(topo_.world);
   if (sync_link_.started) sync_link_.started();
-  wall_.restart();
+  clock_.wall.restart();
   // The fault schedule runs on the job's time: a resumed job goes on where its checkpoint was.
-  resumed_s_ = resume_ ? resume_->syncer.elapsed_s : 0.0;
-  faults_.skip_crashes_before(resumed_s_);
-  if (ring_) ring_->set_rate_factor([this] { return faults_.link_factor_at(job_time()); });
+  clock_.resumed_s = resume_ ? resume_->syncer.elapsed_s : 0.0;
+  core_->faults().skip_crashes_before(clock_.resumed_s);
+  if (ddp_.ring) ddp_.ring->set_rate_factor([this] { return core_->faults().link_factor_at(clock_.job_time()); });
   // A restarted process of the isolated deployment books everything since it began
   // (start-up, MPI, data, the Θ it pulls in join()) as down time.
-  startup_s_ = topo_.isolated && sync_link_.restart > 0 ? process_age_s() - wall_.seconds() : 0.0;
-  book_.down += startup_s_;
+  clock_.startup_s = topo_.isolated && sync_link_.restart > 0 ? process_age_s() - clock_.wall.seconds() : 0.0;
+  book_.down += clock_.startup_s;
 }
 
 // A resumed job that had already finished has nothing left to do; nor has a process told to
@@ -163,18 +186,18 @@ void Learner::start_clock() {
 bool Learner::nothing_left() const {
   return stopped_down_ || (resume_ && (plan_.stops_on_token_budget
                                            ? resume_->syncer.tokens >= config_.token_budget()
-                                           : resume_->unit.step >= max_steps_));
+                                           : resume_->unit.step >= set_.max_steps));
 }
 
 StepStats Learner::train_step(int64_t t) {
-  if (!plan_.outer_steps && topo_.leader) ddp_stop_->vote = stop_requested();
+  if (!plan_.outer_steps && topo_.leader) ddp_.stop->vote = core_->stop_requested();
   const StepStats s = trainer_.step();
   // A non-finite loss or gradient norm (the same on every rank of the unit: both are
   // all-reduced) has poisoned the parameters. Where a crashed unit can rejoin from Θ
   // (diloco, decoupled) the unit starts over from it like a crash without down-time, and
   // the syncer never sees the poison; elsewhere the job cannot go on.
   if (diverged(s) && !plan_.can_rejoin)
-    fail("unit {}: training diverged: loss {}, gradient norm {} at step {}", u_, s.loss,
+    fail("unit {}: training diverged: loss {}, gradient norm {} at step {}", set_.unit, s.loss,
          s.grad_norm, t);
   return s;
 }
@@ -182,7 +205,7 @@ StepStats Learner::train_step(int64_t t) {
 // Straggler emulation: this unit's computation takes `slowdown` times longer.
 void Learner::emulate_straggler(const Stopwatch& step_clock, const StepStats& s) {
   const double busy = step_clock.seconds() - s.allreduce_s;
-  const double slowdown = std::max(base_slowdown_, faults_.slowdown_at(job_time()));
+  const double slowdown = std::max(set_.base_slowdown, core_->faults().slowdown_at(clock_.job_time()));
   if (slowdown > 1.0)
     std::this_thread::sleep_for(std::chrono::duration<double>((slowdown - 1.0) * busy));
 }
@@ -192,26 +215,29 @@ void Learner::book_step(const StepStats& s, double step_s) {
   const double compute = step_s - s.allreduce_s;
   book_.compute += compute;
   book_.wait += s.allreduce_s;
-  if (tracks_fragments_)
-    for (FragmentState& f : frag_) f.unsent += compute * f.share;
+  if (set_.tracks_fragments)
+    for (FragmentWork& w : work_) w.unsent += compute * w.share;
   tokens_ += s.tokens;
-  for (FragmentState& f : frag_) {
-    ++f.c_steps;
-    f.c_tok += s.tokens;
-  }
+  core_->count_step(s.tokens);
   since_log_.compute += s.compute_s;
   since_log_.loss += s.loss;
   ++since_log_.steps;
+}
+
+// An event of the core's: the unit's usual fields added.
+void Learner::log_event(nlohmann::json event) {
+  event.update({{"unit", set_.unit}, {"tokens", tokens_}, {"elapsed_s", clock_.wall.seconds()}});
+  log_.write(event);
 }
 
 void Learner::log_train(int64_t t, const StepStats& s, bool stop) {
   if (!topo_.leader || (t % config_.run.log_every != 0 && !stop)) return;
   const DataCursor cursor = trainer_.data()->cursor();
   nlohmann::json e = {{"event", "train"},
-                      {"unit", u_},
+                      {"unit", set_.unit},
                       {"step", t},
                       {"tokens", tokens_},
-                      {"elapsed_s", wall_.seconds()},
+                      {"elapsed_s", clock_.wall.seconds()},
                       {"train_loss", since_log_.loss / since_log_.steps},
                       {"lr", s.lr},
                       {"tokens_per_s", since_log_.steps * trainer_.tokens_per_step() / since_log_.compute},
@@ -219,23 +245,23 @@ void Learner::log_train(int64_t t, const StepStats& s, bool stop) {
                       // Wall time per inner step, everything included (compute, straggler
                       // emulation, publishing, applying, waiting for merges).
                       {"step_s", since_log_.wall / since_log_.steps},
-                      {"publish_skipped", skipped_},
+                      {"publish_skipped", core_->publishes_skipped()},
                       // Where this rank's training stream stands (the leader's): what a
                       // resumed run must reproduce.
                       {"data_cursor", {cursor.epoch, cursor.batch}}};
-  if (ring_) e.update({{"wan_up_bytes", ring_->link().up.bytes()}, {"wan_down_bytes", ring_->link().down.bytes()}});
+  if (ddp_.ring)
+    e.update({{"wan_up_bytes", ddp_.ring->link().up.bytes()}, {"wan_down_bytes", ddp_.ring->link().down.bytes()}});
   log_.write(e);
   since_log_ = {};
 }
 
 void Learner::finish() {
   // Stopped while down: the file says so, and the unit restarts from Θ when resumed.
-  if (stopped_down_ && checkpoints_) checkpoint_while_down();
+  if (stopped_down_ && set_.checkpoints) checkpoint_while_down();
   // Work never sent: it does not reach the global model.
-  if (tracks_fragments_)
-    for (const FragmentState& f : frag_) book_.discarded += f.unsent;
+  if (set_.tracks_fragments)
+    for (const FragmentWork& w : work_) book_.discarded += w.unsent;
   sign_off();
-  if (ring_ && link_counters_) *link_counters_ = wan::LinkCounters::of(u_, ring_->link());
   if (topo_.leader) log_done();
 }
 
@@ -245,7 +271,7 @@ void Learner::sign_off() {
   if (topo_.isolated) {
     // Isolated: the unit's book travels in its window (there is no MPI world with the syncer
     // to gather it in); then the leader waits until the syncer has read everything.
-    book_.allocated = startup_s_ + wall_.seconds();
+    book_.allocated = clock_.startup_s + clock_.wall.seconds();
     const std::vector<double> mine = book_.to_vector();
     std::vector<double> sum(mine.size());
     mpi::check(MPI_Reduce(mine.data(), sum.data(), static_cast<int>(mine.size()), MPI_DOUBLE, MPI_SUM, 0,
@@ -265,16 +291,16 @@ void Learner::sign_off() {
     window_->close();
     book_.wait += wait_clock.seconds();
   }
-  if (!topo_.isolated) book_.allocated = wall_.seconds();
+  if (!topo_.isolated) book_.allocated = clock_.wall.seconds();
 }
 
 void Learner::log_done() {
-  nlohmann::json done = {{"event", "done"}, {"unit", u_}, {"step", trainer_.steps_done()}, {"tokens", tokens_},
-                         {"elapsed_s", wall_.seconds()}, {"cpu_s", process_cpu_seconds()},
-                         {"rejoins", rejoins_}, {"time", book_.to_json()}};
-  if (ring_)
-    done.update({{"wan_up_bytes", ring_->link().up.bytes()}, {"wan_down_bytes", ring_->link().down.bytes()},
-                 {"wan_wait_s", ring_->wait_s()}});
+  nlohmann::json done = {{"event", "done"}, {"unit", set_.unit}, {"step", trainer_.steps_done()}, {"tokens", tokens_},
+                         {"elapsed_s", clock_.wall.seconds()}, {"cpu_s", process_cpu_seconds()},
+                         {"rejoins", core_->rejoins()}, {"time", book_.to_json()}};
+  if (ddp_.ring)
+    done.update({{"wan_up_bytes", ddp_.ring->link().up.bytes()}, {"wan_down_bytes", ddp_.ring->link().down.bytes()},
+                 {"wan_wait_s", ddp_.ring->wait_s()}});
   log_.write(done);
 }
 

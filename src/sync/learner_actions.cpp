@@ -1,4 +1,4 @@
-// The int64 encoding of Actions: [stop, crash, down_ms, merges, lost[P], sent[P],
+// The int64 encoding of Actions: [stop, crash (2: keeping memory), down_ms, merges, lost[P], sent[P],
 // (fragment, version)[merges] padded to P pairs, checkpoint, schedule_step].
 #include "sync/learner_actions.hpp"
 
@@ -7,7 +7,7 @@ namespace ddiloco {
 std::vector<int64_t> Actions::encode(int fragments) const {
   std::vector<int64_t> w(6 + 4 * static_cast<size_t>(fragments), 0);
   w[0] = stop;
-  w[1] = crash;
+  w[1] = crash ? (keep_memory ? 2 : 1) : 0;
   w[2] = down_ms;
   w[3] = static_cast<int64_t>(apply.size());
   for (size_t p = 0; p < lost.size(); ++p) w[4 + p] = lost[p];
@@ -27,6 +27,7 @@ Actions Actions::decode(const std::vector<int64_t>& w, int fragments) {
   a.schedule_step = w.back();
   a.checkpoint = w[w.size() - 2];
   a.crash = w[1] != 0;
+  a.keep_memory = w[1] == 2;
   a.down_ms = w[2];
   a.lost.assign(w.begin() + 4, w.begin() + 4 + fragments);
   a.sent.assign(w.begin() + 4 + fragments, w.begin() + 4 + 2 * fragments);

@@ -16,7 +16,9 @@ struct Actions {
   explicit Actions(int fragments) : lost(fragments, 0), sent(fragments, 0) {}
 
   bool stop = false;
-  bool crash = false;          ///< the unit crashes now (chaos) ...
+  bool crash = false;          ///< the unit starts over from Θ now (a crash) ...
+  /// ... keeping its memory: a restarted syncer's Θ replaces θ, the AdamW moments stay
+  bool keep_memory = false;
   int64_t down_ms = 0;         ///< ... and stays down this long
   std::vector<int64_t> lost;   ///< per fragment: 1 = its unread snapshot dies with the crash
   std::vector<int64_t> sent;   ///< per fragment: 1 = a snapshot was published this step

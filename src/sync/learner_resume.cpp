@@ -29,14 +29,14 @@ void Learner::resume_from_checkpoint() {
   if (plan_.lr_on_job_clock) trainer_.set_schedule_step(st.schedule_step);
   trainer_.data()->seek(st.cursors[topo_.unit_rank]);
   tokens_ = st.tokens;
-  rejoins_ = st.rejoins;
+  core_->resumed(st.rejoins);
   first_step_ = st.step + 1;
-  for (int p = 0; p < P_; ++p) resume_fragment(p, params);
+  for (int p = 0; p < fragments_.size(); ++p) resume_fragment(p, params);
   trainer_.upload_state();  // cuda: the device trains from the resumed state
   if (topo_.leader) {
     window_->set_control(sync::kStepsDone, st.step);
     window_->set_control(sync::kTokensDone, tokens_);
-    log_.write({{"event", "resume"}, {"unit", u_}, {"step", st.step}, {"tokens", tokens_},
+    log_.write({{"event", "resume"}, {"unit", set_.unit}, {"step", st.step}, {"tokens", tokens_},
                 {"path", resume_->dir.string()}, {"lost", st.lost}, {"elapsed_s", 0.0}});
   }
 }
@@ -45,8 +45,8 @@ void Learner::resume_from_checkpoint() {
 void Learner::resume_fragment(int p, std::span<float> params) {
   const checkpoint::UnitState& st = resume_->unit;
   const checkpoint::SyncerState& sy = resume_->syncer;
-  FragmentState& f = frag_[p];
-  const int64_t merged = sy.merged_seq[static_cast<size_t>(u_) * P_ + p];
+  FragmentState& f = core_->fragment(p);
+  const int64_t merged = sy.merged_seq[static_cast<size_t>(set_.unit) * fragments_.size() + p];
   const bool was_sent = st.sent_step[p] >= 0;
   std::span<float> theta(incoming_.data(), layout_.numel(p));
   fragments_.pack(p, sy.theta, theta);
@@ -58,10 +58,10 @@ void Learner::resume_fragment(int p, std::span<float> params) {
   } else if (was_sent && merged == st.last_seq[p]) {
     std::span<float> mine(packed_.data(), theta.size());
     fragments_.pack(p, params, mine);
-    const bool has_sent_theta = st.sent_theta.size() == static_cast<size_t>(P_);
+    const bool has_sent_theta = st.sent_theta.size() == static_cast<size_t>(fragments_.size());
     mix(theta, mine, has_sent_theta ? std::span<const float>(st.sent_theta[p]) : std::span<const float>());
     fragments_.unpack(p, theta, params);
-    f.count_from_merge(carry_, st.sent_c_steps[p], st.sent_c_tok[p]);
+    f.count_from_merge(set_.carry, st.sent_c_steps[p], st.sent_c_tok[p]);
   }
   f.applied = f.pending_version = f.sends = sy.versions[p];
   // The leader holds Θ_p at that version, as if taken from its inbox (what it offers a
@@ -78,7 +78,7 @@ void Learner::resume_fragment(int p, std::span<float> params) {
 // The isolated deployment shares none: a unit process joins by taking Θ raw (join()).
 void Learner::set_wire_references() {
   if (!topo_.leader || !plan_.outer_steps || topo_.isolated) return;
-  for (int p = 0; p < P_; ++p) {
+  for (int p = 0; p < fragments_.size(); ++p) {
     std::span<float> theta(incoming_.data(), layout_.numel(p));
     if (resume_ && checkpoint::has_reference(resume_->unit, p, resume_->syncer.versions[p])) {
       window_->set_reference(p, resume_->syncer.versions[p], resume_->unit.wire_ref[p]);

@@ -1,0 +1,423 @@
+// A unit leader's decisions (learner_core.hpp) over the in-memory transport, with the
+// syncer's side written by hand through a SyncerWindow and a job clock the test moves: what
+// only the e2e tests reached before (take and apply after τ, waiting, stops, checkpoints,
+// crashes, rejoins, a restarted syncer's offer, the budget spent alone).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "ddiloco/fragments.hpp"
+#include "ddiloco/model.hpp"
+#include "ddiloco/sync_window.hpp"
+#include "local_link.hpp"
+#include "sync/learner_core.hpp"
+
+namespace ddiloco {
+namespace {
+
+using sync::Control;
+
+OuterPlan decoupled(int fragments, int h, int overlap, int64_t warmup = 0) {
+  OuterPlan p;
+  p.mode = Mode::decoupled;
+  p.fragments = fragments;
+  p.h = h;
+  p.overlap = overlap;
+  p.warmup = warmup;
+  p.every_merge_has_all = false;
+  p.stops_on_token_budget = p.lr_on_job_clock = p.can_rejoin = true;
+  p.learners_wait = overlap == 0;
+  return p;
+}
+
+OuterPlan diloco(int h) {
+  OuterPlan p;
+  p.mode = Mode::diloco;
+  p.h = h;
+  p.stops_on_named_round = p.can_rejoin = p.redoes_lost_round = p.learners_wait = true;
+  return p;
+}
+
+LearnerCore::Settings settings() {
+  LearnerCore::Settings s;
+  s.max_steps = 1000;
+  s.token_budget = 1'000'000;
+  s.job_step_tokens = 100;
+  return s;
+}
+
+// One unit (u = 0) and the syncer's side of its window.
+struct Rig {
+  ParameterLayout layout = ParameterLayout::gpt2(GptConfig{16, 4, 1, 2, 8});
+  OuterPlan plan;
+  FragmentPlan fragments;
+  sync::WindowLayout windows{fragments, wire::Codec{}};
+  test::LocalRemote remote{1};
+  test::LocalExposed memory{windows.bytes()};
+  sync::LearnerWindow window{memory, windows};
+  sync::SyncerWindow syncer{remote, windows};
+  double now = 0, tick = 0;  // job time; how far each reading moves it
+  std::vector<nlohmann::json> events;
+  std::optional<double> reconnect;  // the link's next answer: a restarted syncer admitted us
+  std::optional<bool> present;      // a syncer connected (empty: the one-job deployment)
+  LearnerCore core;
+
+  explicit Rig(const OuterPlan& p, LearnerCore::Settings s = settings(), chaos::Schedule faults = {})
+      : plan(p), fragments(layout, p.fragments, p.h, p.warmup), core(make(s, std::move(faults))) {
+    remote.attach(0, &memory);
+  }
+  LearnerCore make(LearnerCore::Settings s, chaos::Schedule faults) {
+    LearnerCore::Env env;
+    env.job_time = [this] { return now += tick; };
+    env.log = [this](nlohmann::json e) { events.push_back(std::move(e)); };
+    env.reconnected = [this] { return std::exchange(reconnect, std::nullopt); };
+    env.syncer_present = [this] { return present.value_or(true); };
+    return LearnerCore(plan, fragments, &window, s, chaos::UnitTimeline(faults, 0), std::move(env));
+  }
+  size_t numel(int p) const { return windows.numel(p); }
+
+  // The syncer's side.
+  void set(Control w, int64_t v) { ASSERT_TRUE(syncer.set_control(0, w, v)); }
+  int64_t word(Control w) const { return window.control(w); }
+  void deliver(int p, int64_t version, float value) {
+    syncer.deliver(0, p, version, std::vector<float>(numel(p), value));
+  }
+  void read_outbox(int p) {
+    std::vector<sync::UnitHeaders> h;
+    syncer.poll(h, true);
+    std::vector<float> got(numel(p));
+    const auto f = syncer.fetch(0, p, h[0], got);
+    ASSERT_EQ(f.problem, "");
+    syncer.ack(0, p, f.seq_after);
+  }
+  // The leader's part of a step after which fragment p goes out.
+  void publish(int p, int64_t t, Actions& a) {
+    const auto meta = core.claim_outbox(p, t, a);
+    ASSERT_TRUE(meta);
+    core.publish(p, std::vector<float>(numel(p), 0.5f), *meta);
+    core.record_sends(a);
+  }
+  bool logged(const std::string& event) const {
+    for (const auto& e : events)
+      if (e["event"] == event) return true;
+    return false;
+  }
+};
+
+// Runs `f` on a thread after `ms` milliseconds (the syncer acting while the core waits).
+struct Later {
+  std::thread thread;
+  Later(int ms, std::function<void()> f)
+      : thread([ms, f = std::move(f)] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+          f();
+        }) {}
+  ~Later() { thread.join(); }
+};
+
+TEST(LearnerCore, AMergeAppliesTauStepsAfterOurSnapshotLeftNeverBefore) {
+  Rig r(decoupled(2, 4, 1));
+  EXPECT_TRUE(r.core.due(2, false).empty()) << "nothing is due before the first H steps";
+  const std::vector<int> due = r.core.due(4, false);
+  ASSERT_EQ(due.size(), 1u);  // staggered fragments: one due every H/P steps
+  const int p = due[0];
+  Actions a(2);
+  r.publish(p, 4, a);
+  EXPECT_EQ(a.sent[p], 1);
+  r.deliver(p, 1, 0.25f);  // the syncer merged at once
+
+  Actions same(2);
+  r.core.take_merges(4, same);
+  EXPECT_TRUE(same.apply.empty()) << "applied before τ = 1 steps had passed";
+  EXPECT_EQ(r.core.fragment(p).pending_version, 1) << "taken at once, so that the syncer can deliver again";
+  EXPECT_EQ(r.core.fragment(p).pending[0], 0.25f);
+
+  Actions next(2);
+  r.core.take_merges(5, next);
+  ASSERT_EQ(next.apply.size(), 1u);
+  EXPECT_EQ(next.apply[0], std::make_pair(p, int64_t{1}));
+  r.core.applied(p, 1);
+  EXPECT_EQ(r.core.fragment(p).applied, 1);
+  EXPECT_EQ(r.core.fragment(p).sent_step, -1);
+
+  // A merge with no snapshot of ours in flight is taken but waits for our next one.
+  r.deliver(1 - p, 1, 0.75f);
+  Actions later(2);
+  r.core.take_merges(6, later);
+  EXPECT_TRUE(later.apply.empty());
+  EXPECT_EQ(r.core.fragment(1 - p).pending_version, 1);
+}
+
+TEST(LearnerCore, APublishWaitsForTheSyncerToReadThePreviousOne) {
+  Rig r(decoupled(1, 2, 1));
+  Actions a(1);
+  r.publish(0, 2, a);
+  Actions b(1);
+  EXPECT_FALSE(r.core.claim_outbox(0, 4, b)) << "overwrote an unread snapshot";
+  EXPECT_EQ(b.sent[0], 0);
+  EXPECT_EQ(r.core.publishes_skipped(), 1);
+  EXPECT_EQ(r.word(sync::kPublishSkipped), 1);
+  r.read_outbox(0);
+  Actions c(1);
+  const auto meta = r.core.claim_outbox(0, 6, c);
+  ASSERT_TRUE(meta);
+  EXPECT_EQ(meta->step, 6);
+}
+
+TEST(LearnerCore, CountersReportStepsAndTokensAndCarryKeepsTheStepsSinceTheSend) {
+  for (const bool carry : {false, true}) {
+    LearnerCore::Settings s = settings();
+    s.carry = carry;
+    Rig r(decoupled(1, 2, 1), s);
+    for (int i = 0; i < 3; ++i) r.core.count_step(100);
+    Actions a(1);
+    const auto meta = r.core.claim_outbox(0, 3, a);
+    ASSERT_TRUE(meta);
+    EXPECT_EQ(meta->c_steps, 3);
+    EXPECT_EQ(meta->c_tok, 300);
+    r.core.record_sends(a);
+    r.core.count_step(50);  // the τ step after the send
+    r.core.applied(0, 1);
+    EXPECT_EQ(r.core.fragment(0).c_steps, carry ? 1 : 0) << "carry " << carry;
+    EXPECT_EQ(r.core.fragment(0).c_tok, carry ? 50 : 0) << "carry " << carry;
+  }
+}
+
+TEST(LearnerCore, SynchronousModesWaitForTheMergeOfTheirOwnSnapshot) {
+  Rig r(diloco(2));
+  Actions a(1);
+  r.publish(0, 2, a);
+  Later syncer(50, [&] { r.deliver(0, 1, 0.5f); });
+  const int64_t beats = r.word(sync::kHeartbeat);
+  Actions now(1);
+  EXPECT_FALSE(r.core.take_merges(2, now));
+  ASSERT_EQ(now.apply.size(), 1u) << "went on without the merge";
+  EXPECT_EQ(now.apply[0].second, 1);
+  EXPECT_GT(r.word(sync::kHeartbeat), beats) << "no heartbeat while waiting";
+}
+
+TEST(LearnerCore, AWaitEndsOnAStopOrOnACrashThatComesDue) {
+  {
+    Rig r(diloco(2));
+    Actions a(1);
+    r.publish(0, 2, a);
+    Later stop(30, [&] { r.set(sync::kStop, 1); });
+    Actions now(1);
+    EXPECT_FALSE(r.core.take_merges(2, now));
+    EXPECT_TRUE(now.apply.empty());
+  }
+  {
+    chaos::Schedule s;
+    s.faults.push_back({.unit = 0, .kind = chaos::FaultKind::crash, .start_s = 10, .duration_s = 1});
+    Rig r(diloco(2), settings(), s);
+    r.tick = 1;  // job time moves on while the unit waits
+    Actions a(1);
+    r.publish(0, 2, a);
+    Actions now(1);
+    EXPECT_TRUE(r.core.take_merges(2, now)) << "a crash due while waiting must be taken";
+    r.core.decide_crash(now, 2, false, true, 1.0, 1.0);
+    EXPECT_TRUE(now.crash);
+    EXPECT_EQ(r.core.crash_cause(), CrashCause::chaos);
+  }
+}
+
+TEST(LearnerCore, TheWarmUpAppliesEveryMergeBeforeTheNextStep) {
+  Rig r(decoupled(2, 4, 1, /*warmup=*/2));
+  EXPECT_EQ(r.core.due(1, false).size(), 2u) << "every fragment goes out every warm-up step";
+  Actions a(2);
+  r.publish(0, 1, a);
+  r.publish(1, 1, a);
+  r.deliver(0, 1, 0.5f);
+  r.deliver(1, 1, 0.5f);
+  Actions now(2);
+  r.core.take_merges(1, now);
+  EXPECT_EQ(now.apply.size(), 2u) << "τ is 0 in the warm-up";
+  EXPECT_TRUE(r.core.due(3, true).empty()) << "poisoned parameters are never published";
+}
+
+TEST(LearnerCore, StopsOnTheSyncersWordTheStepLimitOrDilocosNamedRound) {
+  Rig r(diloco(2));
+  Actions none(1);
+  EXPECT_FALSE(r.core.decide_stop(none, 10, false));
+  EXPECT_TRUE(r.core.decide_stop(none, 1000, false)) << "train.steps";
+  r.set(sync::kStopAfterVersion, 2);
+  Actions round1(1), round2(1);
+  round1.apply.emplace_back(0, 1);
+  round2.apply.emplace_back(0, 2);
+  EXPECT_FALSE(r.core.decide_stop(round1, 10, false));
+  EXPECT_TRUE(r.core.decide_stop(round2, 10, false)) << "every unit ends on the named round";
+  Rig s(decoupled(1, 2, 1));
+  s.set(sync::kStop, 1);
+  EXPECT_TRUE(s.core.decide_stop(none, 10, false));
+}
+
+TEST(LearnerCore, CheckpointsAreWrittenWhenAskedAndAtAStop) {
+  LearnerCore::Settings set = settings();
+  set.checkpoint_at_stop = true;
+  Rig r(decoupled(1, 2, 1), set);
+  EXPECT_EQ(r.core.decide_checkpoint(false), 0);
+  r.set(sync::kCheckpointWant, 3);
+  EXPECT_EQ(r.core.decide_checkpoint(false), 3);
+  r.core.checkpoint_written(3, true);
+  EXPECT_EQ(r.word(sync::kCheckpointDone), 3);
+  EXPECT_EQ(r.core.decide_checkpoint(false), 0) << "written once";
+  r.set(sync::kCheckpointNext, 7);
+  EXPECT_EQ(r.core.decide_checkpoint(true), 7) << "at a stop: the next one the syncer completes";
+  r.core.checkpoint_written(7, false);
+  EXPECT_EQ(r.word(sync::kCheckpointFailed), 7);
+  EXPECT_EQ(r.core.next_checkpoint_id(), 8) << "a failed id is not tried again";
+}
+
+TEST(LearnerCore, AChaosCrashLosesTheUnreadSnapshotsGoesSilentAndRejoinsFromTheta) {
+  chaos::Schedule s;
+  s.faults.push_back({.unit = 0, .kind = chaos::FaultKind::crash, .start_s = 5, .duration_s = 2});
+  Rig r(decoupled(2, 4, 1), settings(), s);
+  Actions a(2);
+  r.publish(0, 2, a);  // unread when the crash comes
+  r.now = 5.5;
+  Actions crash(2);
+  r.core.decide_crash(crash, 3, false, false, 1.0, 1.0);
+  ASSERT_TRUE(crash.crash);
+  EXPECT_FALSE(crash.keep_memory);
+  EXPECT_EQ(crash.down_ms, 1500);
+  EXPECT_EQ(crash.lost, (std::vector<int64_t>{1, 0}));
+
+  // The syncer serves the rejoin: Θ raw into every inbox, then kRejoinServed.
+  Later syncer(30, [&] {
+    while (r.word(sync::kRejoinRequest) < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (int p = 0; p < 2; ++p) r.syncer.deliver(0, p, 4 + p, std::vector<float>(r.numel(p), 0.125f), true);
+    r.set(sync::kRejoinServed, 1);
+  });
+  r.tick = 0.5;  // the down time passes in a few readings of the clock
+  const int64_t beats = r.word(sync::kHeartbeat);
+  ASSERT_TRUE(r.core.go_down(crash, 3, false));
+  EXPECT_EQ(r.word(sync::kHeartbeat), beats) << "a unit that is down must not beat";
+  EXPECT_TRUE(r.logged("crash"));
+  std::vector<int64_t> words(3, 0);
+  r.core.fetch_theta(words);
+  EXPECT_EQ(words, (std::vector<int64_t>{0, 4, 5}));
+  EXPECT_EQ(r.core.fragment(1).pending[0], 0.125f);
+  r.core.started_over(words);
+  EXPECT_EQ(r.core.fragment(0).applied, 4);
+  EXPECT_EQ(r.core.fragment(1).sends, 5);
+  EXPECT_EQ(r.core.fragment(0).c_steps, 0);
+  EXPECT_EQ(r.core.rejoins(), 1);
+}
+
+TEST(LearnerCore, ADivergedStepStartsOverAtOnceLosingNothing) {
+  Rig r(decoupled(2, 4, 1));
+  Actions a(2);
+  r.publish(0, 2, a);
+  Actions crash(2);
+  r.core.decide_crash(crash, 3, /*non_finite=*/true, false, NAN, NAN);
+  EXPECT_TRUE(crash.crash);
+  EXPECT_EQ(crash.down_ms, 0);
+  EXPECT_EQ(crash.lost, (std::vector<int64_t>{0, 0})) << "snapshots taken before the poison stay";
+  EXPECT_EQ(r.core.crash_cause(), CrashCause::non_finite);
+  EXPECT_TRUE(r.logged("non_finite"));
+}
+
+TEST(LearnerCore, ARestartedSyncerGetsOurThetaAndDecoupledTrainsOn) {
+  Rig r(decoupled(2, 4, 1));
+  r.deliver(0, 3, 0.5f);
+  Actions take(2);
+  r.core.take_merges(2, take);
+  r.reconnect = 2.5;
+  Actions a(2);
+  r.core.decide_crash(a, 3, false, false, 1.0, 1.0);
+  EXPECT_FALSE(a.crash) << "decoupled with τ ≥ 1 keeps its steps";
+  EXPECT_TRUE(r.logged("syncer_back"));
+  EXPECT_EQ(r.word(sync::kOfferFor), 1);
+  // The offer: our newest Θ_0 (version 3) in the held inbox, raw.
+  std::vector<sync::UnitHeaders> h;
+  r.syncer.poll(h, true);
+  EXPECT_EQ(h[0].header(0, sync::kInVersion), 3);
+  std::vector<float> got(r.numel(0));
+  EXPECT_EQ(r.syncer.fetch_offer(0, 0, h[0], got), "");
+  EXPECT_EQ(got[0], 0.5f);
+  // Taken: our inboxes are ours again, and the next merge comes in as usual.
+  r.set(sync::kOfferTaken, 1);
+  Actions settle(2);
+  r.core.take_merges(3, settle);
+  r.deliver(0, 4, 0.75f);
+  EXPECT_EQ(r.core.take(0), 4);
+}
+
+TEST(LearnerCore, ARestartedSyncerMakesAWaitingModeStartOverKeepingItsMemory) {
+  Rig r(diloco(2));
+  r.reconnect = 1.0;
+  Actions a(1);
+  r.core.decide_crash(a, 3, false, false, 1.0, 1.0);
+  EXPECT_TRUE(a.crash);
+  EXPECT_TRUE(a.keep_memory);
+  EXPECT_EQ(r.core.crash_cause(), CrashCause::syncer_restart);
+
+  Rig d(decoupled(1, 2, 1));
+  d.reconnect = 1.0;
+  Actions b(1);
+  d.core.decide_crash(b, 3, false, false, 1.0, 1.0);
+  EXPECT_FALSE(b.crash);
+  d.set(sync::kStartOver, 1);  // the syncer refused our copy
+  Actions c(1);
+  d.core.decide_crash(c, 4, false, false, 1.0, 1.0);
+  EXPECT_TRUE(c.crash);
+  EXPECT_TRUE(c.keep_memory);
+  EXPECT_TRUE(d.logged("syncer_start_over"));
+}
+
+TEST(LearnerCore, AUnitAloneStopsAtTheBudgetItEstimatesUntilASyncerSaysStop) {
+  LearnerCore::Settings s = settings();
+  s.token_budget = 1000;
+  Rig r(decoupled(1, 2, 1), s);
+  r.present = false;  // the isolated deployment, no syncer
+  r.set(sync::kJobTokens, 800);
+  r.core.wait_if_budget_spent_alone(10);  // estimate 800
+  r.core.wait_if_budget_spent_alone(11);  // 900
+  EXPECT_FALSE(r.logged("budget_spent_alone"));
+  const int64_t beats = r.word(sync::kHeartbeat);
+  Later stop(50, [&] { r.set(sync::kStop, 1); });
+  r.core.wait_if_budget_spent_alone(12);  // 1000: waits
+  EXPECT_TRUE(r.logged("budget_spent_alone"));
+  EXPECT_GT(r.word(sync::kHeartbeat), beats) << "waiting alone must beat";
+
+  Rig with(decoupled(1, 2, 1), s);  // a syncer is there: it counts the tokens
+  with.set(sync::kJobTokens, 5000);
+  with.core.wait_if_budget_spent_alone(10);
+  EXPECT_FALSE(with.logged("budget_spent_alone"));
+}
+
+TEST(LearnerCore, ProgressAndTheLrScheduleOnTheJobClock) {
+  Rig r(decoupled(1, 2, 1));
+  r.core.report_progress(7, 700, 0.25);
+  EXPECT_EQ(r.word(sync::kStepsDone), 7);
+  EXPECT_EQ(r.word(sync::kTokensDone), 700);
+  EXPECT_EQ(r.word(sync::kStepTimeNs), 250'000'000);
+  r.set(sync::kJobTokens, 1234);
+  EXPECT_EQ(r.core.schedule_step(), 12);
+}
+
+TEST(LearnerCore, ActionsCrossTheUnitAsWords) {
+  Actions a(3);
+  a.stop = true;
+  a.crash = a.keep_memory = true;
+  a.down_ms = 250;
+  a.lost = {1, 0, 1};
+  a.sent = {0, 1, 0};
+  a.apply = {{0, 4}, {2, 9}};
+  a.schedule_step = 17;
+  a.checkpoint = 3;
+  const Actions b = Actions::decode(a.encode(3), 3);
+  EXPECT_EQ(b.stop, a.stop);
+  EXPECT_EQ(b.crash, a.crash);
+  EXPECT_EQ(b.keep_memory, a.keep_memory);
+  EXPECT_EQ(b.down_ms, a.down_ms);
+  EXPECT_EQ(b.lost, a.lost);
+  EXPECT_EQ(b.sent, a.sent);
+  EXPECT_EQ(b.apply, a.apply);
+  EXPECT_EQ(b.schedule_step, a.schedule_step);
+  EXPECT_EQ(b.checkpoint, a.checkpoint);
+}
+
+}  // namespace
+}  // namespace ddiloco
