@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "ddiloco/error.hpp"
+#include "ddiloco/train_loop.hpp"
 
 namespace ddiloco {
 
@@ -111,39 +112,44 @@ TimeBook Learner::run() {
   set_wire_references();
   start_clock();
   join();
-  if (!nothing_left())
-    for (int64_t t = first_step_;; ++t) {
-      Stopwatch step_clock;
-      const StepStats s = train_step(t);
-      const bool non_finite = diverged(s);
-      emulate_straggler(step_clock, s);
-      const double step_s = step_clock.seconds();
-      book_step(s, step_s);
-
-      // The leader publishes, decides what to apply and whether to stop; the unit follows.
-      Stopwatch wait_clock;
-      Actions actions = topo_.leader ? decide(t, s, step_s, non_finite) : Actions(fragments_.size());
-      broadcast(actions);
-      record_sends(actions);
-      if (actions.schedule_step >= 0) trainer_.set_schedule_step(actions.schedule_step);
-      for (const auto& [p, version] : actions.apply) apply_merge(p, version);
-      since_log_.wait += wait_clock.seconds();
-      book_.wait += wait_clock.seconds();
-      since_log_.wall += step_clock.seconds();
-
-      if (actions.checkpoint > 0) {
-        Stopwatch write_clock;
-        write_checkpoint(actions.checkpoint, t, false, actions.stop);
-        book_.other += write_clock.seconds();
-      }
-      Stopwatch other_clock;
-      log_train(t, s, actions.stop);
-      book_.other += other_clock.seconds();
-      if (actions.stop) break;
-      if (actions.crash && !crash(actions, t)) break;
-    }
+  if (!nothing_left()) run_steps(trainer_, first_step_, *this);
   finish();
   return book_;
+}
+
+bool Learner::before_step(int64_t) {
+  if (!plan_.outer_steps && topo_.leader) ddp_.stop->vote = core_->stop_requested();
+  return true;
+}
+
+// The leader publishes, decides what to apply and whether to stop; the unit follows.
+bool Learner::after_step(int64_t& t, const StepStats& s, const Stopwatch& step_clock) {
+  const bool non_finite = diverged(s);
+  check_diverged(t, s);
+  emulate_straggler(step_clock, s);
+  const double step_s = step_clock.seconds();
+  book_step(s, step_s);
+
+  Stopwatch wait_clock;
+  Actions actions = topo_.leader ? decide(t, s, step_s, non_finite) : Actions(fragments_.size());
+  broadcast(actions);
+  record_sends(actions);
+  if (actions.schedule_step >= 0) trainer_.set_schedule_step(actions.schedule_step);
+  for (const auto& [p, version] : actions.apply) apply_merge(p, version);
+  since_log_.wait += wait_clock.seconds();
+  book_.wait += wait_clock.seconds();
+  since_log_.wall += step_clock.seconds();
+
+  if (actions.checkpoint > 0) {
+    Stopwatch write_clock;
+    write_checkpoint(actions.checkpoint, t, false, actions.stop);
+    book_.other += write_clock.seconds();
+  }
+  Stopwatch other_clock;
+  log_train(t, s, actions.stop);
+  book_.other += other_clock.seconds();
+  if (actions.stop) return false;
+  return !actions.crash || crash(actions, t);
 }
 
 void Learner::log_start() {
@@ -189,17 +195,13 @@ bool Learner::nothing_left() const {
                                            : resume_->unit.step >= set_.max_steps));
 }
 
-StepStats Learner::train_step(int64_t t) {
-  if (!plan_.outer_steps && topo_.leader) ddp_.stop->vote = core_->stop_requested();
-  const StepStats s = trainer_.step();
-  // A non-finite loss or gradient norm (the same on every rank of the unit: both are
-  // all-reduced) has poisoned the parameters. Where a crashed unit can rejoin from Θ
-  // (diloco, decoupled) the unit starts over from it like a crash without down-time, and
-  // the syncer never sees the poison; elsewhere the job cannot go on.
+// A non-finite loss or gradient norm (the same on every rank of the unit: both are
+// all-reduced) has poisoned the parameters. Where a crashed unit can rejoin from Θ (diloco,
+// decoupled) the unit starts over from it like a crash without down-time, and the syncer never
+// sees the poison; elsewhere the job cannot go on.
+void Learner::check_diverged(int64_t t, const StepStats& s) const {
   if (diverged(s) && !plan_.can_rejoin)
-    fail("unit {}: training diverged: loss {}, gradient norm {} at step {}", set_.unit, s.loss,
-         s.grad_norm, t);
-  return s;
+    fail("unit {}: training diverged: loss {}, gradient norm {} at step {}", set_.unit, s.loss, s.grad_norm, t);
 }
 
 // Straggler emulation: this unit's computation takes `slowdown` times longer.

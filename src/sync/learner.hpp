@@ -38,6 +38,7 @@
 #include "ddiloco/runtime.hpp"
 #include "ddiloco/sync_window.hpp"
 #include "ddiloco/topology.hpp"
+#include "ddiloco/train_loop.hpp"
 #include "ddiloco/trainer.hpp"
 #include "ddiloco/wan.hpp"
 #include "sync/ddp_reducer.hpp"
@@ -47,7 +48,7 @@
 
 namespace ddiloco {
 
-class Learner {
+class Learner : private StepPolicy {
  public:
   /// Exposes the leader's window to the syncer (blocking until admitted in the isolated
   /// deployment) and installs ddp's gradient reducer. `resume`: as run_learner's.
@@ -113,7 +114,9 @@ class Learner {
   void log_start();
   void start_clock();
   bool nothing_left() const;
-  StepStats train_step(int64_t t);
+  bool before_step(int64_t t) override;
+  bool after_step(int64_t& t, const StepStats& s, const Stopwatch& step_clock) override;
+  void check_diverged(int64_t t, const StepStats& s) const;
   void emulate_straggler(const Stopwatch& step_clock, const StepStats& s);
   void book_step(const StepStats& s, double step_s);
   void log_event(nlohmann::json event);
