@@ -46,21 +46,6 @@ int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::str
 /// fresh start. Throws Error for a checkpoint that is corrupt or of another job.
 std::string choose_checkpoint(const Config& config, const std::string& resume);
 
-/// The syncer's validated inputs: run.dir and the checkpoint directory usable, the resumed
-/// state (checked against the configuration), and the validation set. Throws Error naming
-/// what is wrong; touches nothing.
-struct SyncerSetup {
-  std::optional<checkpoint::SyncerState> state;
-  std::unique_ptr<ValidationSet> val;
-};
-SyncerSetup prepare_syncer(const Config& config, const OuterPlan& plan, const std::string& resume,
-                           bool replace);
-
-/// A learner rank's trainer on its data stream (topology.stream_index of stream_count).
-/// `learners`: the communicator GPU ranks pick their device in (MPI_COMM_NULL on the CPU).
-std::unique_ptr<UnitTrainer> make_unit_trainer(const Config& config, const OuterPlan& plan,
-                                               const Topology& topology, MPI_Comm learners);
-
 /// What a learner rank resumes from: the checkpoint directory, its unit's file and the
 /// syncer's (read and validated during set-up).
 struct LearnerResume {
@@ -94,6 +79,33 @@ struct LearnerLink {
   /// gathers it once, on every rank of the unit before run_learner (it is collective).
   nlohmann::json processes;
 };
+
+/// The syncer's validated inputs: run.dir and the checkpoint directory usable, the resumed
+/// state (checked against the configuration), and the validation set.
+struct SyncerSetup {
+  std::optional<checkpoint::SyncerState> state;
+  std::unique_ptr<ValidationSet> val;
+};
+/// The syncer's set-up, the same in both deployments (setup.cpp): its inputs validated,
+/// agreed over `world` (collective: every rank of the job hears of a failure, as
+/// mpi::SetupFailed), then run.dir's earlier outputs cleared where `replace` and no checkpoint
+/// is resumed, and the stop signals installed. `resume`: choose_checkpoint's; `restart`: a
+/// syncer replacing one of this run that died (isolated), which keeps run.dir as it is.
+SyncerSetup set_up_syncer(const Config& config, const OuterPlan& plan, MPI_Comm world, const std::string& resume,
+                          bool replace, bool restart = false);
+
+/// A learner rank's set-up, the same in both deployments (setup.cpp): its trainer on its data
+/// stream, the checkpoint it resumes from (read and validated), agreed over topology.world
+/// (collective), then the stop signals installed and the unit's processes gathered (collective
+/// over the unit). `learners`: the communicator GPU ranks pick their device in (MPI_COMM_NULL
+/// on the CPU); freed here. The deployment then says in `link` how to reach the syncer.
+struct UnitSetup {
+  std::unique_ptr<UnitTrainer> trainer;
+  std::optional<LearnerResume> resumed;
+  LearnerLink link;
+};
+UnitSetup set_up_unit(const Config& config, const OuterPlan& plan, const Topology& topology, MPI_Comm learners,
+                      const std::string& resume);
 
 /// The two roles; called by run_job once set-up succeeded everywhere.
 /// run_learner returns where this rank's wall time went (goodput accounting); a ddp leader

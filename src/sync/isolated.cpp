@@ -213,8 +213,7 @@ int run_syncer_process(const Config& config, bool overwrite, const std::string& 
                 sync::Rendezvous::addr_file(config.run.dir).c_str());
   }
   const bool replace = overwrite || never || (resume_arg == "auto" && resume.empty() && !restart);
-  SyncerSetup setup = prepare_syncer(config, plan, resume, replace || restart);
-  if (replace && resume.empty()) clear_run_outputs(config.run.dir);
+  SyncerSetup setup = set_up_syncer(config, plan, MPI_COMM_WORLD, resume, replace, restart);
   const sync::Endpoint listen = sync::Endpoint::parse(config.syncer.listen, "syncer.listen");
   comm::UcxSyncerLink link(listen.ip, listen.port, config.units.count);
   link.set_op_timeout(config.syncer.link_timeout_s);
@@ -229,7 +228,6 @@ int run_syncer_process(const Config& config, bool overwrite, const std::string& 
   std::printf("syncer: listening on %s (run %s; %s)\n", rv.address.c_str(), rv.run_id.c_str(),
               sync::Rendezvous::addr_file(config.run.dir).c_str());
   std::fflush(stdout);
-  install_stop_signals();
   const int signal = run_syncer(config, plan, topology, *setup.val, resume,
                                 setup.state ? &*setup.state : nullptr,
                                 SyncerLink{&link, &link, rv.run_id, rv.secret, restart});
@@ -251,12 +249,8 @@ int run_unit_process(const Config& config, int unit) {
   // GPU ranks pick their device among this job's ranks (one unit job per node's GPUs).
   MPI_Comm learners = MPI_COMM_NULL;
   if (config.run.device == "cuda") mpi::check(MPI_Comm_dup(MPI_COMM_WORLD, &learners), "Comm_dup(learners)");
-  auto trainer = mpi::agree(MPI_COMM_WORLD, [&] { return make_unit_trainer(config, plan, topology, learners); });
-  if (learners != MPI_COMM_NULL) MPI_Comm_free(&learners);
-  install_stop_signals();
-
-  LearnerLink link;
-  link.processes = topology.unit_processes();  // collective over the unit: every rank
+  UnitSetup unit_setup = set_up_unit(config, plan, topology, learners, "");
+  LearnerLink& link = unit_setup.link;  // the isolated deployment: a UCX link to the syncer
   link.restart = restart_count();
   comm::UcxUnitLink* ucx = nullptr;  // owned by run_learner as its window memory
   std::unique_ptr<Reconnector> reconnector;
@@ -292,7 +286,7 @@ int run_unit_process(const Config& config, int unit) {
   link.started = [&] {
     write_pid_file(pid_dir(config.run.dir), unit_pid_name(unit, topology.unit_rank));
   };
-  run_learner(config, plan, topology, *trainer, nullptr, nullptr, link);
+  run_learner(config, plan, topology, *unit_setup.trainer, nullptr, nullptr, link);
   return stop_signal();
 }
 
