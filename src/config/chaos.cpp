@@ -90,7 +90,10 @@ Schedule Schedule::generate(const ChaosConfig& config, int units) {
   return s;
 }
 
-Schedule Schedule::load(const std::string& path, int units, const std::vector<int>& unit_ranks) {
+namespace {
+
+// A schedule file parsed: a map with a list 'faults'.
+YAML::Node read_schedule_file(const std::string& path) {
   if (!std::filesystem::exists(path)) fail("{}: chaos schedule file not found", path);
   YAML::Node root;
   try {
@@ -102,102 +105,131 @@ Schedule Schedule::load(const std::string& path, int units, const std::vector<in
     fail("{}: expected a map with a list 'faults' of {{unit, kind, start_s, duration_s, "
          "factor}}",
          path);
-  Schedule s;
-  const YAML::Node list = root["faults"];
-  for (size_t i = 0; i < list.size(); ++i) {
-    const YAML::Node e = list[i];
-    const std::string where = fmt::format("{}: faults[{}]", path, i);
-    if (!e.IsMap()) fail("{}: expected a map {{unit, kind, start_s, duration_s, factor}}", where);
-    for (const auto& kv : e) {
+  return root;
+}
+
+// One entry of a schedule file's 'faults', read into a Fault: each key checked as it is read,
+// and every error named by its place in the file (`where`).
+class FaultEntry {
+ public:
+  FaultEntry(const YAML::Node& e, std::string where) : e_(e), where_(std::move(where)) {
+    if (!e_.IsMap()) fail("{}: expected a map {{unit, kind, start_s, duration_s, factor}}", where_);
+    for (const auto& kv : e_) {
       const std::string key = kv.first.as<std::string>();
       if (key != "unit" && key != "kind" && key != "start_s" && key != "duration_s" &&
           key != "factor" && key != "rank")
         fail("{}: unknown key '{}' (expected unit, kind, start_s, duration_s, factor, rank)",
-             where, key);
+             where_, key);
     }
-    const auto number = [&](const char* key, bool required, double fallback) {
-      if (!e[key]) {
-        if (required) fail("{}.{}: missing", where, key);
-        return fallback;
-      }
-      try {
-        const double v = e[key].as<double>();
-        if (!std::isfinite(v)) fail("{}.{}: must be a finite number", where, key);
-        return v;
-      } catch (const YAML::Exception&) {
-        fail("{}.{}: expected a number, got '{}'", where, key, e[key].Scalar());
-      }
-    };
+  }
+
+  Fault read(int units, const std::vector<int>& unit_ranks) const {
     Fault f;
-    const std::string kind = e["kind"] ? e["kind"].Scalar() : "";
-    if (kind == "crash") f.kind = FaultKind::crash;
-    else if (kind == "slow") f.kind = FaultKind::slow;
-    else if (kind == "link") f.kind = FaultKind::link;
-    else if (kind == "kill") f.kind = FaultKind::kill;
-    else if (kind == "kill_syncer") f.kind = FaultKind::kill_syncer;
-    else fail("{}.kind: must be one of crash, slow, link, kill, kill_syncer, got '{}'", where, kind);
-    const bool launcher = is_launcher_fault(f.kind);
-    if (f.kind == FaultKind::kill_syncer) {
+    f.kind = kind();
+    f.unit = unit(f.kind, units);
+    read_rank(f, unit_ranks);
+    f.start_s = number("start_s", true, 0);
+    if (f.start_s < 0) fail("{}.start_s: must be ≥ 0, got {}", where_, f.start_s);
+    if (is_launcher_fault(f.kind)) read_launcher_fault(f);
+    else read_episode(f);
+    return f;
+  }
+
+ private:
+  double number(const char* key, bool required, double fallback) const {
+    if (!e_[key]) {
+      if (required) fail("{}.{}: missing", where_, key);
+      return fallback;
+    }
+    try {
+      const double v = e_[key].as<double>();
+      if (!std::isfinite(v)) fail("{}.{}: must be a finite number", where_, key);
+      return v;
+    } catch (const YAML::Exception&) {
+      fail("{}.{}: expected a number, got '{}'", where_, key, e_[key].Scalar());
+    }
+  }
+
+  FaultKind kind() const {
+    const std::string kind = e_["kind"] ? e_["kind"].Scalar() : "";
+    if (kind == "crash") return FaultKind::crash;
+    if (kind == "slow") return FaultKind::slow;
+    if (kind == "link") return FaultKind::link;
+    if (kind == "kill") return FaultKind::kill;
+    if (kind == "kill_syncer") return FaultKind::kill_syncer;
+    fail("{}.kind: must be one of crash, slow, link, kill, kill_syncer, got '{}'", where_, kind);
+  }
+
+  int unit(FaultKind kind, int units) const {
+    if (kind == FaultKind::kill_syncer) {
       // The syncer is no unit: the key may be left out, or say so with -1.
       const double unit = number("unit", false, kSyncerUnit);
       if (unit != kSyncerUnit)
         fail("{}.unit: kill_syncer kills the syncer, which is no unit: omit unit or give -1, got "
-             "{}", where, e["unit"].Scalar());
-      f.unit = kSyncerUnit;
-    } else {
-      const double unit = number("unit", true, 0);
-      if (unit != std::floor(unit) || unit < 0 || unit >= units)
-        fail("{}.unit: must be an integer in [0, {}), got {}", where, units, e["unit"].Scalar());
-      f.unit = static_cast<int>(unit);
+             "{}", where_, e_["unit"].Scalar());
+      return kSyncerUnit;
     }
-    if (e["rank"]) {
+    const double unit = number("unit", true, 0);
+    if (unit != std::floor(unit) || unit < 0 || unit >= units)
+      fail("{}.unit: must be an integer in [0, {}), got {}", where_, units, e_["unit"].Scalar());
+    return static_cast<int>(unit);
+  }
+
+  // Only a kill names a rank (0 when the file names none): one of its unit's.
+  void read_rank(Fault& f, const std::vector<int>& unit_ranks) const {
+    if (e_["rank"]) {
       if (f.kind != FaultKind::kill)
-        fail("{}.rank: only a kill names a rank, got one for kind {}", where, kind);
+        fail("{}.rank: only a kill names a rank, got one for kind {}", where_, kind_name(f.kind));
       const double rank = number("rank", true, 0);
       if (rank != std::floor(rank) || rank < 0 || rank > 1e6)
-        fail("{}.rank: must be an integer ≥ 0 (a rank of unit {}), got {}", where, f.unit,
-             e["rank"].Scalar());
+        fail("{}.rank: must be an integer ≥ 0 (a rank of unit {}), got {}", where_, f.unit,
+             e_["rank"].Scalar());
       f.rank = static_cast<int>(rank);
     }
     if (f.kind == FaultKind::kill && static_cast<size_t>(f.unit) < unit_ranks.size() &&
         f.rank >= unit_ranks[static_cast<size_t>(f.unit)])
-      fail("{}.rank: unit {} has {} rank(s), 0 to {}, got {}", where, f.unit,
+      fail("{}.rank: unit {} has {} rank(s), 0 to {}, got {}", where_, f.unit,
            unit_ranks[static_cast<size_t>(f.unit)], unit_ranks[static_cast<size_t>(f.unit)] - 1,
            f.rank);
-    f.start_s = number("start_s", true, 0);
-    if (f.start_s < 0) fail("{}.start_s: must be ≥ 0, got {}", where, f.start_s);
-    if (launcher) {
-      // A killed process is restarted by the launcher after launch.backoff_s, not after a
-      // down-time of the schedule's.
-      f.duration_s = number("duration_s", false, 0);
-      if (f.duration_s != 0)
-        fail("{}.duration_s: a {} has no duration (the launcher restarts the process after "
-             "launch.backoff_s): omit it or give 0, got {}", where, kind, f.duration_s);
-      f.factor = number("factor", false, 1.0);
-      if (f.factor != 1)
-        fail("{}.factor: a {} has no factor (1), got {}", where, kind, f.factor);
-      s.faults.push_back(f);
-      continue;
-    }
+  }
+
+  // A killed process is restarted by the launcher after launch.backoff_s, not after a
+  // down-time of the schedule's.
+  void read_launcher_fault(Fault& f) const {
+    f.duration_s = number("duration_s", false, 0);
+    if (f.duration_s != 0)
+      fail("{}.duration_s: a {} has no duration (the launcher restarts the process after "
+           "launch.backoff_s): omit it or give 0, got {}", where_, kind_name(f.kind), f.duration_s);
+    f.factor = number("factor", false, 1.0);
+    if (f.factor != 1)
+      fail("{}.factor: a {} has no factor (1), got {}", where_, kind_name(f.kind), f.factor);
+  }
+
+  // A crash, a slow-down or a degraded link: an episode with a length and a factor.
+  void read_episode(Fault& f) const {
     f.duration_s = number("duration_s", true, 0);
     // A crash may restart at once (down 0 s: what chaos.down_max_s = 0 draws); an episode
     // of slowness or a degraded link lasts.
     if (f.duration_s < 0 || (f.duration_s == 0 && f.kind != FaultKind::crash))
-      fail("{}.duration_s: must be > 0 (≥ 0 for a crash), got {}", where, f.duration_s);
+      fail("{}.duration_s: must be > 0 (≥ 0 for a crash), got {}", where_, f.duration_s);
     f.factor = number("factor", f.kind != FaultKind::crash, 1.0);
     if (f.kind == FaultKind::slow && f.factor < 1)
-      fail("{}.factor: a slow-down must be ≥ 1, got {}", where, f.factor);
+      fail("{}.factor: a slow-down must be ≥ 1, got {}", where_, f.factor);
     if (f.kind == FaultKind::link && (f.factor <= 0 || f.factor > 1))
-      fail("{}.factor: a bandwidth fraction must be in (0, 1], got {}", where, f.factor);
+      fail("{}.factor: a bandwidth fraction must be in (0, 1], got {}", where_, f.factor);
     if (f.kind == FaultKind::crash && f.factor != 1)
-      fail("{}.factor: a crash has no factor (1), got {}", where, f.factor);
-    s.faults.push_back(f);
+      fail("{}.factor: a crash has no factor (1), got {}", where_, f.factor);
   }
-  sort_faults(s.faults);
-  // A unit cannot crash while it is down.
+
+  const YAML::Node e_;
+  const std::string where_;
+};
+
+// A unit cannot crash while it is down (`faults` sorted).
+void check_crashes_apart(const std::vector<Fault>& faults, int units, const std::string& path) {
   for (int u = 0; u < units; ++u) {
     double up_at = -1;
-    for (const Fault& f : s.faults) {
+    for (const Fault& f : faults) {
       if (f.unit != u || f.kind != FaultKind::crash) continue;
       if (f.start_s < up_at)
         fail("{}: unit {} crashes at {} s while down from an earlier crash until {} s", path, u,
@@ -205,6 +237,17 @@ Schedule Schedule::load(const std::string& path, int units, const std::vector<in
       up_at = f.end_s();
     }
   }
+}
+
+}  // namespace
+
+Schedule Schedule::load(const std::string& path, int units, const std::vector<int>& unit_ranks) {
+  const YAML::Node list = read_schedule_file(path)["faults"];
+  Schedule s;
+  for (size_t i = 0; i < list.size(); ++i)
+    s.faults.push_back(FaultEntry(list[i], fmt::format("{}: faults[{}]", path, i)).read(units, unit_ranks));
+  sort_faults(s.faults);
+  check_crashes_apart(s.faults, units, path);
   return s;
 }
 
