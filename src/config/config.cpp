@@ -453,6 +453,108 @@ void check_wire(const WanConfig& w) {
     fail("wan.value_bits: must be 2, 4 or 8, got {}", w.value_bits);
   if (!(w.ef_decay >= 0 && w.ef_decay <= 1)) fail("wan.ef_decay: must be in [0, 1], got {}", w.ef_decay);
 }
+
+// The device asked for exists, and the model and its batch fit this machine's memory.
+void check_machine(const Config& c) {
+  if (c.run.device == "cuda") {
+    if (g_cuda_check == nullptr)
+      fail("run.device: cuda needs a ddiloco built with CUDA; build the cuda preset "
+           "(cmake --preset cuda && cmake --build --preset cuda)");
+    g_cuda_check(c);
+  }
+  const double need = c.model.training_bytes(c.train.batch_size);
+  const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
+  if (need > have)
+    fail("train.batch_size: model and batch need about {:.0f} GiB per rank (parameters, "
+         "optimizer state, activations), this machine has {:.0f} GiB; lower "
+         "train.batch_size, model.seq_len or the model size",
+         need / (1 << 30), have / (1 << 30));
+}
+
+// Lists with one entry per unit: empty, or units.count long.
+void check_unit_lists(const Config& c) {
+  const int M = c.units.count;
+  if (!c.units.ranks.empty() && static_cast<int>(c.units.ranks.size()) != M)
+    fail("units.ranks: must list units.count = {} entries, got {}", M, c.units.ranks.size());
+  if (!c.units.slowdown.empty() && static_cast<int>(c.units.slowdown.size()) != M)
+    fail("units.slowdown: must list units.count = {} entries, got {}", M,
+         c.units.slowdown.size());
+  if (!c.wan.unit_bandwidth_mbit_s.empty() && static_cast<int>(c.wan.unit_bandwidth_mbit_s.size()) != M)
+    fail("wan.unit_bandwidth_mbit_s: must list units.count = {} entries, got {}", M,
+         c.wan.unit_bandwidth_mbit_s.size());
+  if (!c.wan.unit_latency_ms.empty() && static_cast<int>(c.wan.unit_latency_ms.size()) != M)
+    fail("wan.unit_latency_ms: must list units.count = {} entries, got {}", M,
+         c.wan.unit_latency_ms.size());
+}
+
+// The emulated links (wan.*): their rates, delays and wire format, and the modes they serve.
+void check_links(const Config& c) {
+  // Links slower than 1 kbit/s or later than a minute are typing errors, not WANs (and their
+  // times would overflow the clocks that wait them out).
+  auto check_bandwidth = [](const char* key, double mbit_s) {
+    if (mbit_s != 0 && !(mbit_s >= 1e-3 && mbit_s <= 1e9))
+      fail("{}: must be 0 (unlimited) or in [0.001, 1e9] Mbit/s, got {}", key, mbit_s);
+  };
+  auto check_delay = [](const char* key, double ms) {
+    if (!(ms <= 60000)) fail("{}: must be ≤ 60000 ms, got {}", key, ms);
+  };
+  check_bandwidth("wan.bandwidth_mbit_s", c.wan.bandwidth_mbit_s);
+  for (double b : c.wan.unit_bandwidth_mbit_s) check_bandwidth("wan.unit_bandwidth_mbit_s", b);
+  check_delay("wan.latency_ms", c.wan.latency_ms);
+  check_delay("wan.jitter_ms", c.wan.jitter_ms);
+  for (double l : c.wan.unit_latency_ms) check_delay("wan.unit_latency_ms", l);
+  if (c.wan.block > (1 << 24)) fail("wan.block: must be ≤ {}, got {}", 1 << 24, c.wan.block);
+  check_wire(c.wan);
+  if (!(c.wan.burst_kb <= 1 << 20)) fail("wan.burst_kb: must be ≤ {} KiB, got {}", 1 << 20, c.wan.burst_kb);
+  if (c.mode == Mode::single && c.wan.emulated(c.units.count))
+    fail("wan: links join learner units to the syncer and to each other; mode single has none "
+         "(choose mode ddp, diloco, streaming or decoupled, or leave wan.bandwidth_mbit_s, "
+         "latency_ms and jitter_ms at 0)");
+  if (c.mode == Mode::ddp && c.wan.format != "fp32" && c.wan.format != "bf16")
+    fail("wan.format: ddp all-reduces gradients over the links in fp32 or bf16, got {} (int8, "
+         "int4, int2 and sparse are for the outer modes' outer gradients)",
+         c.wan.format);
+}
+
+// The quorum, the unit count and the outer step's options fit the mode and one another.
+void check_outer(const Config& c) {
+  const int M = c.units.count;
+  if (c.syncer.quorum > M)
+    fail("syncer.quorum: must be ≤ units.count = {}, got {}", M, c.syncer.quorum);
+  if (c.mode == Mode::single && M != 1)
+    fail("units.count: mode single trains one unit, got {} (choose mode ddp, diloco, "
+         "streaming or decoupled)",
+         M);
+  if (c.outer.anchor != "current" && c.outer.apply == "blend")
+    fail("outer.anchor: {} measures a unit's progress from the Θ version it received, "
+         "which needs outer.apply: overwrite or carry, got outer.apply: {} (use outer.anchor: current)",
+         c.outer.anchor, c.outer.apply);
+}
+
+void check_launch(const LaunchConfig& l) {
+  if (l.backoff_max_s < l.backoff_s)
+    fail("launch.backoff_max_s: must be ≥ launch.backoff_s = {}, got {}", l.backoff_s, l.backoff_max_s);
+  // Beyond a day a wait is a typing error (and its clock arithmetic would overflow).
+  if (l.backoff_max_s > 86400 || l.drain_s > 86400)
+    fail("{}: must be ≤ 86400 s, got {}", l.drain_s > 86400 ? "launch.drain_s" : "launch.backoff_max_s",
+         l.drain_s > 86400 ? l.drain_s : l.backoff_max_s);
+}
+
+// The test hooks name a unit there is, in a mode that survives what they do; checkpoints are
+// for the outer modes.
+void check_debug_and_checkpoints(const Config& c) {
+  const int M = c.units.count;
+  if (c.debug.stall_unit >= M)
+    fail("debug.stall_unit: must be < units.count = {}, got {}", M, c.debug.stall_unit);
+  if (c.debug.nan_unit >= M)
+    fail("debug.nan_unit: must be < units.count = {}, got {}", M, c.debug.nan_unit);
+  // Elsewhere every merge needs every unit: the refused snapshot would stall the job.
+  if (c.debug.nan_unit >= 0 && c.mode != Mode::decoupled)
+    fail("debug.nan_unit: needs mode decoupled, got mode {}", mode_name(c.mode));
+  if (c.checkpoint.every > 0 && (c.mode == Mode::ddp || c.mode == Mode::single))
+    fail("checkpoint.every: checkpoints are written in modes diloco, streaming and decoupled, "
+         "got mode {}", mode_name(c.mode));
+}
 }  // namespace
 
 void set_cuda_check(DeviceCheck check) { g_cuda_check = check; }
@@ -460,85 +562,13 @@ void set_cuda_check(DeviceCheck check) { g_cuda_check = check; }
 void validate(const Config& c, const std::string& source) {
   try {
     c.model.validate();
-    if (c.run.device == "cuda") {
-      if (g_cuda_check == nullptr)
-        fail("run.device: cuda needs a ddiloco built with CUDA; build the cuda preset "
-             "(cmake --preset cuda && cmake --build --preset cuda)");
-      g_cuda_check(c);
-    }
-    const double need = c.model.training_bytes(c.train.batch_size);
-    const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
-    if (need > have)
-      fail("train.batch_size: model and batch need about {:.0f} GiB per rank (parameters, "
-           "optimizer state, activations), this machine has {:.0f} GiB; lower "
-           "train.batch_size, model.seq_len or the model size",
-           need / (1 << 30), have / (1 << 30));
-    const int M = c.units.count;
-    if (!c.units.ranks.empty() && static_cast<int>(c.units.ranks.size()) != M)
-      fail("units.ranks: must list units.count = {} entries, got {}", M, c.units.ranks.size());
-    if (!c.units.slowdown.empty() && static_cast<int>(c.units.slowdown.size()) != M)
-      fail("units.slowdown: must list units.count = {} entries, got {}", M,
-           c.units.slowdown.size());
-    if (!c.wan.unit_bandwidth_mbit_s.empty() && static_cast<int>(c.wan.unit_bandwidth_mbit_s.size()) != M)
-      fail("wan.unit_bandwidth_mbit_s: must list units.count = {} entries, got {}", M,
-           c.wan.unit_bandwidth_mbit_s.size());
-    if (!c.wan.unit_latency_ms.empty() && static_cast<int>(c.wan.unit_latency_ms.size()) != M)
-      fail("wan.unit_latency_ms: must list units.count = {} entries, got {}", M,
-           c.wan.unit_latency_ms.size());
-    // Links slower than 1 kbit/s or later than a minute are typing errors, not WANs (and their
-    // times would overflow the clocks that wait them out).
-    auto check_bandwidth = [](const char* key, double mbit_s) {
-      if (mbit_s != 0 && !(mbit_s >= 1e-3 && mbit_s <= 1e9))
-        fail("{}: must be 0 (unlimited) or in [0.001, 1e9] Mbit/s, got {}", key, mbit_s);
-    };
-    auto check_delay = [](const char* key, double ms) {
-      if (!(ms <= 60000)) fail("{}: must be ≤ 60000 ms, got {}", key, ms);
-    };
-    check_bandwidth("wan.bandwidth_mbit_s", c.wan.bandwidth_mbit_s);
-    for (double b : c.wan.unit_bandwidth_mbit_s) check_bandwidth("wan.unit_bandwidth_mbit_s", b);
-    check_delay("wan.latency_ms", c.wan.latency_ms);
-    check_delay("wan.jitter_ms", c.wan.jitter_ms);
-    for (double l : c.wan.unit_latency_ms) check_delay("wan.unit_latency_ms", l);
-    if (c.wan.block > (1 << 24)) fail("wan.block: must be ≤ {}, got {}", 1 << 24, c.wan.block);
-    check_wire(c.wan);
-    if (!(c.wan.burst_kb <= 1 << 20)) fail("wan.burst_kb: must be ≤ {} KiB, got {}", 1 << 20, c.wan.burst_kb);
-    if (c.mode == Mode::single && c.wan.emulated(M))
-      fail("wan: links join learner units to the syncer and to each other; mode single has none "
-           "(choose mode ddp, diloco, streaming or decoupled, or leave wan.bandwidth_mbit_s, "
-           "latency_ms and jitter_ms at 0)");
-    if (c.mode == Mode::ddp && c.wan.format != "fp32" && c.wan.format != "bf16")
-      fail("wan.format: ddp all-reduces gradients over the links in fp32 or bf16, got {} (int8, "
-           "int4, int2 and sparse are for the outer modes' outer gradients)",
-           c.wan.format);
-    if (c.syncer.quorum > M)
-      fail("syncer.quorum: must be ≤ units.count = {}, got {}", M, c.syncer.quorum);
-    if (c.mode == Mode::single && M != 1)
-      fail("units.count: mode single trains one unit, got {} (choose mode ddp, diloco, "
-           "streaming or decoupled)",
-           M);
-    if (c.outer.anchor != "current" && c.outer.apply == "blend")
-      fail("outer.anchor: {} measures a unit's progress from the Θ version it received, "
-           "which needs outer.apply: overwrite or carry, got outer.apply: {} (use outer.anchor: current)",
-           c.outer.anchor, c.outer.apply);
+    check_machine(c);
+    check_unit_lists(c);
+    check_links(c);
+    check_outer(c);
     chaos::validate(c);
-    if (c.launch.backoff_max_s < c.launch.backoff_s)
-      fail("launch.backoff_max_s: must be ≥ launch.backoff_s = {}, got {}", c.launch.backoff_s,
-           c.launch.backoff_max_s);
-    // Beyond a day a wait is a typing error (and its clock arithmetic would overflow).
-    if (c.launch.backoff_max_s > 86400 || c.launch.drain_s > 86400)
-      fail("{}: must be ≤ 86400 s, got {}",
-           c.launch.drain_s > 86400 ? "launch.drain_s" : "launch.backoff_max_s",
-           c.launch.drain_s > 86400 ? c.launch.drain_s : c.launch.backoff_max_s);
-    if (c.debug.stall_unit >= M)
-      fail("debug.stall_unit: must be < units.count = {}, got {}", M, c.debug.stall_unit);
-    if (c.debug.nan_unit >= M)
-      fail("debug.nan_unit: must be < units.count = {}, got {}", M, c.debug.nan_unit);
-    // Elsewhere every merge needs every unit: the refused snapshot would stall the job.
-    if (c.debug.nan_unit >= 0 && c.mode != Mode::decoupled)
-      fail("debug.nan_unit: needs mode decoupled, got mode {}", mode_name(c.mode));
-    if (c.checkpoint.every > 0 && (c.mode == Mode::ddp || c.mode == Mode::single))
-      fail("checkpoint.every: checkpoints are written in modes diloco, streaming and decoupled, "
-           "got mode {}", mode_name(c.mode));
+    check_launch(c.launch);
+    check_debug_and_checkpoints(c);
   } catch (const Error& err) {
     fail("{}: {}", source, err.what());
   }
