@@ -65,8 +65,12 @@ class Syncer {
   void finish();
   std::vector<TimeBook> time_books();
   std::vector<wan::LinkCounters> link_counters();
-  void report(double train_end, const std::vector<TimeBook>& books,
-              const std::vector<wan::LinkCounters>& links, uint64_t window_bytes, int64_t unmerged);
+  struct Outcome;
+  void report(Outcome& o, const std::vector<TimeBook>& books, const std::vector<wan::LinkCounters>& links);
+  void log_goodput(Outcome& o, const std::vector<TimeBook>& books);
+  void count_traffic(Outcome& o, const std::vector<wan::LinkCounters>& links) const;
+  nlohmann::json done_event(const Outcome& o);
+  void print_summary(const Outcome& o) const;
 
   const Config& config_;
   const OuterPlan plan_;
@@ -100,7 +104,6 @@ class Syncer {
   std::string resumed_from_;        // the checkpoint this run resumed from ("" = none)
   int64_t resumed_tokens_ = 0;
   int64_t resumed_next_eval_ = 0;
-  double train_cpu_s_ = 0;          // the syncer's CPU seconds at the end of training
   // Restarted mid-run: recovering while recovery_ is set; the copies offered, per fragment
   // (only those at the newest version offered so far).
   const bool restarted_;
