@@ -38,15 +38,13 @@ Syncer::Syncer(const Config& config, const OuterPlan& plan, const Topology& topo
       checkpoints_(config, plan, core_, window_, [this] { return now(); }, [this](nlohmann::json e) { log_.write(e); },
                    bar_, resumed ? resumed_dir : std::filesystem::path(), resumed ? resumed->id : 0),
       read_hooks_(config, plan, window_, M_),
-      val_(val),
       budget_(config.token_budget()),
-      restarted_(link.recover && link.listener != nullptr) {
+      eval_(val),
+      restart_(link.recover && link.listener != nullptr) {
   if (door_) members_ = std::make_unique<sync::Membership>(config, link.run_id, link.secret, layout_.bytes());
   books_before_.resize(M_);
-  offered_.resize(M_);
-  offered_epoch_.resize(M_);
-  settled_.assign(M_, 0);
-  if (restarted_) core_.set_restarted();
+  unit_offers_.resize(M_);
+  if (restart_.restarted) core_.set_restarted();
   core_.set_isolated(door_ != nullptr);
   if (read_hooks_.any()) core_.set_before_read([this](int u) { read_hooks_.before_read(u); });
   // Isolated, the units' links are real: polls take at most 5 % of the slowest one's rate,
@@ -58,12 +56,12 @@ Syncer::Syncer(const Config& config, const OuterPlan& plan, const Topology& topo
                                          config.syncer.heartbeat_timeout_s));
   core_.on_merge([this](int p, const std::vector<int>& units) { after_merge(p, units); });
   if (resumed) {
-    resumed_from_ = resumed_dir.string();
-    resumed_tokens_ = resumed->tokens;
-    resumed_elapsed_s_ = resumed->elapsed_s;
-    resumed_next_eval_ = resumed->next_eval;
+    resumed_.from = resumed_dir.string();
+    resumed_.tokens = resumed->tokens;
+    resumed_.elapsed_s = resumed->elapsed_s;
+    resumed_.next_eval = resumed->next_eval;
     sync::SyncerCheckpoints::restore(core_, config, *resumed, resumed_dir);
-    links_.set_elapsed_before(resumed_elapsed_s_);
+    links_.set_elapsed_before(resumed_.elapsed_s);
   }
 }
 
@@ -102,7 +100,7 @@ int Syncer::run() {
     backoff.set_max_us(idle_poll_us());
     bool all_done = true;
     for (int u = 0; u < M_; ++u) all_done &= unit_finished(u);
-    if (leave_units_) break;
+    if (stop_.leave_units) break;
     if (all_done && !work) {
       // Units are done, but their last snapshots may have been published after this poll.
       core_.poll();
@@ -115,16 +113,16 @@ int Syncer::run() {
       backoff.idle();
   }
   finish();
-  return interrupted_by_;
+  return stop_.signal;
 }
 
 // One iteration of the run loop: the units' state, the stop, then the decisions of the core.
 bool Syncer::poll_once() {
   if (door_) admit_units();
   core_.poll();
-  if (recovery_) {
+  if (restart_.recovery) {
     recover_once();
-    return recovery_ != nullptr;  // recovering: poll again soon; recovered: go on at once
+    return restart_.recovery != nullptr;  // recovering: poll again soon; recovered: go on at once
   }
   if (door_) settle_offers();  // a unit that reconnected offers its copies of Θ
   core_.watch_liveness();
@@ -136,7 +134,7 @@ bool Syncer::poll_once() {
   core_.publish_progress(tokens);
   // Before this iteration's merges: the syncer's part of a checkpoint must be newer than every
   // unit's, and a merge made now may already include a snapshot sent after a unit's.
-  checkpoints_.try_complete(false, resumed_elapsed_s_ + now(), next_eval_);
+  checkpoints_.try_complete(false, resumed_.elapsed_s + now(), eval_.next);
   bool work = core_.collect();
   work |= core_.merge_ready();
   work |= core_.deliver_pending();
@@ -155,24 +153,24 @@ void Syncer::check_stop() {
   int signal = stop_signal();
   for (int u = 0; u < M_ && signal == 0 && !door_; ++u)
     signal = static_cast<int>(core_.headers(u).control(sync::kSignal));
-  if (signal != 0 && door_ && !config_.syncer.signal_stops_units && !leave_units_) {
+  if (signal != 0 && door_ && !config_.syncer.signal_stops_units && !stop_.leave_units) {
     // The syncer's own job is being requeued (or preempted): it exits, and the units train on
     // and reconnect to its next start, which resumes from the last periodic checkpoint (the
     // units are not asked for their parts of a final one: they go on).
-    leave_units_ = true;
-    interrupted_by_ = signal;
+    stop_.leave_units = true;
+    stop_.signal = signal;
     log_.write({{"event", "interrupted"}, {"signal", signal}, {"units_left_running", true},
                 {"tokens", tokens}, {"elapsed_s", now()}});
     return;
   }
-  if (signal != 0 && plan_.stops_on_named_round && stop_after_version_ == 0) {
+  if (signal != 0 && plan_.stops_on_named_round && stop_.after_version == 0) {
     // diloco ends on a round boundary, where every unit holds Θ and nothing is in flight: the
     // round now under way (no merge of it can have happened yet) is the last.
-    stop_after_version_ = core_.versions()[0] + 1;
-    interrupted_by_ = signal;
+    stop_.after_version = core_.versions()[0] + 1;
+    stop_.signal = signal;
     for (int u = 0; u < M_; ++u)
-      if (!core_.unit_done(u)) window_.set_control(u, sync::kStopAfterVersion, stop_after_version_);
-    log_.write({{"event", "interrupted"}, {"signal", signal}, {"stop_after_version", stop_after_version_},
+      if (!core_.unit_done(u)) window_.set_control(u, sync::kStopAfterVersion, stop_.after_version);
+    log_.write({{"event", "interrupted"}, {"signal", signal}, {"stop_after_version", stop_.after_version},
                 {"tokens", tokens}, {"elapsed_s", now()}});
   }
   if (!core_.stopping() && !plan_.stops_on_named_round &&
@@ -181,7 +179,7 @@ void Syncer::check_stop() {
     // boundary (units waiting for a merge stop waiting). Set before this round's deliveries,
     // so that a unit taking its last merge also sees the stop.
     core_.set_stopping();
-    interrupted_by_ = signal;
+    stop_.signal = signal;
     log_.write({{"event", signal != 0 ? "interrupted" : "stop"}, {"signal", signal},
                 {"tokens", tokens}, {"elapsed_s", now()}});
   }
@@ -226,8 +224,8 @@ void Syncer::unit_joined(int u, const sync::Hello& hello) {
   read_hooks_.unit_connected(u);
   // Its offers so far are settled as its window says (a new process: none; a live one: what
   // this or an earlier syncer took); what was read of an earlier connection is stale.
-  settled_[u] = core_.headers(u).control(sync::kOfferTaken);
-  offered_[u].clear();
+  unit_offers_[u].settled = core_.headers(u).control(sync::kOfferTaken);
+  unit_offers_[u].versions.clear();
   log_.write({{"event", "unit_connected"}, {"unit", u}, {"restart", hello.restart}, {"host", hello.host},
               {"pid", hello.pid}, {"ranks", hello.ranks}, {"processes", hello.processes},
               {"tokens", core_.tokens_total()}, {"elapsed_s", now()}});
@@ -264,18 +262,18 @@ void Syncer::after_merge(int p, const std::vector<int>& units) {
 
 void Syncer::maybe_evaluate() {
   const int64_t merges = core_.total_merges();
-  if (merges < next_eval_ || merges == 0) return;
+  if (merges < eval_.next || merges == 0) return;
   nlohmann::json tags = {{"event", "global_eval"},
                          {"version", merges},
                          {"round", merges / fragments_.size()},
                          {"step", core_.steps_total() / M_},
                          {"tokens", core_.tokens_total()},
                          {"elapsed_s", now()}};
-  if (evaluator_->submit(core_.flat_theta(), std::move(tags))) next_eval_ = merges + eval_stride();
+  if (eval_.evaluator->submit(core_.flat_theta(), std::move(tags))) eval_.next = merges + eval_stride();
 }
 
 void Syncer::log_eval_results() {
-  while (auto r = evaluator_->result()) {
+  while (auto r = eval_.evaluator->result()) {
     log_.write(*r);
     if (bar_.enabled()) bar_.clear();
     std::printf("global_eval | version %lld | tokens %.2fM | %.1fs | val_loss %.4f\n",
@@ -293,10 +291,10 @@ void Syncer::start() {
   write_text_atomically(dir / "config.yaml", yaml);
   std::printf("ddiloco %s: effective configuration (saved to %s)\n%s", DDILOCO_VERSION,
               (dir / "config.yaml").c_str(), yaml.c_str());
-  log_ = JsonlWriter(dir / "metrics.jsonl", resumed_from_.empty() && !restarted_);
-  evaluator_ = std::make_unique<GlobalEvaluator>(config_.model, val_, config_.train.batch_size,
+  log_ = JsonlWriter(dir / "metrics.jsonl", resumed_.from.empty() && !restart_.restarted);
+  eval_.evaluator = std::make_unique<GlobalEvaluator>(config_.model, eval_.val, config_.train.batch_size,
                                                  omp_get_max_threads());
-  next_eval_ = resumed_next_eval_ > 0 ? resumed_next_eval_ : core_.total_merges() + eval_stride();
+  eval_.next = resumed_.next_eval > 0 ? resumed_.next_eval : core_.total_merges() + eval_stride();
   nlohmann::json unit_ranks = nlohmann::json::array();
   for (int u = 0; u < M_; ++u) unit_ranks.push_back(config_.unit_ranks(u));
   // unix_s: the wall clock as this syncer starts (its time zero follows within the start-up's
@@ -308,24 +306,25 @@ void Syncer::start() {
               {"fragments", fragments_.size()}, {"h", plan_.h}, {"overlap", plan_.overlap},
               {"quorum", plan_.quorum}, {"parameters", parameters_.size()},
               {"token_budget", budget_}, {"checkpoints", checkpoints_.on() ? checkpoints_.root().string() : ""}});
-  if (restarted_) {
-    recovery_ = std::make_unique<sync::Recovery>(M_, plan_.quorum, now(), config_.syncer.recover_timeout_s,
-                                                 config_.syncer.heartbeat_timeout_s);
-    offers_.assign(fragments_.size(), {});
+  if (restart_.restarted) {
+    restart_.recovery = std::make_unique<sync::Recovery>(
+        M_, plan_.quorum, now(), config_.syncer.recover_timeout_s, config_.syncer.heartbeat_timeout_s);
+    restart_.copies.assign(fragments_.size(), {});
     std::printf("syncer: restarted mid-run: recovering Θ from the units' copies (waiting up to "
                 "syncer.recover_timeout_s = %g s for K = %d of them)\n",
                 config_.syncer.recover_timeout_s, std::min(plan_.quorum, M_));
   }
-  if (!resumed_from_.empty() || restarted_) {
-    log_.write({{"event", "resume"}, {"path", resumed_from_.empty() ? nlohmann::json() : nlohmann::json(resumed_from_)},
-                {"recovering", restarted_}, {"version", core_.total_merges()},
-                {"versions", core_.versions()}, {"tokens", resumed_tokens_},
-                {"elapsed_before_s", resumed_elapsed_s_}, {"elapsed_s", 0.0}});
+  if (!resumed_.from.empty() || restart_.restarted) {
+    log_.write({{"event", "resume"},
+                {"path", resumed_.from.empty() ? nlohmann::json() : nlohmann::json(resumed_.from)},
+                {"recovering", restart_.restarted}, {"version", core_.total_merges()},
+                {"versions", core_.versions()}, {"tokens", resumed_.tokens},
+                {"elapsed_before_s", resumed_.elapsed_s}, {"elapsed_s", 0.0}});
   }
-  if (!resumed_from_.empty()) {
-    std::printf("resumed from %s: %lld merges, %.2fM tokens\n", resumed_from_.c_str(),
-                static_cast<long long>(core_.total_merges()), resumed_tokens_ / 1e6);
-    if (plan_.stops_on_token_budget && resumed_tokens_ >= budget_)
+  if (!resumed_.from.empty()) {
+    std::printf("resumed from %s: %lld merges, %.2fM tokens\n", resumed_.from.c_str(),
+                static_cast<long long>(core_.total_merges()), resumed_.tokens / 1e6);
+    if (plan_.stops_on_token_budget && resumed_.tokens >= budget_)
       std::printf("the checkpoint's job had completed its token budget (%.2fM): nothing left to "
                   "train\n", budget_ / 1e6);
   }

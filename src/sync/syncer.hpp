@@ -93,27 +93,52 @@ class Syncer {
   sync::SyncerCore core_;
   sync::SyncerCheckpoints checkpoints_;
   sync::ReadHooks read_hooks_;  // debug.* test hooks on snapshot reads
-  const ValidationSet& val_;
-  std::unique_ptr<GlobalEvaluator> evaluator_;
   int64_t budget_ = 0;
-  int64_t next_eval_ = 0;
-  int interrupted_by_ = 0;
-  bool leave_units_ = false;  // isolated, signalled, syncer.signal_stops_units off: exit alone
-  int64_t stop_after_version_ = 0;  // diloco, interrupted: the round every unit ends on
-  double resumed_elapsed_s_ = 0;    // wall time of the runs this one resumes
-  std::string resumed_from_;        // the checkpoint this run resumed from ("" = none)
-  int64_t resumed_tokens_ = 0;
-  int64_t resumed_next_eval_ = 0;
-  // Restarted mid-run: recovering while recovery_ is set; the copies offered, per fragment
-  // (only those at the newest version offered so far).
-  const bool restarted_;
-  std::unique_ptr<sync::Recovery> recovery_;
-  std::vector<std::vector<sync::Offer>> offers_;
-  std::vector<std::vector<int64_t>> offered_;  // per unit: the versions of its offer just read
-  std::vector<std::vector<int64_t>> offered_epoch_;  // ... and the epoch of each copy's syncer
-  std::vector<int64_t> settled_;               // per unit: the last offer settled
-  nlohmann::json recovered_;        // the syncer_recovered event (null: not restarted)
-  bool theta_reinitialised_ = false;  // restarted, and nothing of Θ's merges could be recovered
+  // What this run goes on from: the checkpoint it resumed (if any), and the tokens trained
+  // before it (a restarted syncer's: those it recovered).
+  struct Resumed {
+    std::string from;       // the checkpoint's directory ("" = none)
+    double elapsed_s = 0;   // wall time of the runs this one resumes
+    int64_t tokens = 0;
+    int64_t next_eval = 0;  // the merges its next evaluation was due at (0: none)
+  };
+  Resumed resumed_;
+  // Global evaluation of Θ: the validation set, the evaluator (made at the start), and the
+  // merges the next evaluation is due at.
+  struct Evaluation {
+    explicit Evaluation(const ValidationSet& v) : val(v) {}
+    const ValidationSet& val;
+    std::unique_ptr<GlobalEvaluator> evaluator;
+    int64_t next = 0;
+  };
+  Evaluation eval_;
+  // How the job is ending early: the signal that interrupted it, and what that asked for.
+  struct Stop {
+    int signal = 0;              // 0: not interrupted
+    bool leave_units = false;    // isolated, signalled, syncer.signal_stops_units off: exit alone
+    int64_t after_version = 0;   // diloco, interrupted: the round every unit ends on
+  };
+  Stop stop_;
+  // A syncer restarted mid-run: recovering while `recovery` is set, with the copies of Θ
+  // offered so far, then what it recovered.
+  struct Restart {
+    explicit Restart(bool r) : restarted(r) {}
+    const bool restarted;
+    std::unique_ptr<sync::Recovery> recovery;
+    std::vector<std::vector<sync::Offer>> copies;  // per fragment: those at the newest version offered
+    nlohmann::json recovered;          // the syncer_recovered event (null: not restarted)
+    bool theta_reinitialised = false;  // nothing of Θ's merges could be recovered
+    void keep_newest(int p, sync::Offer offer);
+  };
+  Restart restart_;
+  // A unit's offer of its copies of Θ (it reconnected, or is recovering this syncer): read,
+  // then settled (syncer_recovery.cpp).
+  struct UnitOffer {
+    std::vector<int64_t> versions;  // of the offer just read: per fragment, 0 none, −1 refused
+    std::vector<int64_t> epochs;    // ... and the epoch of each copy's syncer
+    int64_t settled = 0;            // the last offer settled
+  };
+  std::vector<UnitOffer> unit_offers_;  // per unit
 };
 
 }  // namespace ddiloco

@@ -27,15 +27,16 @@ bool asking(const sync::UnitHeaders& h) { return h.control(sync::kRejoinRequest)
 void Syncer::recover_once() {
   for (int u = 0; u < M_; ++u) {
     const sync::UnitHeaders& h = core_.headers(u);
-    if (!remote_.connected(u) || core_.unit_done(u) || !h.reachable || recovery_->has_offered(u)) continue;
+    if (!remote_.connected(u) || core_.unit_done(u) || !h.reachable || restart_.recovery->has_offered(u))
+      continue;
     if (!offering(h) && !asking(h)) continue;
     core_.heard(u);  // it waits for us: alive
     if (offering(h) && !read_offer(u)) continue;  // its lane is busy: next poll
     bool copies = false;
-    for (int64_t v : offered_[u]) copies |= v > 0;
-    recovery_->offered(u, now(), copies);
+    for (int64_t v : unit_offers_[u].versions) copies |= v > 0;
+    restart_.recovery->offered(u, now(), copies);
   }
-  if (recovery_->complete(now()) || stop_signal() != 0) finish_recovery();
+  if (restart_.recovery->complete(now()) || stop_signal() != 0) finish_recovery();
 }
 
 // After the recovery, every poll: an offer read is settled. A unit that asks to rejoin as well
@@ -48,34 +49,36 @@ void Syncer::settle_offers() {
     const sync::UnitHeaders& h = core_.headers(u);
     if (!remote_.connected(u) || !h.reachable || !offering(h)) continue;
     const int64_t offer = h.control(sync::kOfferFor);
-    if (settled_[u] >= offer) continue;
+    UnitOffer& offered = unit_offers_[u];
+    if (offered.settled >= offer) continue;
     // A unit that asks to rejoin too is served Θ over its offer (serve_rejoins, after this):
     // nothing of the offer is needed any more.
-    if (!asking(h) && offered_[u].empty() && !read_offer(u)) continue;
+    if (!asking(h) && offered.versions.empty() && !read_offer(u)) continue;
     bool start_over = false;
-    for (size_t p = 0; p < offered_[u].size() && !asking(h); ++p) {
-      const int64_t v = offered_[u][p];
-      start_over |= v < 0 || (v > 0 && !core_.in_history(static_cast<int>(p), v, offered_epoch_[u][p]));
+    for (size_t p = 0; p < offered.versions.size() && !asking(h); ++p) {
+      const int64_t v = offered.versions[p];
+      start_over |= v < 0 || (v > 0 && !core_.in_history(static_cast<int>(p), v, offered.epochs[p]));
     }
     if (start_over && !window_.set_control(u, sync::kStartOver, offer)) continue;
-    if (!start_over && !asking(h)) core_.offer_taken(u, offered_[u]);
+    if (!start_over && !asking(h)) core_.offer_taken(u, offered.versions);
     if (!window_.set_control(u, sync::kOfferTaken, offer)) continue;
-    log_.write({{"event", "offer_settled"}, {"unit", u}, {"offer", offer}, {"versions", offered_[u]},
+    log_.write({{"event", "offer_settled"}, {"unit", u}, {"offer", offer}, {"versions", offered.versions},
                 {"start_over", start_over || asking(h)}, {"elapsed_s", now()}});
-    settled_[u] = offer;
-    offered_[u].clear();
+    offered.settled = offer;
+    offered.versions.clear();
   }
 }
 
-// Unit u's copies of Θ (offered_[u]: the version of each, 0 for none, −1 for one refused),
+// Unit u's copies of Θ (UnitOffer::versions: the version of each, 0 for none, −1 for one refused),
 // each checked (size, checksum, finite values); while recovering, only the newest version of
 // each fragment offered so far is kept. False when its lane is busy (a transfer of before):
 // read at a later poll.
 bool Syncer::read_offer(int u) {
   if (window_.lane(u) != sync::SyncerWindow::Lane::idle) return false;
   const sync::UnitHeaders& h = core_.headers(u);
-  offered_[u].assign(fragments_.size(), 0);
-  offered_epoch_[u].assign(fragments_.size(), 0);
+  UnitOffer& offered = unit_offers_[u];
+  offered.versions.assign(fragments_.size(), 0);
+  offered.epochs.assign(fragments_.size(), 0);
   for (int p = 0; p < fragments_.size(); ++p) {
     const int64_t version = h.header(p, sync::kInVersion);
     if (version <= 0) continue;
@@ -90,24 +93,29 @@ bool Syncer::read_offer(int u) {
     if (!problem.empty()) {
       log_.write({{"event", "offer_refused"}, {"unit", u}, {"fragment", p}, {"version", version},
                   {"reason", problem}, {"elapsed_s", now()}});
-      offered_[u][p] = -1;
+      offered.versions[p] = -1;
       continue;
     }
-    offered_[u][p] = version;
-    offered_epoch_[u][p] = h.header(p, sync::kOfferEpoch);
+    offered.versions[p] = version;
+    offered.epochs[p] = h.header(p, sync::kOfferEpoch);
     core_.recovered_numbering(u, p, h.header(p, sync::kOfferSeqBase));
     // In a lossy wire format the copy is the unit's reference R at that version: what its
     // unread snapshot is against, and what the next delivery to it is encoded against.
     window_.set_reference(u, p, version, offer.values);
-    if (!recovery_) continue;
-    std::vector<sync::Offer>& kept = offers_[p];
-    if (!kept.empty() && kept.front().version > version) continue;
-    if (!kept.empty() && kept.front().version < version) kept.clear();
-    kept.push_back(std::move(offer));
+    if (restart_.recovery) restart_.keep_newest(p, std::move(offer));
   }
-  log_.write({{"event", "offer"}, {"unit", u}, {"versions", offered_[u]}, {"recovering", recovery_ != nullptr},
-              {"elapsed_s", now()}});
+  log_.write({{"event", "offer"}, {"unit", u}, {"versions", offered.versions},
+              {"recovering", restart_.recovery != nullptr}, {"elapsed_s", now()}});
   return true;
+}
+
+// While recovering, a copy of Θ_p offered is kept if it is at the newest version offered so far
+// (and every copy kept of an older one goes).
+void Syncer::Restart::keep_newest(int p, sync::Offer offer) {
+  std::vector<sync::Offer>& kept = copies[p];
+  if (!kept.empty() && kept.front().version > offer.version) return;
+  if (!kept.empty() && kept.front().version < offer.version) kept.clear();
+  kept.push_back(std::move(offer));
 }
 
 // The merges the previous syncer had made: the most any live unit was told (kGlobalVersion)
@@ -125,17 +133,17 @@ int64_t Syncer::merges_before_restart() const {
 // or Θ₀), then the run goes on; said in a syncer_recovered event.
 void Syncer::finish_recovery() {
   const bool exact = layout_.format() == wire::Format::fp32;
-  const bool timed_out = recovery_->timed_out(now());
+  const bool timed_out = restart_.recovery->timed_out(now());
   const int64_t before = merges_before_restart();
   nlohmann::json fragments = nlohmann::json::array();
   std::vector<int> from;
   for (int p = 0; p < fragments_.size(); ++p) {
-    const sync::Recovered r = sync::choose_copy(offers_[p], exact);
+    const sync::Recovered r = sync::choose_copy(restart_.copies[p], exact);
     const bool take = r.version > core_.versions()[p];
     if (take) core_.adopt(p, r.version, r.values);
     for (int u : r.from) from.push_back(u);
     fragments.push_back({{"fragment", p}, {"version", core_.versions()[p]},
-                         {"source", take ? "units" : !resumed_from_.empty() ? "checkpoint" : "initial"},
+                         {"source", take ? "units" : !resumed_.from.empty() ? "checkpoint" : "initial"},
                          {"units", r.from}, {"outvoted", r.outvoted}, {"max_diff", r.max_diff}});
     if (!r.outvoted.empty())
       std::fprintf(stderr, "ddiloco: warning: recovery: fragment %d version %lld: the copies of units %s differ "
@@ -144,33 +152,34 @@ void Syncer::finish_recovery() {
   }
   std::sort(from.begin(), from.end());
   from.erase(std::unique(from.begin(), from.end()), from.end());
-  theta_reinitialised_ = before > 0 && core_.total_merges() == 0;
-  recovered_ = {{"event", "syncer_recovered"},  {"fragments", fragments},
-                {"from_units", from},           {"offers", recovery_->offers()},
-                {"holders", recovery_->holders()},
+  restart_.theta_reinitialised = before > 0 && core_.total_merges() == 0;
+  restart_.recovered = {{"event", "syncer_recovered"},  {"fragments", fragments},
+                {"from_units", from},           {"offers", restart_.recovery->offers()},
+                {"holders", restart_.recovery->holders()},
                 {"timed_out", timed_out},       {"recover_s", now()},
                 {"merges_before", before},      {"merges_recovered", core_.total_merges()},
-                {"checkpoint", resumed_from_.empty() ? nlohmann::json() : nlohmann::json(resumed_from_)},
+                {"checkpoint", resumed_.from.empty() ? nlohmann::json() : nlohmann::json(resumed_.from)},
                 // μ > 0: the outer momentum is the checkpoint's (zero without one), not the
                 // previous syncer's at the versions recovered.
-                {"momentum", resumed_from_.empty() ? "zero" : "checkpoint"},
-                {"theta_reinitialised", theta_reinitialised_}, {"tokens", core_.tokens_total()},
+                {"momentum", resumed_.from.empty() ? "zero" : "checkpoint"},
+                {"theta_reinitialised", restart_.theta_reinitialised}, {"tokens", core_.tokens_total()},
                 {"elapsed_s", now()}};
-  log_.write(recovered_);
+  log_.write(restart_.recovered);
   std::printf("syncer: recovered Θ at %lld of the %lld merges made before the restart (%d unit%s offered%s) "
               "in %.1f s; %.2fM tokens kept\n",
-              static_cast<long long>(core_.total_merges()), static_cast<long long>(before), recovery_->offers(),
-              recovery_->offers() == 1 ? "" : "s", timed_out ? ", timed out" : "", now(),
+              static_cast<long long>(core_.total_merges()), static_cast<long long>(before),
+              restart_.recovery->offers(),
+              restart_.recovery->offers() == 1 ? "" : "s", timed_out ? ", timed out" : "", now(),
               core_.tokens_total() / 1e6);
-  if (theta_reinitialised_)
+  if (restart_.theta_reinitialised)
     std::fprintf(stderr, "ddiloco: warning: no unit and no checkpoint held Θ: it starts again from its "
                  "initialisation mid-run (%lld merges lost)\n", static_cast<long long>(before));
   std::fflush(stdout);
-  resumed_tokens_ = core_.tokens_total();  // what this syncer's run goes on from
-  recovery_.reset();
-  offers_.clear();
+  resumed_.tokens = core_.tokens_total();  // what this syncer's run goes on from
+  restart_.recovery.reset();
+  restart_.copies.clear();
   // The recovered Θ is evaluated at once: its val_loss says what was kept.
-  next_eval_ = core_.total_merges();
+  eval_.next = core_.total_merges();
 }
 
 }  // namespace ddiloco

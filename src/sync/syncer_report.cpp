@@ -34,7 +34,7 @@ void Syncer::finish() {
   bar_.finish();
   if (checkpoints_.on() && (config_.checkpoint.at_stop || checkpoints_.wanted())) {
     core_.poll();  // every unit's last kCheckpointDone
-    checkpoints_.try_complete(true, resumed_elapsed_s_ + now(), next_eval_);
+    checkpoints_.try_complete(true, resumed_.elapsed_s + now(), eval_.next);
   }
   Outcome o;
   o.train_end = now();
@@ -95,7 +95,7 @@ void Syncer::report(Outcome& o, const std::vector<TimeBook>& books,
   log_goodput(o, books);
   // Final global evaluation of Θ, then the model file.
   const std::vector<float> flat = core_.flat_theta();
-  o.val_loss = evaluator_->evaluate_now(flat);
+  o.val_loss = eval_.evaluator->evaluate_now(flat);
   log_eval_results();
   o.steps = core_.steps_total();
   o.tokens = core_.tokens_total();
@@ -108,7 +108,7 @@ void Syncer::report(Outcome& o, const std::vector<TimeBook>& books,
   save_model(o.model_path, config_.model, flat,
              {{"mode", mode_name(plan_.mode)}, {"version", o.merges}, {"tokens", o.tokens},
               {"val_loss", o.val_loss}, {"run_dir", config_.run.dir}});
-  o.trained = o.tokens - resumed_tokens_;  // by this run
+  o.trained = o.tokens - resumed_.tokens;  // by this run
   log_.write(done_event(o));
   print_summary(o);
 }
@@ -160,7 +160,7 @@ nlohmann::json Syncer::done_event(const Outcome& o) {
           {"snapshots_rejected", core_.snapshots_rejected()},
           {"snapshots_superseded", core_.snapshots_superseded()},
           {"snapshots_in_flight", o.unmerged},  // on a WAN link when the job ended: not merged
-          {"interrupted", interrupted_by_ != 0},
+          {"interrupted", stop_.signal != 0},
           {"syncer_cpu_s", process_cpu_seconds()},
           // What the syncer took from the learners' cores while they trained: its CPU
           // seconds up to the end of training (set-up included), ÷ train_s for a share.
@@ -177,17 +177,18 @@ nlohmann::json Syncer::done_event(const Outcome& o) {
           {"heal_s_mean", heal_mean},
           {"heal_s_max", heal_max},
           // A syncer restarted mid-run: what it recovered (README "The syncer dying").
-          {"syncer_recovered", recovered_.is_null() ? nlohmann::json() : recovered_},
-          {"theta_reinitialised", theta_reinitialised_},
+          {"syncer_recovered", restart_.recovered.is_null() ? nlohmann::json() : restart_.recovered},
+          {"theta_reinitialised", restart_.theta_reinitialised},
           {"model", o.model_path.string()}};
 }
 
 void Syncer::print_summary(const Outcome& o) const {
-  const std::string resumed_part =
-      resumed_from_.empty() && !restarted_ ? "" : fmt::format(", {:.2f}M of them in this run", o.trained / 1e6);
+  const std::string resumed_part = resumed_.from.empty() && !restart_.restarted
+                                       ? ""
+                                       : fmt::format(", {:.2f}M of them in this run", o.trained / 1e6);
   std::printf("%s: mode %s, %.2fM tokens%s in %.1fs (%.0f tokens/s), %lld merges, %.1f MB across "
               "units, final global val_loss %.4f; model saved to %s\n",
-              interrupted_by_ != 0 ? "interrupted" : "done", mode_name(plan_.mode), o.tokens / 1e6,
+              stop_.signal != 0 ? "interrupted" : "done", mode_name(plan_.mode), o.tokens / 1e6,
               resumed_part.c_str(), o.train_end, o.trained / o.train_end, static_cast<long long>(o.merges),
               o.bytes / 1e6, o.val_loss, o.model_path.c_str());
   const TimeBook& l = o.learners;
@@ -195,11 +196,11 @@ void Syncer::print_summary(const Outcome& o) const {
               "waiting %.0fs, down %.0fs, other %.0fs); global downtime %.1fs\n",
               100 * l.goodput(), l.allocated, l.compute, l.discarded, l.wait, l.down, l.other,
               o.global_downtime);
-  if (theta_reinitialised_)  // the last line: a run that lost its model mid-way says so
+  if (restart_.theta_reinitialised)  // the last line: a run that lost its model mid-way says so
     std::printf("ddiloco: warning: this run's Θ was re-initialised mid-run: the syncer was restarted "
                 "with no checkpoint and no unit could give Θ back (%lld merges lost); its val_loss is "
                 "not that of its token budget\n",
-                static_cast<long long>(recovered_.value("merges_before", int64_t{0})));
+                static_cast<long long>(restart_.recovered.value("merges_before", int64_t{0})));
   std::fflush(stdout);
 }
 
