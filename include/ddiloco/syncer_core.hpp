@@ -72,6 +72,48 @@ struct Round {
   double quorum_at = -1;  ///< when the quorum was reached
 };
 
+/// outer.anchor: what a snapshot's outer gradient is measured from. current: Θ now (nothing is
+/// kept). base, and reference (whose raw snapshots fall back to base): the Θ version it was
+/// based on, so per fragment the versions some unit may still measure its progress from are
+/// kept (from the oldest base version a live unit reported, to the current one). reference: a
+/// snapshot sent against a reference R is measured from that R (Slot::anchor), so that Δ_m is
+/// the decoded message itself: with a sparse wire format the units' R lag Θ, and an anchor at
+/// Θ (or at Θ's version) would count the lag as progress.
+class AnchorHistory {
+ public:
+  AnchorHistory(const std::string& anchor, int fragments)
+      : keep_(anchor != "current"), by_reference_(anchor == "reference"), versions_(keep_ ? fragments : 0) {}
+  bool keeps() const { return keep_; }
+  /// A snapshot keeps the reference it was sent against (Slot::anchor).
+  bool by_reference() const { return by_reference_; }
+  /// Θ_p at `version` is the only version held (the start, a resume, a recovery).
+  void reset(int p, int64_t version, const std::vector<float>& theta) {
+    if (keep_) versions_[p] = {{version, theta}};
+  }
+  /// Θ_p was merged into `version`.
+  void add(int p, int64_t version, const std::vector<float>& theta) {
+    if (keep_) versions_[p].emplace(version, theta);
+  }
+  /// No unit measures its progress from a version of Θ_p older than `oldest` any more.
+  void forget_before(int p, int64_t oldest) {
+    if (keep_) versions_[p].erase(versions_[p].begin(), versions_[p].lower_bound(oldest));
+  }
+  /// Can a snapshot based on this version of Θ_p be measured? (oldest(p) says from when on.)
+  bool holds(int p, int64_t version) const { return !keep_ || versions_[p].contains(version); }
+  int64_t oldest(int p) const { return versions_[p].begin()->first; }
+  /// The anchor of slot s of fragment p (Contribution::anchor; empty: Θ now).
+  std::span<const float> anchor_of(int p, const Slot& s) const {
+    if (by_reference_ && !s.anchor.empty()) return s.anchor;
+    if (keep_) return versions_[p].at(s.meta.base_version);
+    return {};
+  }
+
+ private:
+  const bool keep_;
+  const bool by_reference_;
+  std::vector<std::map<int64_t, std::vector<float>>> versions_;  // per fragment
+};
+
 class SyncerCore {
  public:
   /// Seconds since the job's start on this syncer (monotonic).
@@ -87,13 +129,13 @@ class SyncerCore {
   /// initialisation (run.seed); every unit's wire reference is Θ₀ at version 0.
   SyncerCore(const Config& config, const OuterPlan& plan, SyncerWindow& window,
              const FragmentPlan& fragments, UnitLinks& links, Clock clock, EventSink sink);
-  void on_merge(MergeHook hook) { on_merge_ = std::move(hook); }
+  void on_merge(MergeHook hook) { hooks_.on_merge = std::move(hook); }
   /// Units come and go (the isolated deployment): a unit silent past its heartbeat timeout is
   /// then logged as lost (reason heartbeat), not only silent; it keeps its connection either way.
-  void set_isolated(bool isolated) { isolated_ = isolated; }
+  void set_isolated(bool isolated) { deployment_.isolated = isolated; }
   /// Test hooks: called with unit u before each read of one of its snapshots starts (the
   /// syncer process installs src/sync/read_hooks.hpp's; the core has none of its own).
-  void set_before_read(std::function<void(int u)> hook) { before_read_ = std::move(hook); }
+  void set_before_read(std::function<void(int u)> hook) { hooks_.before_read = std::move(hook); }
 
   // One poll, in the order above. The bool results say whether anything happened (the loop
   // backs off only when nothing did).
@@ -137,7 +179,7 @@ class SyncerCore {
   /// Resumed from a checkpoint: unit u had processed `tokens` by it. A new process of the unit
   /// (one that did not resume from that checkpoint, and holds no books of a previous syncer)
   /// goes on from there: its earlier processes' tokens are at least that.
-  void set_tokens_floor(int u, int64_t tokens) { tokens_floor_[u] = tokens; }
+  void set_tokens_floor(int u, int64_t tokens) { unit_[u].tokens_floor = tokens; }
   /// A restarted syncer recovered Θ_p at `version` from the units' copies (recovery.hpp):
   /// Θ_p and its version become these (the outer momentum stays as it was: the checkpoint's,
   /// or zero). Throws Error for a wrong size or a version not above the current one.
@@ -149,14 +191,14 @@ class SyncerCore {
   /// This syncer replaces one of the same run that died: a unit's window holds books (tokens
   /// of its earlier processes, the job's progress) that the previous syncer wrote, and they are
   /// read back. Otherwise only books this syncer wrote itself are (a unit that reconnects).
-  void set_restarted() { restarted_ = true; }
+  void set_restarted() { deployment_.restarted = true; }
   /// This syncer process's epoch (kSyncerEpoch): random, ≠ 0.
-  int64_t epoch() const { return epoch_; }
+  int64_t epoch() const { return lineage_.epoch; }
   /// Is a unit's copy of Θ_p at `version`, sent by the syncer of `epoch`, a version of this
   /// syncer's history? Its own copies are; a previous syncer's are up to the version this one
   /// took over from (recovered, resumed, or 0): beyond it the numbers are another history's.
   bool in_history(int p, int64_t version, int64_t epoch) const {
-    return epoch == epoch_ ? version <= version_[p] : version <= fork_[p];
+    return epoch == lineage_.epoch ? version <= version_[p] : version <= lineage_.fork[p];
   }
   /// A live unit offered Θ_p at `versions[p]` (0: none) and trains on: it holds those, and is
   /// owed every fragment the syncer holds newer (delivered as merges are, once it has taken its
@@ -170,9 +212,9 @@ class SyncerCore {
   bool unit_done(int u) const { return headers_[u].control(kState) == kDone; }
   /// Connected, not done, and heard from within its heartbeat timeout: may be in a quorum.
   bool unit_live(int u) const;
-  bool silent(int u) const { return silent_[u]; }
+  bool silent(int u) const { return unit_[u].silent; }
   /// When unit u's heartbeat last moved, seconds.
-  double heard_at(int u) const { return heard_at_[u]; }
+  double heard_at(int u) const { return unit_[u].heard_at; }
   /// Tokens (steps) of every unit, its earlier processes' included.
   int64_t tokens_total() const;
   int64_t steps_total() const;
@@ -182,12 +224,12 @@ class SyncerCore {
   std::vector<float> flat_theta() const;
   std::vector<float> flat_momentum();
   /// [unit][fragment]: the last snapshot of it merged, in the numbering across jobs.
-  const std::vector<std::vector<int64_t>>& merged_seq() const { return merged_seq_; }
+  const std::vector<std::vector<int64_t>>& merged_seq() const { return numbering_.merged; }
   const GraceWindow& grace() const { return grace_; }
   /// H inner steps at the units' median step time (ddp: one step): the nominal time between
   /// two updates of a fragment, seconds (0 until a step time is known).
   double nominal_period() const;
-  GlobalDowntime& downtime() { return downtime_; }
+  GlobalDowntime& downtime() { return pace_.downtime; }
   int64_t snapshots_rejected() const { return rejected_; }
   int64_t snapshots_superseded() const { return superseded_; }
   /// Snapshots read but not merged (on a WAN link when the job ended).
@@ -195,7 +237,7 @@ class SyncerCore {
   int64_t rejoins_served() const;
 
  private:
-  double now() const { return clock_(); }
+  double now() const { return hooks_.clock(); }
   bool snapshot_pending(int u, int p) const;
   bool collect_unit(int u);
   bool end_read(int u);
@@ -207,7 +249,6 @@ class SyncerCore {
   std::string check_snapshot(int p, const SnapshotMeta& meta, const SyncerWindow::Fetched& got,
                              int64_t seq) const;
   void accept_snapshot(int u, int p, int64_t seq, const SnapshotMeta& meta, size_t wire_bytes, int64_t ref);
-  std::span<const float> anchor_of(int p, const Slot& s) const;
   void ack_arrived(int u, int p);
   std::vector<int> ready_units(int p) const;
   bool too_stale(int p, int64_t base_version) const;
@@ -228,9 +269,14 @@ class SyncerCore {
   const FragmentPlan& fragments_;
   SyncerWindow& window_;
   UnitLinks& links_;
-  Clock clock_;
-  EventSink log_;
-  MergeHook on_merge_;
+  // What the core calls out to: its clock, where its events go, and the syncer's hooks.
+  struct Hooks {
+    Clock clock;
+    EventSink log;
+    MergeHook on_merge;
+    std::function<void(int)> before_read;
+  };
+  Hooks hooks_;
   OuterOptimizer outer_;
   GraceWindow grace_;
 
@@ -239,20 +285,8 @@ class SyncerCore {
   std::vector<std::vector<Slot>> slots_;       // [unit][fragment]
   std::vector<Round> rounds_;                  // per fragment
   std::vector<std::vector<float>> incoming_;   // per fragment: a snapshot being read
-  // outer.anchor: base, or reference (whose raw snapshots fall back to base): the Θ versions
-  // some unit may still measure its progress from (from the oldest base version a live unit
-  // reported, to the current one).
-  const bool keep_history_;
-  // outer.anchor: reference — a snapshot sent against a reference R is measured from that R
-  // (Slot::anchor), so that Δ_m is the decoded message itself: with a sparse wire format the
-  // units' R lag Θ, and an anchor at Θ (or at Θ's version) would count the lag as progress.
-  const bool anchor_reference_;
-  std::vector<std::map<int64_t, std::vector<float>>> history_;
+  AnchorHistory history_;
   std::vector<UnitHeaders> headers_;           // last poll
-  std::vector<int64_t> heartbeat_;             // last heartbeat seen per unit
-  std::vector<double> heard_at_;               // ... when it last moved
-  std::vector<bool> silent_;                   // heartbeat older than the timeout
-  std::vector<int64_t> rejoin_served_;
   // What each unit's lane (SyncerWindow) carries, as started here.
   struct InFlight {
     int p = -1;
@@ -261,34 +295,66 @@ class SyncerCore {
     int64_t version = 0;  // a delivery: the version of Θ_p ...
     bool serve = false;   // ... served at a rejoin
   };
-  std::vector<InFlight> in_flight_;
   struct Serving {  // a rejoin being served
     int next = 0;        // the next fragment to write
     double started = 0;  // s
     uint64_t bytes = 0;
     double lands_at = 0;  // s: when the last fragment lands (emulated link)
   };
-  std::vector<Serving> serving_;
-  std::vector<uint64_t> slow_reported_;  // per unit: the lane transfer last logged as link_slow
-  // Per unit: a read came back torn, so its polled headers are stale: no read starts before a
-  // poll has read them again (else the same stale announcement is read again and again).
-  std::vector<bool> torn_, repolled_;
+  // What the core knows of one unit beside its slots: its liveness, its lane, and the work of
+  // its earlier processes.
+  struct Unit {
+    int64_t heartbeat = -1;  // last heartbeat seen
+    double heard_at = 0;     // ... when it last moved
+    bool silent = false;     // heartbeat older than the timeout
+    InFlight in_flight;
+    Serving serving;
+    int64_t rejoin_served = 0;
+    uint64_t slow_reported = 0;  // the lane transfer last logged as link_slow
+    // A read came back torn, so its polled headers are stale: no read starts before a poll has
+    // read them again (else the same stale announcement is read again and again).
+    bool torn = false, repolled = false;
+    int64_t tokens_before = 0, steps_before = 0;  // its earlier processes' work
+    int64_t tokens_floor = 0;  // its tokens in the checkpoint resumed from
+  };
+  std::vector<Unit> unit_;
   void report_slow_link(int u);
-  std::function<void(int)> before_read_;
-  std::vector<int64_t> tokens_before_, steps_before_;  // per unit: its earlier processes' work
-  std::vector<int64_t> tokens_floor_;  // per unit: its tokens in the checkpoint resumed from
-  std::vector<std::vector<int64_t>> merged_seq_;  // [unit][fragment]: last snapshot merged
-  std::vector<std::vector<int64_t>> seq_base_;    // [unit][fragment]: added to window numbers
-  GlobalDowntime downtime_;
-  double median_step_s_ = 0;
-  int64_t ddp_steps_seen_ = 0;
-  int64_t progress_sent_ = 0;           // job tokens last written to the units
-  int64_t progress_step_ = INT64_MAX;   // ... refreshed after this many more: the smallest unit step
+  // Snapshot numbers across jobs and syncers, [unit][fragment]: a unit's window numbers them
+  // from 1 in each process, after a base this syncer adds.
+  struct Numbering {
+    std::vector<std::vector<int64_t>> merged;  // the last snapshot merged
+    std::vector<std::vector<int64_t>> base;    // added to window numbers
+  };
+  Numbering numbering_;
+  // The pace of Θ's updates: the units' median step time (nominal_period), ddp's steps seen,
+  // and the gaps between updates (the global downtime).
+  struct Pace {
+    double median_step_s = 0;
+    int64_t ddp_steps_seen = 0;
+    GlobalDowntime downtime;
+  };
+  Pace pace_;
+  // decoupled's job clock (publish_progress): the job tokens last written to the units, and
+  // how many more refresh them (the smallest unit step).
+  struct JobClock {
+    int64_t sent = 0;
+    int64_t step = INT64_MAX;
+  };
+  JobClock job_clock_;
   bool stopping_ = false;
-  bool isolated_ = false;
-  bool restarted_ = false;
-  const int64_t epoch_;
-  std::vector<int64_t> fork_;  // per fragment: the version this syncer's own history starts at
+  // How this syncer is deployed: units come and go (isolated); it replaces one that died.
+  struct Deployment {
+    bool isolated = false;
+    bool restarted = false;
+  };
+  Deployment deployment_;
+  // This syncer's own history of Θ: its process's epoch (kSyncerEpoch: random, ≠ 0) and, per
+  // fragment, the version it starts at (recovered, resumed, or 0).
+  struct Lineage {
+    const int64_t epoch;
+    std::vector<int64_t> fork;
+  };
+  Lineage lineage_;
   int64_t rejected_ = 0, superseded_ = 0;
 };
 

@@ -29,13 +29,11 @@ SyncerCore::SyncerCore(const Config& config, const OuterPlan& plan, SyncerWindow
       fragments_(fragments),
       window_(window),
       links_(links),
-      clock_(std::move(clock)),
-      log_(std::move(sink)),
+      hooks_{std::move(clock), std::move(sink), {}, {}},
       outer_(fragments, config.outer.lr, config.outer.momentum, parse_merge_rule(config.outer.merge)),
       grace_(config.syncer.grace_gamma, config.syncer.grace_cap_steps, plan.overlap),
-      keep_history_(config.outer.anchor != "current"),
-      anchor_reference_(config.outer.anchor == "reference"),
-      epoch_(random_epoch()) {
+      history_(config.outer.anchor, fragments.size()),
+      lineage_{random_epoch(), {}} {
   const int P = fragments_.size();
   // Θ₀ is the units' common initialisation (same seed).
   Gpt<float> model(config.model);
@@ -48,49 +46,37 @@ SyncerCore::SyncerCore(const Config& config, const OuterPlan& plan, SyncerWindow
     incoming_[p].resize(theta_[p].size());
   }
   version_.assign(P, 0);
-  fork_.assign(P, 0);
+  lineage_.fork.assign(P, 0);
   rounds_.assign(P, Round{});
   slots_.assign(M_, std::vector<Slot>(P));
   for (auto& unit : slots_)
     for (int p = 0; p < P; ++p) unit[p].data.resize(theta_[p].size());
-  if (keep_history_) {
-    history_.resize(P);
-    for (int p = 0; p < P; ++p) history_[p].emplace(0, theta_[p]);
-  }
+  for (int p = 0; p < P; ++p) history_.reset(p, 0, theta_[p]);
   headers_.resize(M_);
   for (auto& h : headers_) h.words.assign(window_.layout().header_block_bytes() / sizeof(int64_t), 0);
-  heartbeat_.assign(M_, -1);
-  heard_at_.assign(M_, 0.0);
-  silent_.assign(M_, false);
-  rejoin_served_.assign(M_, 0);
-  in_flight_.assign(M_, InFlight{});
-  slow_reported_.assign(M_, 0);
-  torn_.assign(M_, false);
-  repolled_.assign(M_, false);
-  serving_.assign(M_, Serving{});
-  tokens_before_.assign(M_, 0);
-  tokens_floor_.assign(M_, 0);
-  steps_before_.assign(M_, 0);
-  merged_seq_.assign(M_, std::vector<int64_t>(P, 0));
-  seq_base_.assign(M_, std::vector<int64_t>(P, 0));
-  for (int u = 0; u < M_; ++u) progress_step_ = std::min(progress_step_, tokens_per_step(u));
+  unit_.assign(M_, Unit{});
+  numbering_.merged.assign(M_, std::vector<int64_t>(P, 0));
+  numbering_.base.assign(M_, std::vector<int64_t>(P, 0));
+  for (int u = 0; u < M_; ++u) job_clock_.step = std::min(job_clock_.step, tokens_per_step(u));
   // The wire format's references (sync_window.hpp): Θ₀ (the units set the same).
   for (int u = 0; u < M_ && plan.outer_steps; ++u)
     for (int p = 0; p < P; ++p) window_.set_reference(u, p, 0, theta_[p]);
 }
 
 bool SyncerCore::unit_live(int u) const {
-  return window_.remote().connected(u) && !unit_done(u) && !silent_[u];
+  return window_.remote().connected(u) && !unit_done(u) && !unit_[u].silent;
 }
 
 int64_t SyncerCore::tokens_total() const {
-  int64_t t = std::accumulate(tokens_before_.begin(), tokens_before_.end(), int64_t{0});
+  int64_t t = 0;
+  for (const Unit& unit : unit_) t += unit.tokens_before;
   for (const auto& h : headers_) t += h.control(kTokensDone);
   return t;
 }
 
 int64_t SyncerCore::steps_total() const {
-  int64_t s = std::accumulate(steps_before_.begin(), steps_before_.end(), int64_t{0});
+  int64_t s = 0;
+  for (const Unit& unit : unit_) s += unit.steps_before;
   for (const auto& h : headers_) s += h.control(kStepsDone);
   return s;
 }
@@ -99,7 +85,9 @@ int64_t SyncerCore::total_merges() const {
   return std::accumulate(version_.begin(), version_.end(), int64_t{0});
 }
 
-double SyncerCore::nominal_period() const { return (plan_.outer_steps ? plan_.h : 1.0) * median_step_s_; }
+double SyncerCore::nominal_period() const {
+  return (plan_.outer_steps ? plan_.h : 1.0) * pace_.median_step_s;
+}
 
 std::vector<float> SyncerCore::flat_theta() const {
   std::vector<float> flat(fragments_.layout().size());
@@ -121,7 +109,9 @@ int64_t SyncerCore::snapshots_unmerged() const {
 }
 
 int64_t SyncerCore::rejoins_served() const {
-  return std::accumulate(rejoin_served_.begin(), rejoin_served_.end(), int64_t{0});
+  int64_t n = 0;
+  for (const Unit& unit : unit_) n += unit.rejoin_served;
+  return n;
 }
 
 // Unit u has a snapshot of fragment p the syncer has not merged: read (or on its way), or
@@ -134,7 +124,7 @@ bool SyncerCore::snapshot_pending(int u, int p) const {
 void SyncerCore::poll() {
   window_.poll(headers_);
   for (int u = 0; u < M_; ++u)
-    if (torn_[u] && !window_.poll_pending(u)) repolled_[u] = true;
+    if (unit_[u].torn && !window_.poll_pending(u)) unit_[u].repolled = true;
 }
 
 
@@ -150,7 +140,8 @@ void SyncerCore::unit_connected(int u) {
   window_.reset_unit(u);
   for (int p = 0; p < fragments_.size(); ++p) {
     Slot& s = slots_[u][p];
-    seq_base_[u][p] = std::max(seq_base_[u][p] + std::max(s.acked, s.seq), merged_seq_[u][p]);
+    int64_t& base = numbering_.base[u][p];
+    base = std::max(base + std::max(s.acked, s.seq), numbering_.merged[u][p]);
     std::vector<float> keep = std::move(s.data);
     s = Slot{};
     s.data = std::move(keep);
@@ -162,35 +153,37 @@ void SyncerCore::unit_connected(int u) {
   // The unit's earlier processes' work, as this syncer or the one it replaces wrote it into a
   // live window (zeros in a new process's; a fresh run's syncer takes none of an earlier run):
   // the larger count holds, and the window keeps it for the next.
-  const bool books = restarted_ || headers_[u].control(kSyncerEpoch) == epoch_;
+  const bool books = deployment_.restarted || headers_[u].control(kSyncerEpoch) == lineage_.epoch;
   const UnitHeaders& h = headers_[u];
-  tokens_before_[u] = std::max({tokens_before_[u], books ? h.control(kTokensBefore) : 0,
-                                tokens_floor_[u] - h.control(kTokensDone)});
-  steps_before_[u] = std::max(steps_before_[u], books ? h.control(kStepsBefore) : 0);
-  window_.set_control(u, kTokensBefore, tokens_before_[u]);
-  window_.set_control(u, kStepsBefore, steps_before_[u]);
-  window_.set_control(u, kSyncerEpoch, epoch_);
-  heartbeat_[u] = -1;
-  heard_at_[u] = now();
-  silent_[u] = false;
+  Unit& unit = unit_[u];
+  unit.tokens_before = std::max({unit.tokens_before, books ? h.control(kTokensBefore) : 0,
+                                 unit.tokens_floor - h.control(kTokensDone)});
+  unit.steps_before = std::max(unit.steps_before, books ? h.control(kStepsBefore) : 0);
+  window_.set_control(u, kTokensBefore, unit.tokens_before);
+  window_.set_control(u, kStepsBefore, unit.steps_before);
+  window_.set_control(u, kSyncerEpoch, lineage_.epoch);
+  unit.heartbeat = -1;
+  unit.heard_at = now();
+  unit.silent = false;
   // A rejoin a previous syncer served is not served again.
-  rejoin_served_[u] = std::max<int64_t>(0, headers_[u].control(kRejoinServed));
-  serving_[u] = Serving{};
-  torn_[u] = repolled_[u] = false;
+  unit.rejoin_served = std::max<int64_t>(0, h.control(kRejoinServed));
+  unit.serving = Serving{};
+  unit.torn = unit.repolled = false;
   // The job's progress as the unit last heard it stays (a restarted syncer knows it from the
   // units): written lower, every unit's learning-rate schedule would start over.
-  if (books) progress_sent_ = std::max(progress_sent_, h.control(kJobTokens));
-  if (plan_.lr_on_job_clock) window_.set_job_tokens(u, progress_sent_);
+  if (books) job_clock_.sent = std::max(job_clock_.sent, h.control(kJobTokens));
+  if (plan_.lr_on_job_clock) window_.set_job_tokens(u, job_clock_.sent);
   if (stopping_) window_.request_stop(u);
 }
 
 void SyncerCore::unit_lost(int u) {
-  tokens_before_[u] += headers_[u].control(kTokensDone);
-  steps_before_[u] += headers_[u].control(kStepsDone);
+  Unit& unit = unit_[u];
+  unit.tokens_before += headers_[u].control(kTokensDone);
+  unit.steps_before += headers_[u].control(kStepsDone);
   std::fill(headers_[u].words.begin(), headers_[u].words.end(), 0);
   window_.abandon(u);
-  serving_[u] = Serving{};
-  torn_[u] = repolled_[u] = false;
+  unit.serving = Serving{};
+  unit.torn = unit.repolled = false;
   for (Slot& s : slots_[u]) {
     s.fresh = false;
     s.owed = false;
@@ -209,8 +202,8 @@ void SyncerCore::observe_step_times() {
       steps.push_back(headers_[u].control(kStepTimeNs) * 1e-9);
   if (steps.empty()) return;
   std::sort(steps.begin(), steps.end());
-  median_step_s_ = steps[steps.size() / 2];
-  grace_.observe_steps(steps.back(), median_step_s_);
+  pace_.median_step_s = steps[steps.size() / 2];
+  grace_.observe_steps(steps.back(), pace_.median_step_s);
 }
 
 // A heartbeat moves once per inner step: a unit whose steps are slow (a straggler, a large
@@ -221,11 +214,12 @@ double SyncerCore::silence_after_s(int u) const {
 }
 
 void SyncerCore::hear(int u, int64_t beat) {
-  heartbeat_[u] = beat;
-  heard_at_[u] = now();
-  if (!silent_[u]) return;
-  silent_[u] = false;
-  log_({{"event", "unit_back"}, {"unit", u}, {"tokens", tokens_total()}, {"elapsed_s", now()}});
+  Unit& unit = unit_[u];
+  unit.heartbeat = beat;
+  unit.heard_at = now();
+  if (!unit.silent) return;
+  unit.silent = false;
+  hooks_.log({{"event", "unit_back"}, {"unit", u}, {"tokens", tokens_total()}, {"elapsed_s", now()}});
 }
 
 void SyncerCore::watch_liveness() {
@@ -238,17 +232,18 @@ void SyncerCore::watch_liveness() {
     // A unit whose transfer is on its way is not polled (its headers wait behind it): bytes
     // moving within the transfer's patience are a sign of life; past it, silence counts.
     report_slow_link(u);
-    if (beat != heartbeat_[u] || window_.lane_on_time(u)) {
+    Unit& unit = unit_[u];
+    if (beat != unit.heartbeat || window_.lane_on_time(u)) {
       hear(u, beat);
-    } else if (!silent_[u] && now() - heard_at_[u] > silence_after_s(u)) {
+    } else if (!unit.silent && now() - unit.heard_at > silence_after_s(u)) {
       // Weight 0 and out of every quorum until it beats again (unit_back). Isolated, this is
       // one of the two ways to lose a unit (the other: its endpoint fails); its connection
       // stays, so that a slow process (a first step under load) is not made to start over.
-      silent_[u] = true;
-      log_({{"event", isolated_ ? "unit_lost" : "unit_silent"}, {"unit", u}, {"last_heard_s", heard_at_[u]},
-            {"last_seen_s", heard_at_[u]},
-            {"reason", fmt::format("heartbeat: silent for {:.1f} s", now() - heard_at_[u])},
-            {"tokens", tokens_total()}, {"elapsed_s", now()}});
+      unit.silent = true;
+      hooks_.log({{"event", deployment_.isolated ? "unit_lost" : "unit_silent"}, {"unit", u},
+                  {"last_heard_s", unit.heard_at}, {"last_seen_s", unit.heard_at},
+                  {"reason", fmt::format("heartbeat: silent for {:.1f} s", now() - unit.heard_at)},
+                  {"tokens", tokens_total()}, {"elapsed_s", now()}});
     }
   }
 }
@@ -258,24 +253,24 @@ void SyncerCore::watch_liveness() {
 // that trains on goes silent, and what to set.
 void SyncerCore::report_slow_link(int u) {
   if (window_.lane(u) == SyncerWindow::Lane::idle || window_.lane_on_time(u) ||
-      slow_reported_[u] == window_.lane_serial(u))
+      unit_[u].slow_reported == window_.lane_serial(u))
     return;
-  slow_reported_[u] = window_.lane_serial(u);
+  unit_[u].slow_reported = window_.lane_serial(u);
   const double age = window_.lane_age_s(u);
   const auto bytes = window_.lane_bytes(u);
-  log_({{"event", "link_slow"}, {"unit", u}, {"fragment", window_.lane_fragment(u)},
-        {"transfer", window_.lane(u) == SyncerWindow::Lane::fetch ? "read" : "delivery"}, {"bytes", bytes},
-        {"after_s", age},
-        {"reason", fmt::format("{} bytes not through after {:.2f} s: the link is slower than "
-                               "syncer.link_min_mbit_s = {:g} allows for (or cut)",
-                               bytes, age, config_.syncer.link_min_mbit_s)},
-        {"tokens", tokens_total()}, {"elapsed_s", now()}});
+  hooks_.log({{"event", "link_slow"}, {"unit", u}, {"fragment", window_.lane_fragment(u)},
+              {"transfer", window_.lane(u) == SyncerWindow::Lane::fetch ? "read" : "delivery"},
+              {"bytes", bytes}, {"after_s", age},
+              {"reason", fmt::format("{} bytes not through after {:.2f} s: the link is slower than "
+                                     "syncer.link_min_mbit_s = {:g} allows for (or cut)",
+                                     bytes, age, config_.syncer.link_min_mbit_s)},
+              {"tokens", tokens_total()}, {"elapsed_s", now()}});
 }
 
 void SyncerCore::watch_ddp_steps() {
-  if (plan_.outer_steps || headers_[0].control(kStepsDone) <= ddp_steps_seen_) return;
-  ddp_steps_seen_ = headers_[0].control(kStepsDone);  // ddp: Θ moved a step
-  downtime_.update(now(), nominal_period());
+  if (plan_.outer_steps || headers_[0].control(kStepsDone) <= pace_.ddp_steps_seen) return;
+  pace_.ddp_steps_seen = headers_[0].control(kStepsDone);  // ddp: Θ moved a step
+  pace_.downtime.update(now(), nominal_period());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -290,7 +285,7 @@ void SyncerCore::serve_rejoins() {
   if (!plan_.outer_steps) return;
   for (int u = 0; u < M_; ++u) {
     const int64_t request = headers_[u].control(kRejoinRequest);
-    if (request <= rejoin_served_[u] || unit_done(u) || !window_.remote().connected(u)) continue;
+    if (request <= unit_[u].rejoin_served || unit_done(u) || !window_.remote().connected(u)) continue;
     hear(u, headers_[u].control(kHeartbeat));  // a unit that asks is alive
     // Synchronous modes count rounds: a snapshot the unit sent before it crashed and that
     // waits to be merged completes its round first (the request makes the unit heard, so the
@@ -298,14 +293,14 @@ void SyncerCore::serve_rejoins() {
     // count the pending round as its next and stay one round behind.
     bool pending_round = false;
     for (int p = 0; p < fragments_.size(); ++p) pending_round |= slots_[u][p].fresh;
-    if (pending_round && plan_.every_merge_has_all && serving_[u].next == 0) continue;
+    if (pending_round && plan_.every_merge_has_all && unit_[u].serving.next == 0) continue;
     if (!serve(u)) continue;  // on its way, or unreachable now: the next poll goes on
     if (!window_.set_control(u, kRejoinServed, request)) continue;  // next poll
-    rejoin_served_[u] = request;
-    log_({{"event", "rejoin"}, {"unit", u}, {"request", request}, {"versions", version_},
-          {"bytes_out", serving_[u].bytes}, {"serve_s", now() - serving_[u].started},
-          {"tokens", tokens_total()}, {"elapsed_s", now()}});
-    serving_[u] = Serving{};
+    unit_[u].rejoin_served = request;
+    hooks_.log({{"event", "rejoin"}, {"unit", u}, {"request", request}, {"versions", version_},
+                {"bytes_out", unit_[u].serving.bytes}, {"serve_s", now() - unit_[u].serving.started},
+                {"tokens", tokens_total()}, {"elapsed_s", now()}});
+    unit_[u].serving = Serving{};
   }
 }
 
@@ -313,27 +308,27 @@ void SyncerCore::serve_rejoins() {
 // on its lane. The unit waits for them; their bytes cross its down link, over which (emulated)
 // they land later, as they would over a real one. True once all are written and landed.
 bool SyncerCore::serve(int u) {
-  Serving& sv = serving_[u];
+  Serving& sv = unit_[u].serving;
   if (sv.next == 0 && window_.lane(u) == SyncerWindow::Lane::idle) sv.started = now();
   while (sv.next < fragments_.size()) {
-    if (window_.lane(u) == SyncerWindow::Lane::deliver && in_flight_[u].serve) {
+    if (window_.lane(u) == SyncerWindow::Lane::deliver && unit_[u].in_flight.serve) {
       const std::optional<size_t> bytes = window_.end_deliver(u);
       if (!bytes) return false;
       if (*bytes == 0) return false;  // unreachable now (its link stalled): served again next poll
-      const int p = in_flight_[u].p;
+      const int p = unit_[u].in_flight.p;
       sv.lands_at = std::max(sv.lands_at, links_.served(u, *bytes, now()));
       sv.bytes += *bytes;
       Slot& s = slots_[u][p];
       s.outgoing_version = 0;  // a delivery on its way is superseded
-      s.delivered = in_flight_[u].version;
-      if (!s.fresh) s.meta.base_version = in_flight_[u].version;
+      s.delivered = unit_[u].in_flight.version;
+      if (!s.fresh) s.meta.base_version = unit_[u].in_flight.version;
       ++sv.next;
       continue;
     }
     if (window_.lane(u) != SyncerWindow::Lane::idle) return false;  // a transfer of before: wait
     const int p = sv.next;
     if (!window_.start_deliver(u, p, version_[p], theta_[p], /*raw=*/true)) return false;
-    in_flight_[u] = InFlight{p, 0, {}, version_[p], true};
+    unit_[u].in_flight = InFlight{p, 0, {}, version_[p], true};
   }
   return now() >= sv.lands_at;  // over an emulated link: once the last fragment has landed
 }
@@ -358,8 +353,9 @@ void SyncerCore::drop_stale(int p) {
     Slot& s = slots_[u][p];
     if (!s.fresh || !too_stale(p, s.meta.base_version)) continue;
     ++rejected_;
-    log_({{"event", "snapshot_rejected"}, {"unit", u}, {"fragment", p}, {"seq", s.seq},
-          {"reason", staleness_problem(p, s.meta.base_version)}, {"elapsed_s", now()}, {"tokens", tokens_total()}});
+    hooks_.log({{"event", "snapshot_rejected"}, {"unit", u}, {"fragment", p}, {"seq", s.seq},
+                {"reason", staleness_problem(p, s.meta.base_version)}, {"elapsed_s", now()},
+                {"tokens", tokens_total()}});
     s.fresh = false;
     s.owed = true;
   }
@@ -375,9 +371,9 @@ std::string SyncerCore::check_snapshot(int p, const SnapshotMeta& meta, const Sy
   if (meta.base_version < 0 || meta.base_version > version_[p])
     return fmt::format("base version {} outside 0..{}", meta.base_version, version_[p]);
   if (too_stale(p, meta.base_version)) return staleness_problem(p, meta.base_version);
-  if (keep_history_ && !history_[p].contains(meta.base_version))
+  if (!history_.holds(p, meta.base_version))
     return fmt::format("base version {} is no longer held (oldest {})", meta.base_version,
-                       history_[p].begin()->first);
+                       history_.oldest(p));
   return "";
 }
 
@@ -392,7 +388,7 @@ void SyncerCore::accept_snapshot(int u, int p, int64_t seq, const SnapshotMeta& 
   Slot& s = slots_[u][p];
   std::swap(s.data, incoming_[p]);
   s.wire_bytes = wire_bytes;
-  if (anchor_reference_) {  // copied: the window prunes references the unit no longer names
+  if (history_.by_reference()) {  // copied: the window prunes references the unit no longer names
     const std::span<const float> r = ref < 0 ? std::span<const float>() : window_.reference(u, p, ref);
     s.anchor.assign(r.begin(), r.end());
   }
@@ -428,14 +424,14 @@ bool SyncerCore::collect() {
 // its way while the syncer goes on with the other units.
 bool SyncerCore::collect_unit(int u) {
   bool any = false;
-  if (torn_[u]) {  // a torn read: wait for the poll that reads its headers again
-    if (!headers_[u].reachable || !repolled_[u]) return false;
-    torn_[u] = repolled_[u] = false;
+  if (unit_[u].torn) {  // a torn read: wait for the poll that reads its headers again
+    if (!headers_[u].reachable || !unit_[u].repolled) return false;
+    unit_[u].torn = unit_[u].repolled = false;
   }
   if (window_.lane(u) == SyncerWindow::Lane::fetch) {
     if (!end_read(u)) return false;  // on its way, or the unit could not be read
     any = true;
-    if (torn_[u]) return true;  // its headers are stale: nothing more before a fresh poll
+    if (unit_[u].torn) return true;  // its headers are stale: nothing more before a fresh poll
   }
   for (int p = 0; p < fragments_.size(); ++p) {
     Slot& s = slots_[u][p];
@@ -451,12 +447,12 @@ bool SyncerCore::collect_unit(int u) {
     if (seq <= s.acked) continue;
     const SnapshotMeta meta{headers_[u].header(p, kOutSteps), headers_[u].header(p, kOutTokens),
                             headers_[u].header(p, kOutStep), headers_[u].header(p, kOutBaseVersion)};
-    if (before_read_) before_read_(u);  // test hooks (read_hooks.hpp)
+    if (hooks_.before_read) hooks_.before_read(u);  // test hooks (read_hooks.hpp)
     // Lost, or its link stalled (read again once it is back): nothing of this unit now.
     if (!window_.start_fetch(u, p, headers_[u])) break;
-    in_flight_[u] = InFlight{p, seq, meta};
+    unit_[u].in_flight = InFlight{p, seq, meta};
     any = true;
-    if (!end_read(u) || torn_[u]) break;  // on its way: taken in at a later poll
+    if (!end_read(u) || unit_[u].torn) break;  // on its way: taken in at a later poll
   }
   return any;
 }
@@ -465,17 +461,17 @@ bool SyncerCore::collect_unit(int u) {
 // its way, or when the unit could not be read (lost mid-read: unit_lost follows; or its link
 // stalled: read again once it is back), and nothing of it was done.
 bool SyncerCore::end_read(int u) {
-  const InFlight r = in_flight_[u];
+  const InFlight r = unit_[u].in_flight;
   // Read beside the slot: a refused snapshot leaves an earlier one that waits intact.
   const std::optional<SyncerWindow::Fetched> got = window_.end_fetch(u, incoming_[r.p]);
   if (!got || got->unreachable || !window_.remote().connected(u)) return false;
   Slot& s = slots_[u][r.p];
   if (const std::string problem = check_snapshot(r.p, r.meta, *got, r.seq); !problem.empty()) {
     ++rejected_;
-    log_({{"event", "snapshot_rejected"}, {"unit", u}, {"fragment", r.p}, {"seq", r.seq},
-          {"reason", problem}, {"elapsed_s", now()}, {"tokens", tokens_total()}});
+    hooks_.log({{"event", "snapshot_rejected"}, {"unit", u}, {"fragment", r.p}, {"seq", r.seq},
+                {"reason", problem}, {"elapsed_s", now()}, {"tokens", tokens_total()}});
     if (got->seq_after != r.seq) {  // re-read the newer snapshot after a fresh poll
-      torn_[u] = true;
+      unit_[u].torn = true;
       window_.request_poll(u);
       return true;
     }
@@ -505,7 +501,8 @@ std::vector<int> SyncerCore::ready_units(int p) const {
   std::vector<int> ready;
   for (int u = 0; u < M_; ++u) {
     const Slot& s = slots_[u][p];
-    if (s.fresh && (!silent_[u] || stopping_) && (s.arrives_at <= now() || (stopping_ && !links_.emulated())))
+    const bool arrived = s.arrives_at <= now() || (stopping_ && !links_.emulated());
+    if (s.fresh && (!unit_[u].silent || stopping_) && arrived)
       ready.push_back(u);
   }
   return ready;
@@ -572,7 +569,7 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
   for (int u : units) {
     const Slot& s = slots_[u][p];
     w[u] = token_weight(s.meta.c_tok, s.meta.c_steps);
-    contributions.push_back({s.data, w[u], anchor_of(p, s)});
+    contributions.push_back({s.data, w[u], history_.anchor_of(p, s)});
     bytes_in += s.wire_bytes;
     staleness.push_back(version_[p] - s.meta.base_version);
     base_versions.push_back(s.meta.base_version);
@@ -588,50 +585,43 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
   if (!merged) return;  // every weight zero: nothing learned, nothing to send
   ++version_[p];
   for (int u : units) {
-    merged_seq_[u][p] = seq_base_[u][p] + slots_[u][p].seq;
+    numbering_.merged[u][p] = numbering_.base[u][p] + slots_[u][p].seq;
     slots_[u][p].owed = true;
   }
-  if (on_merge_) on_merge_(p, units);
-  if (keep_history_) {
-    history_[p].emplace(version_[p], theta_[p]);
+  if (hooks_.on_merge) hooks_.on_merge(p, units);
+  if (history_.keeps()) {
+    history_.add(p, version_[p], theta_[p]);
     prune_history(p);
   }
-  downtime_.update(now(), nominal_period());
+  pace_.downtime.update(now(), nominal_period());
   const uint64_t bytes_out_before = links_.down_bytes();
   deliver_pending();
   for (int u = 0; u < M_; ++u)
     if (!unit_done(u)) window_.set_global_version(u, total_merges());
   const double sync_s = now() - start;
   grace_.observe_sync(sync_s);
-  log_({{"event", "merge"},
-        {"fragment", p},
-        {"version", version_[p]},
-        {"global_version", total_merges()},
-        {"units", units},
-        {"weights", w},
-        {"staleness", staleness},
-        {"share", share},
-        {"warm", warm_up},
-        {"period_s", nominal_period()},
-        {"base_versions", base_versions},
-        {"inner_steps", steps},
-        {"inner_tokens", tokens},
-        {"at_steps", at_steps},
-        {"quorum_wait_s", round.quorum_at - round.first_at},
-        {"grace_wait_s", start - round.quorum_at},
-        {"grace_window_s", plan_.every_merge_has_all ? 0.0 : grace_.seconds()},
-        {"merge_s", sync_s},
-        {"bytes_in", bytes_in},
-        {"bytes_out", links_.down_bytes() - bytes_out_before},  // sent now (lands later over a WAN)
-        {"tokens", tokens_total()},
-        {"elapsed_s", now()}});
-}
-
-// What a snapshot's outer gradient is measured from (Contribution::anchor; empty: Θ now).
-std::span<const float> SyncerCore::anchor_of(int p, const Slot& s) const {
-  if (anchor_reference_ && !s.anchor.empty()) return s.anchor;
-  if (keep_history_) return history_[p].at(s.meta.base_version);
-  return {};
+  hooks_.log({{"event", "merge"},
+              {"fragment", p},
+              {"version", version_[p]},
+              {"global_version", total_merges()},
+              {"units", units},
+              {"weights", w},
+              {"staleness", staleness},
+              {"share", share},
+              {"warm", warm_up},
+              {"period_s", nominal_period()},
+              {"base_versions", base_versions},
+              {"inner_steps", steps},
+              {"inner_tokens", tokens},
+              {"at_steps", at_steps},
+              {"quorum_wait_s", round.quorum_at - round.first_at},
+              {"grace_wait_s", start - round.quorum_at},
+              {"grace_window_s", plan_.every_merge_has_all ? 0.0 : grace_.seconds()},
+              {"merge_s", sync_s},
+              {"bytes_in", bytes_in},
+              {"bytes_out", links_.down_bytes() - bytes_out_before},  // sent now (lands later over a WAN)
+              {"tokens", tokens_total()},
+              {"elapsed_s", now()}});
 }
 
 // decoupled, warm-up: every unit waits for a merge newer than the one it applied, and a unit
@@ -683,8 +673,7 @@ void SyncerCore::prune_history(int p) {
     const Slot& s = slots_[u][p];
     if (!unit_done(u) || s.fresh) oldest = std::min(oldest, s.meta.base_version);
   }
-  auto& h = history_[p];
-  h.erase(h.begin(), h.lower_bound(oldest));
+  history_.forget_before(p, oldest);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -706,7 +695,7 @@ bool SyncerCore::send(int u, int p) {
   Slot& s = slots_[u][p];
   if (s.outgoing_version == 0 || now() < s.lands_at) return false;
   if (!window_.start_deliver(u, p, s.outgoing_version, s.outgoing)) return false;
-  in_flight_[u] = InFlight{p, 0, {}, s.outgoing_version, false};
+  unit_[u].in_flight = InFlight{p, 0, {}, s.outgoing_version, false};
   if (const std::optional<size_t> bytes = window_.end_deliver(u)) end_delivery(u, *bytes);
   return true;
 }
@@ -714,7 +703,7 @@ bool SyncerCore::send(int u, int p) {
 // The delivery (not a rejoin's) on unit u's lane is over: `bytes` written, or 0 when the unit
 // could not be reached (its Θ_p stays on its way, sent again at a later poll).
 void SyncerCore::end_delivery(int u, size_t bytes) {
-  const InFlight& d = in_flight_[u];
+  const InFlight& d = unit_[u].in_flight;
   Slot& s = slots_[u][d.p];
   if (bytes == 0) return;
   s.delivered = d.version;
@@ -726,7 +715,7 @@ bool SyncerCore::deliver_pending() {
   bool any = false;
   for (int u = 0; u < M_; ++u) {
     // A delivery on its way ends whatever the unit's liveness (its lane is busy until then).
-    if (window_.lane(u) == SyncerWindow::Lane::deliver && !in_flight_[u].serve) {
+    if (window_.lane(u) == SyncerWindow::Lane::deliver && !unit_[u].in_flight.serve) {
       const std::optional<size_t> bytes = window_.end_deliver(u);
       if (!bytes) continue;
       end_delivery(u, *bytes);
@@ -754,10 +743,10 @@ bool SyncerCore::deliver_pending() {
 
 void SyncerCore::publish_progress(int64_t tokens) {
   if (!plan_.lr_on_job_clock) return;
-  if (tokens - progress_sent_ < progress_step_) return;
+  if (tokens - job_clock_.sent < job_clock_.step) return;
   for (int u = 0; u < M_; ++u)
     if (!unit_done(u)) window_.set_job_tokens(u, tokens);
-  progress_sent_ = tokens;
+  job_clock_.sent = tokens;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -769,8 +758,8 @@ void SyncerCore::restore(const checkpoint::SyncerState& c, const std::vector<std
   for (int p = 0; p < P; ++p) {
     fragments_.pack(p, c.theta, theta_[p]);
     fragments_.pack(p, c.momentum, outer_.momentum(p));
-    version_[p] = fork_[p] = c.versions[p];
-    if (keep_history_) history_[p] = {{version_[p], theta_[p]}};
+    version_[p] = lineage_.fork[p] = c.versions[p];
+    history_.reset(p, version_[p], theta_[p]);
     for (int u = 0; u < M_; ++u) {
       // Wire-format references: the unit's own from its file when at the checkpoint's version
       // (the unit applies the same rule, checkpoint::has_reference), else the checkpoint's Θ.
@@ -789,8 +778,8 @@ void SyncerCore::restore(const checkpoint::SyncerState& c, const std::vector<std
   // with merged_seq_ in one numbering.
   for (int u = 0; u < M_; ++u)
     for (int p = 0; p < P; ++p) {
-      merged_seq_[u][p] = c.merged_seq[static_cast<size_t>(u) * P + p];
-      seq_base_[u][p] = std::max(unit_last_seq[u][p], merged_seq_[u][p]);
+      numbering_.merged[u][p] = c.merged_seq[static_cast<size_t>(u) * P + p];
+      numbering_.base[u][p] = std::max(unit_last_seq[u][p], numbering_.merged[u][p]);
     }
 }
 
@@ -799,9 +788,9 @@ void SyncerCore::adopt(int p, int64_t version, std::span<const float> values) {
     fail("recovery: fragment {} has {} values, a copy of it {}", p, theta_[p].size(), values.size());
   if (version <= version_[p]) fail("recovery: fragment {}: version {} is not newer than {}", p, version, version_[p]);
   theta_[p].assign(values.begin(), values.end());
-  version_[p] = fork_[p] = version;
+  version_[p] = lineage_.fork[p] = version;
   rounds_[p] = Round{};
-  if (keep_history_) history_[p] = {{version, theta_[p]}};
+  history_.reset(p, version, theta_[p]);
   for (int u = 0; u < M_; ++u) {
     Slot& s = slots_[u][p];
     s.delivered = std::min(s.delivered, version);
@@ -819,8 +808,8 @@ void SyncerCore::offer_taken(int u, const std::vector<int64_t>& versions) {
 }
 
 void SyncerCore::recovered_numbering(int u, int p, int64_t seq_base) {
-  seq_base_[u][p] = seq_base;
-  merged_seq_[u][p] = std::max(merged_seq_[u][p], seq_base + headers_[u].header(p, kOutAck));
+  numbering_.base[u][p] = seq_base;
+  numbering_.merged[u][p] = std::max(numbering_.merged[u][p], seq_base + headers_[u].header(p, kOutAck));
 }
 
 }  // namespace ddiloco::sync
