@@ -64,6 +64,36 @@ struct EvalConfig {
 enum class Mode { single, ddp, diloco, streaming, decoupled };
 const char* mode_name(Mode mode);
 
+/// What each mode is, as data: the one table (config.cpp, mode_traits) that validation, the
+/// outer plan (outer_plan.hpp), the command line and the deployments ask, in place of
+/// comparisons of the mode scattered through the code.
+struct ModeTraits {
+  /// Learner units and a syncer process (single: one unit of all the job's ranks, none).
+  bool has_syncer = true;
+  /// An outer loop: snapshots, merges, checkpoints, rejoins (ddp all-reduces gradients
+  /// every step across units instead; single has none).
+  bool outer_steps = true;
+  /// The units all-reduce gradients every step over the links between them (ddp): one MPI
+  /// world, host buffers, fp32 or bf16 on the wire.
+  bool gradient_ring = false;
+  /// outer.fragments and outer.overlap apply (streaming, decoupled; the others use P = 1,
+  /// τ = 0).
+  bool fragments = false;
+  /// A merge needs a quorum of K units and the grace window, not every unit (decoupled): a
+  /// refused snapshot (debug.nan_unit) cannot stall the job.
+  bool quorum = false;
+  /// The job ends on a token budget counted over all units (decoupled), not train.steps.
+  bool token_budget = false;
+  /// Rounds are counted in steps and every unit ends on the same one, the syncer names it
+  /// (diloco): a crashed unit redoes its round, and a train.steps that is not a whole number
+  /// of rounds leaves an unsynchronised tail.
+  bool rounds_in_steps = false;
+  /// A unit that crashes or diverges starts over from Θ while the others go on (streaming
+  /// cannot yet: its synchronous merges would wait for the lost snapshot).
+  bool can_rejoin = false;
+};
+const ModeTraits& mode_traits(Mode mode);
+
 /// Learner units: world rank 0 is the syncer, the others form units in order.
 struct UnitsConfig {
   int count = 1;                 ///< M

@@ -1,10 +1,10 @@
-// What a mode means for the outer loop: one table from the mode to named properties, which
-// the learner, the syncer and the checkpoint ask instead of comparing modes.
+// What a mode means for the outer loop: named properties, derived from the mode's traits
+// (ModeTraits, config.hpp: the one table from mode to properties), which the learner, the
+// syncer and the checkpoint ask instead of comparing modes.
 //
-// Where modes are still named, they are named to a user: config validation (which keys a
-// mode accepts), the CLI's dispatch of `single` (one unit, no syncer: it has no plan), and the
-// refusals of `launch`, `syncer`/`unit` and `--resume` for modes they cannot run, each message
-// naming the modes that can.
+// No code compares modes outside those two tables: validation, the CLI's dispatch of `single`
+// (one unit, no syncer: it has no plan) and the refusals of `launch`, `syncer`/`unit` and
+// `--resume` ask the traits too; their messages name the modes that can.
 //
 // ddp stays on the learner/syncer path (decided in issue 32): its units are learners whose
 // gradients a ring all-reduces every step, and the syncer still evaluates θ, keeps the token

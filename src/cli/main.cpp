@@ -57,7 +57,7 @@ int cmd_train(const ConfigArgs& args) {
   const Config config =
       mpi::agree(MPI_COMM_WORLD, [&] { return load_config(args.path, args.overrides); });
   if (mpi::rank(MPI_COMM_WORLD) == 0) warn_config(config);
-  if (config.mode == Mode::single) {
+  if (!mode_traits(config.mode).has_syncer) {
     if (!args.resume.empty())
       fail("--resume: mode single writes no checkpoints (modes diloco, streaming and decoupled do)");
     const TrainResult r = train_single_unit(config, MPI_COMM_WORLD, args.overwrite);
@@ -194,7 +194,7 @@ int cmd_sample(const SampleArgs& args) {
 
 int cmd_chaos(const ConfigArgs& args, const std::string& out) {
   const Config c = load_config(args.path, args.overrides);
-  if (c.mode == Mode::single) fail("chaos: mode single has no learner units to fail");
+  if (!mode_traits(c.mode).has_syncer) fail("chaos: mode single has no learner units to fail");
   const chaos::Schedule schedule = chaos::Schedule::from_config(c.chaos, c.units.count);
   if (out.empty()) {
     std::fputs(schedule.to_yaml().c_str(), stdout);
@@ -220,7 +220,7 @@ int cmd_config(const ConfigArgs& args, bool list, const std::string& get, bool r
                bool markdown) {
   if (ranks) {
     const Config c = load_config(args.path, args.overrides);
-    std::printf("%d\n", c.mode == Mode::single ? 1 : c.world_size());
+    std::printf("%d\n", mode_traits(c.mode).has_syncer ? c.world_size() : 1);
     return 0;
   }
   if (!get.empty()) {

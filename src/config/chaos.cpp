@@ -258,7 +258,7 @@ void validate(const Config& c) {
   if (c.chaos.down_max_s < c.chaos.down_min_s)
     fail("chaos.down_max_s: must be ≥ chaos.down_min_s = {}, got {}", c.chaos.down_min_s,
          c.chaos.down_max_s);
-  if (c.chaos.enabled() && c.mode == Mode::single)
+  if (c.chaos.enabled() && !mode_traits(c.mode).has_syncer)
     fail("chaos: faults are injected into learner units; mode single has none (choose mode "
          "ddp, diloco, streaming or decoupled)");
   if (c.chaos.enabled()) {
@@ -269,7 +269,7 @@ void validate(const Config& c) {
     const Schedule schedule = Schedule::from_config(c.chaos, M, unit_ranks);
     const bool crashes = std::any_of(schedule.faults.begin(), schedule.faults.end(),
                                      [](const Fault& f) { return f.kind == FaultKind::crash; });
-    if (crashes && c.mode == Mode::streaming)
+    if (crashes && mode_traits(c.mode).outer_steps && !mode_traits(c.mode).can_rejoin)
       fail("chaos: crashes in mode streaming are not supported yet (a unit that crashes "
            "between sending a fragment and applying its merge leaves the others waiting for a "
            "merge it cannot complete); use mode diloco or decoupled, or slow and link faults only");

@@ -418,6 +418,22 @@ int64_t Config::unit_tokens_per_step(int u) const {
   return static_cast<int64_t>(train.batch_size) * model.seq_len * unit_ranks(u);
 }
 
+const ModeTraits& mode_traits(Mode mode) {
+  static const ModeTraits single{.has_syncer = false, .outer_steps = false};
+  static const ModeTraits ddp{.outer_steps = false, .gradient_ring = true};
+  static const ModeTraits diloco{.rounds_in_steps = true, .can_rejoin = true};
+  static const ModeTraits streaming{.fragments = true};
+  static const ModeTraits decoupled{.fragments = true, .quorum = true, .token_budget = true, .can_rejoin = true};
+  switch (mode) {
+    case Mode::single: return single;
+    case Mode::ddp: return ddp;
+    case Mode::diloco: return diloco;
+    case Mode::streaming: return streaming;
+    case Mode::decoupled: return decoupled;
+  }
+  fail("unknown mode {}", static_cast<int>(mode));
+}
+
 int64_t Config::job_tokens_per_step() const {
   int64_t sum = 0;
   for (int u = 0; u < units.count; ++u) sum += unit_tokens_per_step(u);
@@ -425,7 +441,7 @@ int64_t Config::job_tokens_per_step() const {
 }
 
 int Config::world_size() const {
-  if (mode == Mode::single) return -1;  // any: the world is the unit
+  if (!mode_traits(mode).has_syncer) return -1;  // any: the world is the unit
   int n = 1;
   for (int u = 0; u < units.count; ++u) n += unit_ranks(u);
   return n;
@@ -506,11 +522,11 @@ void check_links(const Config& c) {
   if (c.wan.block > (1 << 24)) fail("wan.block: must be ≤ {}, got {}", 1 << 24, c.wan.block);
   check_wire(c.wan);
   if (!(c.wan.burst_kb <= 1 << 20)) fail("wan.burst_kb: must be ≤ {} KiB, got {}", 1 << 20, c.wan.burst_kb);
-  if (c.mode == Mode::single && c.wan.emulated(c.units.count))
+  if (!mode_traits(c.mode).has_syncer && c.wan.emulated(c.units.count))
     fail("wan: links join learner units to the syncer and to each other; mode single has none "
          "(choose mode ddp, diloco, streaming or decoupled, or leave wan.bandwidth_mbit_s, "
          "latency_ms and jitter_ms at 0)");
-  if (c.mode == Mode::ddp && c.wan.format != "fp32" && c.wan.format != "bf16")
+  if (mode_traits(c.mode).gradient_ring && c.wan.format != "fp32" && c.wan.format != "bf16")
     fail("wan.format: ddp all-reduces gradients over the links in fp32 or bf16, got {} (int8, "
          "int4, int2 and sparse are for the outer modes' outer gradients)",
          c.wan.format);
@@ -521,7 +537,7 @@ void check_outer(const Config& c) {
   const int M = c.units.count;
   if (c.syncer.quorum > M)
     fail("syncer.quorum: must be ≤ units.count = {}, got {}", M, c.syncer.quorum);
-  if (c.mode == Mode::single && M != 1)
+  if (!mode_traits(c.mode).has_syncer && M != 1)
     fail("units.count: mode single trains one unit, got {} (choose mode ddp, diloco, "
          "streaming or decoupled)",
          M);
@@ -549,9 +565,9 @@ void check_debug_and_checkpoints(const Config& c) {
   if (c.debug.nan_unit >= M)
     fail("debug.nan_unit: must be < units.count = {}, got {}", M, c.debug.nan_unit);
   // Elsewhere every merge needs every unit: the refused snapshot would stall the job.
-  if (c.debug.nan_unit >= 0 && c.mode != Mode::decoupled)
+  if (c.debug.nan_unit >= 0 && !mode_traits(c.mode).quorum)
     fail("debug.nan_unit: needs mode decoupled, got mode {}", mode_name(c.mode));
-  if (c.checkpoint.every > 0 && (c.mode == Mode::ddp || c.mode == Mode::single))
+  if (c.checkpoint.every > 0 && !mode_traits(c.mode).outer_steps)
     fail("checkpoint.every: checkpoints are written in modes diloco, streaming and decoupled, "
          "got mode {}", mode_name(c.mode));
 }
@@ -624,6 +640,7 @@ struct Unused {
   const char* why;
 };
 
+// The keys each mode ignores: a table per mode, beside mode_traits.
 std::vector<Unused> unused_in(const Config& c) {
   const char* no_outer = "its units all-reduce gradients every step; there is no outer optimizer";
   const char* all_units = "every merge has every unit (K = M), so there is no quorum to set and no grace window";
@@ -696,14 +713,14 @@ std::vector<std::string> ignored_keys(const Config& config) {
 
 std::optional<std::string> sparse_anchor_note(const Config& c) {
   // (ddp never gets here with sparse: validate() refuses it.)
-  if (c.wan.format != "sparse" || c.outer.anchor != "current" || c.mode == Mode::single) return std::nullopt;
+  if (c.wan.format != "sparse" || c.outer.anchor != "current" || !mode_traits(c.mode).has_syncer) return std::nullopt;
   return "wan.format = sparse with outer.anchor = current: what the down link leaves out makes the "
          "units' references lag Θ, and measured from Θ that lag counts as their progress; use "
          "outer.anchor: reference (docs/results.md, \"Sparse outer gradients\")";
 }
 
 std::optional<std::string> unsynced_tail(const Config& c) {
-  if (c.mode != Mode::diloco) return std::nullopt;
+  if (!mode_traits(c.mode).rounds_in_steps) return std::nullopt;
   const int64_t W = c.outer.warmup_steps, H = c.outer.h, steps = c.train.steps;
   if (steps <= W) return std::nullopt;
   const int64_t tail = (steps - W) % H;

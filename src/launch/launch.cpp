@@ -64,17 +64,13 @@ std::string self_exe() {
 }  // namespace
 
 LaunchPlan plan_launch(const Config& config, const LaunchArgs& args) {
-  switch (config.mode) {
-    case Mode::decoupled:
-    case Mode::diloco:
-    case Mode::streaming: break;
-    case Mode::ddp:
-      fail("launch: mode ddp needs one MPI world (its gradient all-reduce spans every unit): run "
-           "it with `mpirun -np N ddiloco train` (N: `ddiloco config --ranks`)");
-    case Mode::single:
-      fail("launch: mode single is one unit without a syncer: run it with `mpirun -np R ddiloco "
-           "train`");
-  }
+  const ModeTraits& mode = mode_traits(config.mode);
+  if (!mode.has_syncer)
+    fail("launch: mode single is one unit without a syncer: run it with `mpirun -np R ddiloco "
+         "train`");
+  if (mode.gradient_ring)
+    fail("launch: mode ddp needs one MPI world (its gradient all-reduce spans every unit): run "
+         "it with `mpirun -np N ddiloco train` (N: `ddiloco config --ranks`)");
   const std::string self = args.self.empty() ? self_exe() : args.self;
   std::vector<std::string> overrides = args.overrides;
   // run.threads: 0 means the cores this process may use ÷ the ranks on its node. A unit job

@@ -31,7 +31,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 void require_outer_mode(const Config& config, const char* command) {
-  if (config.mode == Mode::single || config.mode == Mode::ddp)
+  if (!mode_traits(config.mode).outer_steps)
     fail("ddiloco {}: mode {} cannot run as separate jobs (it has no syncer, or its units "
          "all-reduce gradients every step in one MPI world): use `ddiloco train` (modes "
          "decoupled, diloco and streaming can)",

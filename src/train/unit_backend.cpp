@@ -46,7 +46,7 @@ std::unique_ptr<UnitBackend> make_unit_backend(const Config& config, MPI_Comm un
 }
 
 void validate(const Config& c) {
-  if (c.mode == Mode::ddp)
+  if (mode_traits(c.mode).gradient_ring)
     fail("run.device: cuda is not supported in mode ddp (its gradient ring across units "
          "runs on host buffers); use mode single, diloco, streaming or decoupled, or "
          "run.device: cpu");
