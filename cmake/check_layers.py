@@ -3,9 +3,12 @@
 includes, only headers of its own folder or of a folder below it (docs/architecture.md).
 
     check_layers.py SOURCE_DIR      exit 0, or 1 with one line per wrong-way include
+    check_layers.py --layers        the layers, bottom-up, one per line (CMake builds one
+                                    library per layer from it, each linking the one below)
 
-The build runs it (CMake target check_layers, before the core library), so a wrong-way
-include fails the build; tests/e2e/layers.sh shows that on a tree where it plants one.
+The build runs it (CMake target check_layers, before every layer's library), so a wrong-way
+include fails the build; tests/e2e/layers.sh shows that on a tree where it plants one. Each
+layer is its own static library (ddiloco_<folder>) linking only the layers below.
 
 Where a header lives: include/ddiloco/[gpu/]X.hpp belongs to the folder holding X.cpp (or
 X.cu), or to the folder HOMES names; the rest of include/ddiloco/gpu/ to src/gpu; the private
@@ -16,7 +19,8 @@ import os
 import re
 import sys
 
-# Bottom-up: each folder may use the ones before it.
+# Bottom-up: each folder may use the ones before it. Folders in one tuple are side by side:
+# each may use the layers below, not the other.
 LAYERS = [
     "util",    # errors, rng, checksums, metrics, signals, child processes, run dirs, atomic files
     "data",    # token shards, corpora, the data loader
@@ -28,7 +32,9 @@ LAYERS = [
     "io",      # HDF5 checkpoints and model files
     "sim",     # the goodput simulator
     "train",   # the unit trainer (one data-parallel step), the unit backend registry
-    "sync",    # learner and syncer: the protocol, the cores, recovery, the runtime
+    "protocol",  # the learner <-> syncer protocol: window layout, control words, membership, fragments
+    ("learner", "syncer"),  # the two roles, side by side: neither may use the other
+    "deploy",  # the deployments (one job, isolated) and the set-up they share
     "gpu",     # CUDA, cuBLAS, cuDNN, NCCL: the GPU unit backend
     "launch",  # ddiloco launch: supervision of the isolated deployment
     "cli",     # the ddiloco binary's subcommands
@@ -89,7 +95,7 @@ def resolve(root, name):
 
 def check(root):
     home, problems = homes(root)
-    rank = {d: i for i, d in enumerate(LAYERS)}
+    rank = {d: i for i, entry in enumerate(LAYERS) for d in (entry if isinstance(entry, tuple) else (entry,))}
     src = os.path.join(root, "src")
     for d in sorted(os.listdir(src)):
         if os.path.isdir(os.path.join(src, d)) and d not in rank:
@@ -113,7 +119,7 @@ def check(root):
                     queue.append(inc)
         return via
 
-    for d in LAYERS:
+    for d in rank:
         folder = os.path.join(src, d)
         if not os.path.isdir(folder):
             continue
@@ -121,25 +127,36 @@ def check(root):
             # One line per include of this file that is, or reaches, a header of a higher layer.
             for name in includes(os.path.join(folder, f)):
                 above = [(rank[home[h]], h, v) for h, v in reached(name).items()
-                         if home.get(h) in rank and rank[home[h]] > rank[d]]
+                         if home.get(h) in rank and (rank[home[h]] > rank[d] or
+                                                     (rank[home[h]] == rank[d] and home[h] != d))]
                 if not above:
                     continue
                 _, h, v = max(above, key=lambda t: (t[0], t[1] == name))  # the include itself first
                 how = "" if h == name else f", through {os.path.relpath(v, root)}"
+                where = "beside" if rank[home[h]] == rank[d] else "above"
                 problems.append(f"src/{d}/{f} includes {name}: it reaches {h} of src/{home[h]}, "
-                                f"above src/{d}{how}")
+                                f"{where} src/{d}{how}")
     return problems
 
 
+def order():
+    return " < ".join("{" + ", ".join(e) + "}" if isinstance(e, tuple) else e for e in LAYERS)
+
+
 def main():
+    if len(sys.argv) == 2 and sys.argv[1] == "--layers":
+        # For CMake: one line per layer, bottom-up, side-by-side folders on one line.
+        for e in LAYERS:
+            print(" ".join(e) if isinstance(e, tuple) else e)
+        return 0
     if len(sys.argv) != 2:
-        sys.exit("usage: check_layers.py SOURCE_DIR")
+        sys.exit("usage: check_layers.py SOURCE_DIR | --layers")
     problems = check(sys.argv[1])
     for p in problems:
         print(f"layers: {p}", file=sys.stderr)
     if problems:
         print(f"layers: {len(problems)} wrong-way includes or unplaced files; the order is "
-              f"{' < '.join(LAYERS)}", file=sys.stderr)
+              f"{order()}", file=sys.stderr)
         return 1
     return 0
 

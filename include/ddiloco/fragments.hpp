@@ -10,7 +10,7 @@
 
 #include "ddiloco/model.hpp"
 
-namespace ddiloco {
+namespace ddiloco::protocol {
 
 /// One fragment: a set of whole tensors (indices into ParameterLayout::tensors(), in layout
 /// order) and its place on the schedule.
@@ -70,4 +70,4 @@ class FragmentPlan {
   int64_t warmup_;
 };
 
-}  // namespace ddiloco
+}  // namespace ddiloco::protocol

@@ -9,7 +9,7 @@
 
 #include <vector>
 
-namespace ddiloco {
+namespace ddiloco::syncer {
 
 class GraceWindow {
  public:
@@ -40,4 +40,4 @@ class GraceWindow {
   bool step_seen_ = false, quorum_seen_ = false, sync_seen_ = false;
 };
 
-}  // namespace ddiloco
+}  // namespace ddiloco::syncer

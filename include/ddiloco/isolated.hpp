@@ -16,7 +16,7 @@
 
 #include "ddiloco/config.hpp"
 
-namespace ddiloco {
+namespace ddiloco::deploy {
 
 /// Runs the syncer of the isolated deployment in this process (MPI initialised, one rank).
 /// Validates everything first (Error naming what is wrong). `resume`: as run_job's. Returns
@@ -30,4 +30,4 @@ int run_syncer_process(const Config& config, bool overwrite, const std::string& 
 /// job early, or 0.
 int run_unit_process(const Config& config, int unit);
 
-}  // namespace ddiloco
+}  // namespace ddiloco::deploy

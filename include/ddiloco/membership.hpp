@@ -19,7 +19,7 @@
 
 #include "ddiloco/config.hpp"
 
-namespace ddiloco::sync {
+namespace ddiloco::protocol {
 
 /// What a unit job says when it connects (the handshake payload, JSON).
 struct Hello {
@@ -116,4 +116,4 @@ class Membership {
   std::vector<double> heal_s_;
 };
 
-}  // namespace ddiloco::sync
+}  // namespace ddiloco::protocol

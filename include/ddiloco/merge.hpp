@@ -36,7 +36,7 @@
 
 #include "ddiloco/fragments.hpp"
 
-namespace ddiloco {
+namespace ddiloco::syncer {
 
 /// w = c_tok² / c_steps (tokens² per step); 0 when c_steps or c_tok is 0.
 double token_weight(int64_t c_tok, int64_t c_steps);
@@ -63,7 +63,7 @@ bool merge_segment(std::span<const float> global, const std::vector<Contribution
 class OuterOptimizer {
  public:
   /// lr η > 0, momentum μ in [0, 1).
-  OuterOptimizer(const FragmentPlan& plan, double lr, double momentum, MergeRule rule);
+  OuterOptimizer(const protocol::FragmentPlan& plan, double lr, double momentum, MergeRule rule);
 
   /// Merges the contributions into fragment p's Θ (packed, in place) and updates its momentum.
   /// Each segment (tensor) uses the mean (embeddings, or every tensor with MergeRule::mean)
@@ -79,11 +79,11 @@ class OuterOptimizer {
   double momentum_coefficient() const { return mu_; }
 
  private:
-  const FragmentPlan* plan_;
+  const protocol::FragmentPlan* plan_;
   double lr_, mu_;
   MergeRule rule_;
   std::vector<std::vector<float>> momentum_;
   std::vector<double> scratch_;
 };
 
-}  // namespace ddiloco
+}  // namespace ddiloco::syncer

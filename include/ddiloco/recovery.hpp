@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace ddiloco::sync {
+namespace ddiloco::syncer {
 
 /// One unit's copy of Θ_p: `values` (numel(p) fp32) at merge `version` (≥ 1).
 struct Offer {
@@ -74,4 +74,4 @@ class Recovery {
   double quorum_at_s_ = -1;  // when the K-th offer came
 };
 
-}  // namespace ddiloco::sync
+}  // namespace ddiloco::syncer

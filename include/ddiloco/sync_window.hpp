@@ -70,7 +70,7 @@
 #include "ddiloco/remote_memory.hpp"
 #include "ddiloco/wire_format.hpp"
 
-namespace ddiloco::sync {
+namespace ddiloco::protocol {
 
 /// int64 words of a unit's control block.
 enum Control : int {
@@ -153,7 +153,7 @@ using ddiloco::checksum;
 /// a codec its format cannot use (wire::check) or β outside [0, 1].
 class WindowLayout {
  public:
-  explicit WindowLayout(const FragmentPlan& plan, const wire::Codec& codec = {}, double ef_decay = 1.0,
+  explicit WindowLayout(const protocol::FragmentPlan& plan, const wire::Codec& codec = {}, double ef_decay = 1.0,
                         size_t down_topk = 0);
   const wire::Codec& codec() const { return codec_; }            ///< snapshots (up)
   const wire::Codec& down_codec() const { return down_codec_; }  ///< deliveries (down)
@@ -445,4 +445,4 @@ class SyncerWindow {
   std::vector<float> delta_;
 };
 
-}  // namespace ddiloco::sync
+}  // namespace ddiloco::protocol

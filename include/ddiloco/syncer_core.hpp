@@ -34,17 +34,18 @@
 #include "ddiloco/goodput.hpp"
 #include "ddiloco/grace.hpp"
 #include "ddiloco/merge.hpp"
-#include "ddiloco/runtime.hpp"
+#include "ddiloco/syncer.hpp"
+#include "ddiloco/time_books.hpp"
 #include "ddiloco/sync_window.hpp"
 #include "ddiloco/unit_links.hpp"
 
-namespace ddiloco::sync {
+namespace ddiloco::syncer {
 
 /// What the syncer holds for one unit and fragment.
 struct Slot {
   int64_t acked = 0;        ///< last sequence number consumed (the unit's outbox is free)
   bool fresh = false;       ///< a snapshot waits to be merged ...
-  SnapshotMeta meta;        ///< ... its counters (c_steps, c_tok), step and base version
+  protocol::SnapshotMeta meta;        ///< ... its counters (c_steps, c_tok), step and base version
   int64_t seq = 0;          ///< ... its sequence number
   std::vector<float> data;  ///< ... θ_p, numel(p) floats
   int64_t delivered = 0;    ///< last version written to the unit's inbox
@@ -127,8 +128,8 @@ class SyncerCore {
 
   /// `window` and `links` must outlive the core. Θ starts as Θ₀, the units' common
   /// initialisation (run.seed); every unit's wire reference is Θ₀ at version 0.
-  SyncerCore(const Config& config, const OuterPlan& plan, SyncerWindow& window,
-             const FragmentPlan& fragments, UnitLinks& links, Clock clock, EventSink sink);
+  SyncerCore(const Config& config, const OuterPlan& plan, protocol::SyncerWindow& window,
+             const protocol::FragmentPlan& fragments, UnitLinks& links, Clock clock, EventSink sink);
   void on_merge(MergeHook hook) { hooks_.on_merge = std::move(hook); }
   /// Units come and go (the isolated deployment): a unit silent past its heartbeat timeout is
   /// then logged as lost (reason heartbeat), not only silent; it keeps its connection either way.
@@ -169,7 +170,7 @@ class SyncerCore {
   /// and deliveries on their way abandoned. Its tokens and steps stay counted.
   void unit_lost(int u);
   /// Unit u is alive as of now (it waits on the syncer, silent: a restarted syncer recovering).
-  void heard(int u) { hear(u, headers_[u].control(kHeartbeat)); }
+  void heard(int u) { hear(u, headers_[u].control(protocol::kHeartbeat)); }
 
   /// Resumes from a checkpoint: Θ, the outer momentum, the versions, the snapshot numbering
   /// (per unit: the last sequence number in its file) and, per unit, its wire reference when
@@ -208,8 +209,8 @@ class SyncerCore {
   // What the rest of the syncer reads.
   int units() const { return M_; }
   int fragments() const { return fragments_.size(); }
-  const UnitHeaders& headers(int u) const { return headers_[u]; }
-  bool unit_done(int u) const { return headers_[u].control(kState) == kDone; }
+  const protocol::UnitHeaders& headers(int u) const { return headers_[u]; }
+  bool unit_done(int u) const { return headers_[u].control(protocol::kState) == protocol::kDone; }
   /// Connected, not done, and heard from within its heartbeat timeout: may be in a quorum.
   bool unit_live(int u) const;
   bool silent(int u) const { return unit_[u].silent; }
@@ -246,9 +247,9 @@ class SyncerCore {
   bool serve(int u);
   void hear(int u, int64_t beat);
   double silence_after_s(int u) const;
-  std::string check_snapshot(int p, const SnapshotMeta& meta, const SyncerWindow::Fetched& got,
+  std::string check_snapshot(int p, const protocol::SnapshotMeta& meta, const protocol::SyncerWindow::Fetched& got,
                              int64_t seq) const;
-  void accept_snapshot(int u, int p, int64_t seq, const SnapshotMeta& meta, size_t wire_bytes, int64_t ref);
+  void accept_snapshot(int u, int p, int64_t seq, const protocol::SnapshotMeta& meta, size_t wire_bytes, int64_t ref);
   void ack_arrived(int u, int p);
   std::vector<int> ready_units(int p) const;
   bool too_stale(int p, int64_t base_version) const;
@@ -266,8 +267,8 @@ class SyncerCore {
   const Config& config_;
   const OuterPlan plan_;
   const int M_;
-  const FragmentPlan& fragments_;
-  SyncerWindow& window_;
+  const protocol::FragmentPlan& fragments_;
+  protocol::SyncerWindow& window_;
   UnitLinks& links_;
   // What the core calls out to: its clock, where its events go, and the syncer's hooks.
   struct Hooks {
@@ -286,12 +287,12 @@ class SyncerCore {
   std::vector<Round> rounds_;                  // per fragment
   std::vector<std::vector<float>> incoming_;   // per fragment: a snapshot being read
   AnchorHistory history_;
-  std::vector<UnitHeaders> headers_;           // last poll
+  std::vector<protocol::UnitHeaders> headers_;           // last poll
   // What each unit's lane (SyncerWindow) carries, as started here.
   struct InFlight {
     int p = -1;
     int64_t seq = 0;     // a read: the snapshot's sequence number and counters as polled
-    SnapshotMeta meta;
+    protocol::SnapshotMeta meta;
     int64_t version = 0;  // a delivery: the version of Θ_p ...
     bool serve = false;   // ... served at a rejoin
   };
@@ -358,4 +359,4 @@ class SyncerCore {
   int64_t rejected_ = 0, superseded_ = 0;
 };
 
-}  // namespace ddiloco::sync
+}  // namespace ddiloco::syncer

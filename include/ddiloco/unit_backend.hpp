@@ -33,9 +33,11 @@
 #include "ddiloco/data_loader.hpp"
 
 namespace ddiloco {
-// The sync layer's fragment plan (fragments.hpp), by reference only: this header, and through
+// The protocol layer's fragment plan (fragments.hpp), by reference only: this header, and through
 // trainer.hpp the training loop, do not depend on the protocol. The CUDA side includes it.
+namespace protocol {
 class FragmentPlan;
+}
 }  // namespace ddiloco
 
 namespace ddiloco::gpu {
@@ -77,7 +79,7 @@ class UnitBackend {
   /// Prepares the fragment exchange for `plan` (made from this model's layout): every rank
   /// learns the fragments' ranges; `leader` also allocates the pinned host staging (2 × the
   /// parameters in pinned host memory and on the device). Once, before the calls below.
-  virtual void attach_fragments(const FragmentPlan& plan, bool leader) = 0;
+  virtual void attach_fragments(const protocol::FragmentPlan& plan, bool leader) = 0;
 
   /// Leader: snapshot of fragment p as the parameters are now (after the last step's update),
   /// gathered on the compute stream and copied to pinned host memory on the copy stream;
@@ -88,7 +90,7 @@ class UnitBackend {
   virtual bool snapshot_ready(int p) = 0;
   /// Leader: waits (polling with back-off, never spinning) until snapshot_ready(p).
   virtual void wait_snapshot(int p) = 0;
-  /// Leader: the snapshot of p, packed in FragmentPlan::pack's order (valid after
+  /// Leader: the snapshot of p, packed in protocol::FragmentPlan::pack's order (valid after
   /// snapshot_ready(p), until the next start_snapshot(p)).
   virtual std::span<const float> snapshot(int p) = 0;
 

@@ -21,7 +21,7 @@ namespace ddiloco {
 struct Config;
 }
 
-namespace ddiloco::sync {
+namespace ddiloco::syncer {
 
 class UnitLinks {
  public:
@@ -64,4 +64,4 @@ class UnitLinks {
   std::vector<wan::Link> links_;
 };
 
-}  // namespace ddiloco::sync
+}  // namespace ddiloco::syncer

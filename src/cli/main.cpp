@@ -63,7 +63,7 @@ int cmd_train(const ConfigArgs& args) {
     const TrainResult r = train_single_unit(config, MPI_COMM_WORLD, args.overwrite);
     return r.signal != 0 ? signal_exit_status(r.signal) : 0;
   }
-  const int signal = run_job(config, MPI_COMM_WORLD, args.overwrite, args.resume);
+  const int signal = deploy::run_job(config, MPI_COMM_WORLD, args.overwrite, args.resume);
   return signal != 0 ? signal_exit_status(signal) : 0;
 }
 
@@ -72,14 +72,14 @@ int cmd_syncer(const ConfigArgs& args) {
   install_stop_signals();
   const Config config = load_config(args.path, args.overrides);
   warn_config(config);  // once per job: the syncer's (the units say nothing)
-  const int signal = run_syncer_process(config, args.overwrite, args.resume);
+  const int signal = deploy::run_syncer_process(config, args.overwrite, args.resume);
   return signal != 0 ? signal_exit_status(signal) : 0;
 }
 
 int cmd_unit(const ConfigArgs& args, int unit) {
   install_stop_signals();
   const Config config = mpi::agree(MPI_COMM_WORLD, [&] { return load_config(args.path, args.overrides); });
-  const int signal = run_unit_process(config, unit);
+  const int signal = deploy::run_unit_process(config, unit);
   return signal != 0 ? signal_exit_status(signal) : 0;
 }
 

@@ -210,11 +210,7 @@ std::vector<Variant> compare_variants(const GptConfig& c, int B, int T) {
   return variants;
 }
 
-}  // namespace
-
-int bench_gpu(const BenchGpuOptions& o) {
-  if (!gpu::cuda_device_available())
-    fail("bench gpu: no CUDA device (cudaGetDeviceCount found none)");
+GptConfig model_of(const BenchGpuOptions& o) {
   GptConfig config;
   config.n_layer = o.n_layer;
   config.n_head = o.n_head;
@@ -222,32 +218,32 @@ int bench_gpu(const BenchGpuOptions& o) {
   config.vocab_size = o.vocab_size;
   config.seq_len = o.seq_len;
   config.validate();
-  const int B = o.batch, T = o.seq_len;
+  return config;
+}
 
+// Random tokens and their targets, uploaded once: the step then touches only device memory.
+// Returns the device buffer, 2·B·T int32 (the caller frees it).
+int32_t* upload_random_tokens(const BenchGpuOptions& o, size_t n) {
+  Rng rng(o.seed + 1);
+  std::vector<int32_t> host(2 * n);
+  for (auto& t : host) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(o.vocab_size)));
+  int32_t* tokens = nullptr;
+  DDILOCO_CUDA_CHECK(cudaMalloc(&tokens, 2 * n * sizeof(int32_t)));
+  DDILOCO_CUDA_CHECK(cudaMemcpy(tokens, host.data(), 2 * n * sizeof(int32_t), cudaMemcpyHostToDevice));
+  return tokens;
+}
+
+void print_setup(const BenchGpuOptions& o, const GptConfig& config, const Variant& chosen) {
   int dev = 0;
   DDILOCO_CUDA_CHECK(cudaGetDevice(&dev));
   cudaDeviceProp prop{};
   DDILOCO_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-  const Variant chosen{gpu::parse_attention_kind(o.attention), o.gelu_fusion};
-
-  // Random tokens, uploaded once: the step then touches only device memory.
-  const size_t N = static_cast<size_t>(B) * T;
-  Rng rng(o.seed + 1);
-  std::vector<int32_t> host(2 * N);
-  for (auto& t : host) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(o.vocab_size)));
-  int32_t* tokens = nullptr;
-  DDILOCO_CUDA_CHECK(cudaMalloc(&tokens, 2 * N * sizeof(int32_t)));
-  DDILOCO_CUDA_CHECK(
-      cudaMemcpy(tokens, host.data(), 2 * N * sizeof(int32_t), cudaMemcpyHostToDevice));
-  const int32_t* targets = tokens + N;
-
-  const double flops_per_token = config.flops_per_token();
   std::printf("bench gpu: %s (sm_%d%d), n_layer=%d n_head=%d n_embd=%d vocab=%d params=%.2fM\n",
               prop.name, prop.major, prop.minor, config.n_layer, config.n_head, config.n_embd,
               config.vocab_size, static_cast<double>(ParameterLayout::gpt2(config).size()) / 1e6);
-  std::printf("bench gpu: batch B=%d sequence T=%d (%zu tokens/step), bf16 activations, fp32 "
+  std::printf("bench gpu: batch B=%d sequence T=%d (%d tokens/step), bf16 activations, fp32 "
               "master weights, %s, steps=%d (+%d warm-up)\n",
-              B, T, N, variant_name(chosen).c_str(), o.steps, o.warmup);
+              o.batch, o.seq_len, o.batch * o.seq_len, variant_name(chosen).c_str(), o.steps, o.warmup);
 #if DDILOCO_HAVE_CUDNN
   const long version = gpu::cudnn_runtime_version();
   std::printf("bench gpu: cuDNN %ld.%ld.%ld loaded (attention cudnn built)\n", version / 10000,
@@ -255,11 +251,59 @@ int bench_gpu(const BenchGpuOptions& o) {
 #else
   std::printf("bench gpu: built without cuDNN (attention cudnn not available)\n");
 #endif
+}
+
+// --compare: the variants side by side, ratios against the first row.
+void print_comparison(const BenchGpuOptions& o, const std::vector<Variant>& variants,
+                      const std::vector<Measured>& results) {
+  std::printf("\ncompare: %zu variants, each a fresh model, %d steps after %d warm-up; ratio = "
+              "tokens/s over the first row's\n",
+              variants.size(), o.steps, o.warmup);
+  std::printf("%-34s %8s %8s %8s %8s %11s %7s %6s %8s %s\n", "variant", "step ms", "fwd", "bwd", "opt",
+              "tokens/s", "MFU %", "ratio", "GPU GiB", "fused-GEMM fallbacks");
+  for (size_t i = 0; i < variants.size(); ++i) {
+    const Measured& r = results[i];
+    std::printf("%-34s %8.2f %8.2f %8.2f %8.2f %11.0f %7.1f %6.3f %8.1f %ld\n",
+                variant_name(variants[i]).c_str(), r.step_ms, r.fwd_ms, r.bwd_ms, r.opt_ms, r.tokens_per_s,
+                100.0 * r.mfu, r.tokens_per_s / results[0].tokens_per_s, r.device_gib, r.fallbacks);
+  }
+  std::printf("\n");
+}
+
+// The chosen variant's figures; the last line is the one scripts read.
+void print_summary(const BenchGpuOptions& o, const GptConfig& config, const Variant& chosen, const Measured& mine) {
+  const double flops_per_token = config.flops_per_token();
+  std::printf("per step: forward %.2f ms, backward %.2f ms, clip+AdamW %.2f ms, step %.2f ms\n",
+              mine.fwd_ms, mine.bwd_ms, mine.opt_ms, mine.step_ms);
+  std::printf("loss: %.4f at the first step, %.4f after %d steps (random tokens: ln V = %.2f)\n",
+              mine.first_loss, mine.last_loss, o.warmup + o.steps, std::log(static_cast<double>(o.vocab_size)));
+  std::printf("device memory in use: %.1f GiB of %.1f GiB\n", mine.device_gib, mine.total_gib);
+  if (chosen.gelu_fusion)
+    std::printf("GELU fusion: %s\n", mine.fallbacks == 0
+                                         ? "every fused GEMM ran in cuBLASLt's epilogue"
+                                         : "cuBLASLt had no algorithm for some fused GEMMs: they ran unfused");
+  std::printf("model FLOPs/token %.3g (6N + 12·L·C·T); achieved %.1f TFLOP/s; peak %.1f TFLOP/s\n",
+              flops_per_token, mine.tokens_per_s * flops_per_token / 1e12, o.peak_tflops);
+  std::printf("batch=%d seq_len=%d tokens_per_s=%.0f mfu=%.4f (%.1f %%)\n", o.batch, o.seq_len,
+              mine.tokens_per_s, mine.mfu, 100.0 * mine.mfu);
+}
+
+}  // namespace
+
+int bench_gpu(const BenchGpuOptions& o) {
+  if (!gpu::cuda_device_available()) fail("bench gpu: no CUDA device (cudaGetDeviceCount found none)");
+  const GptConfig config = model_of(o);
+  const int B = o.batch, T = o.seq_len;
+  const Variant chosen{gpu::parse_attention_kind(o.attention), o.gelu_fusion};
+  const size_t N = static_cast<size_t>(B) * T;
+  int32_t* tokens = upload_random_tokens(o, N);
+  const int32_t* targets = tokens + N;
+  print_setup(o, config, chosen);
 
   const std::string why = unsupported(chosen.attention, config, B, T);
   if (!why.empty())
-    fail("bench gpu: --attention {} {} (n_embd {}, n_head {}, batch {}, seq {})", o.attention,
-         why, config.n_embd, config.n_head, B, T);
+    fail("bench gpu: --attention {} {} (n_embd {}, n_head {}, batch {}, seq {})", o.attention, why,
+         config.n_embd, config.n_head, B, T);
   // --compare: every variant that fits the shape, side by side, the chosen one among them.
   std::vector<Variant> variants{chosen};
   if (o.compare) variants = compare_variants(config, B, T);
@@ -272,37 +316,8 @@ int bench_gpu(const BenchGpuOptions& o) {
     if (is_chosen) mine = results.back();
   }
   cudaFree(tokens);
-  if (o.compare) {
-    std::printf("\ncompare: %zu variants, each a fresh model, %d steps after %d warm-up; ratio = "
-                "tokens/s over the first row's\n",
-                variants.size(), o.steps, o.warmup);
-    std::printf("%-34s %8s %8s %8s %8s %11s %7s %6s %8s %s\n", "variant", "step ms", "fwd",
-                "bwd", "opt", "tokens/s", "MFU %", "ratio", "GPU GiB", "fused-GEMM fallbacks");
-    for (size_t i = 0; i < variants.size(); ++i) {
-      const Measured& r = results[i];
-      std::printf("%-34s %8.2f %8.2f %8.2f %8.2f %11.0f %7.1f %6.3f %8.1f %ld\n",
-                  variant_name(variants[i]).c_str(), r.step_ms, r.fwd_ms, r.bwd_ms, r.opt_ms,
-                  r.tokens_per_s, 100.0 * r.mfu, r.tokens_per_s / results[0].tokens_per_s,
-                  r.device_gib, r.fallbacks);
-    }
-    std::printf("\n");
-  }
-
-  std::printf("per step: forward %.2f ms, backward %.2f ms, clip+AdamW %.2f ms, step %.2f ms\n",
-              mine.fwd_ms, mine.bwd_ms, mine.opt_ms, mine.step_ms);
-  std::printf("loss: %.4f at the first step, %.4f after %d steps (random tokens: ln V = %.2f)\n",
-              mine.first_loss, mine.last_loss, o.warmup + o.steps,
-              std::log(static_cast<double>(o.vocab_size)));
-  std::printf("device memory in use: %.1f GiB of %.1f GiB\n", mine.device_gib, mine.total_gib);
-  if (chosen.gelu_fusion)
-    std::printf("GELU fusion: %s\n",
-                mine.fallbacks == 0
-                    ? "every fused GEMM ran in cuBLASLt's epilogue"
-                    : "cuBLASLt had no algorithm for some fused GEMMs: they ran unfused");
-  std::printf("model FLOPs/token %.3g (6N + 12·L·C·T); achieved %.1f TFLOP/s; peak %.1f TFLOP/s\n",
-              flops_per_token, mine.tokens_per_s * flops_per_token / 1e12, o.peak_tflops);
-  std::printf("batch=%d seq_len=%d tokens_per_s=%.0f mfu=%.4f (%.1f %%)\n", B, T,
-              mine.tokens_per_s, mine.mfu, 100.0 * mine.mfu);
+  if (o.compare) print_comparison(o, variants, results);
+  print_summary(o, config, chosen, mine);
   return 0;
 }
 

@@ -51,6 +51,60 @@ BlasContext::~BlasContext() {
   if (workspace_) cudaFree(workspace_);
 }
 
+namespace {
+
+cublasLtEpilogue_t lt_epilogue_of(Epilogue epilogue) {
+  switch (epilogue) {
+    case Epilogue::none: return CUBLASLT_EPILOGUE_DEFAULT;
+    case Epilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
+    case Epilogue::gelu_aux_bias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case Epilogue::dgelu: return CUBLASLT_EPILOGUE_DGELU;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// The matmul descriptor's transposes, epilogue and epilogue pointers. The heuristic derives
+// the bias and aux alignments from the pointers (cublasLt.h), so they are set before it runs;
+// calls with the same alignments reuse its algorithm.
+void describe_matmul(cublasLtMatmulDesc_t desc, bool ta, bool tb, Epilogue epilogue, int ldd, const void* bias,
+              const void* aux) {
+  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+  DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  const cublasLtEpilogue_t lt_epilogue = lt_epilogue_of(epilogue);
+  DDILOCO_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &lt_epilogue, sizeof(lt_epilogue)));
+  if (bias != nullptr)
+    DDILOCO_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (epilogue == Epilogue::gelu_aux_bias || epilogue == Epilogue::dgelu) {
+    // The aux matrix has D's shape and leading dimension; its type defaults to D's (bf16).
+    const int64_t aux_ld = ldd;
+    DDILOCO_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+    DDILOCO_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+  }
+}
+
+// What the heuristic may use: the workspace and the operands' alignments (bytes).
+cublasLtMatmulPreference_t preference(uint64_t workspace, uint32_t align_a, uint32_t align_b, uint32_t align_d) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  DDILOCO_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  auto set = [&](cublasLtMatmulPreferenceAttributes_t attr, const auto& value) {
+    cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
+  };
+  set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace);
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d);
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
+  return pref;
+}
+
+}  // namespace
+
 BlasContext::Plan* BlasContext::plan(const Key& key, const void* bias, const void* aux) {
   if (auto it = plans_.find(key); it != plans_.end()) return it->second;
   const auto [ta, tb, m, n, k, lda, ldb, ldd, d_fp32, epilogue_code, beta_nonzero, align_a,
@@ -59,64 +113,19 @@ BlasContext::Plan* BlasContext::plan(const Key& key, const void* bias, const voi
   // Part of the key only: the heuristic reads the bias and aux pointers themselves.
   (void)align_bias;
   (void)align_aux;
-  const auto epilogue = static_cast<Epilogue>(epilogue_code);
   auto* p = new Plan;
   try {
     DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                        &opa, sizeof(opa)));
-    DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                        &opb, sizeof(opb)));
-    cublasLtEpilogue_t lt_epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    switch (epilogue) {
-      case Epilogue::none: lt_epilogue = CUBLASLT_EPILOGUE_DEFAULT; break;
-      case Epilogue::bias: lt_epilogue = CUBLASLT_EPILOGUE_BIAS; break;
-      case Epilogue::gelu_aux_bias: lt_epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
-      case Epilogue::dgelu: lt_epilogue = CUBLASLT_EPILOGUE_DGELU; break;
-    }
-    DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                        &lt_epilogue, sizeof(lt_epilogue)));
-    // The heuristic derives the bias and aux alignments from the pointers (cublasLt.h), so
-    // they are set before it runs; calls with the same alignments reuse its algorithm.
-    if (bias != nullptr)
-      DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-          p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    if (epilogue == Epilogue::gelu_aux_bias || epilogue == Epilogue::dgelu) {
-      // The aux matrix has D's shape and leading dimension; its type defaults to D's (bf16).
-      const int64_t aux_ld = ldd;
-      DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-          p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
-      DDILOCO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-          p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-    }
+    describe_matmul(p->desc, ta, tb, static_cast<Epilogue>(epilogue_code), ldd, bias, aux);
     // Stored shapes: op(A) is (m,k), so A is (k,m) when transposed; likewise B.
-    DDILOCO_CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, ta ? k : m, ta ? m : k, lda));
-    DDILOCO_CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, tb ? n : k, tb ? k : n, ldb));
-    DDILOCO_CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&p->d, d_fp32 ? CUDA_R_32F : CUDA_R_16BF, m, n, ldd));
-
-    cublasLtMatmulPreference_t pref = nullptr;
-    DDILOCO_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const uint64_t ws = workspace_bytes_;
-    const uint32_t aa = align_a, ab = align_b, ad = align_d;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                         sizeof(ws));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa,
-                                         sizeof(aa));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab,
-                                         sizeof(ab));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad,
-                                         sizeof(ad));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad,
-                                         sizeof(ad));
+    DDILOCO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, ta ? k : m, ta ? m : k, lda));
+    DDILOCO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, tb ? n : k, tb ? k : n, ldb));
+    DDILOCO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, d_fp32 ? CUDA_R_32F : CUDA_R_16BF, m, n, ldd));
+    cublasLtMatmulPreference_t pref = preference(workspace_bytes_, align_a, align_b, align_d);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p->desc, p->a, p->b, p->d,
-                                                             p->d, pref, 1, &result, &found);
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(lt_, p->desc, p->a, p->b, p->d, p->d, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if ((st == CUBLAS_STATUS_SUCCESS && found == 0) || st == CUBLAS_STATUS_NOT_SUPPORTED) {
       // Remembered as "none", so an optional fused GEMM asks the heuristic once, not per call.

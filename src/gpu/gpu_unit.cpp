@@ -149,7 +149,7 @@ class CudaUnit final : public UnitBackend {
     model_.set_optimizer_state(m, v, step);
   }
 
-  void attach_fragments(const FragmentPlan& plan, bool leader) override {
+  void attach_fragments(const protocol::FragmentPlan& plan, bool leader) override {
     if (!ranges_.empty()) fail("GPU unit: fragments attached twice");
     ranges_ = HostStaging::ranges(plan, model_.layout());
     const size_t P = ranges_.size();

@@ -8,7 +8,7 @@
 
 namespace ddiloco::gpu {
 
-HostStaging::FragmentRanges HostStaging::ranges(const FragmentPlan& plan,
+HostStaging::FragmentRanges HostStaging::ranges(const protocol::FragmentPlan& plan,
                                                 const ParameterLayout& layout) {
   FragmentRanges out(static_cast<size_t>(plan.size()));
   const auto& tensors = layout.tensors();

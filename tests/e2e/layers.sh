@@ -2,8 +2,10 @@
 # the CMake target check_layers before the core library; docs/architecture.md, "Layers").
 #   1. This tree passes the check.
 #   2. A copy of it with one wrong-way include planted (src/util/rng.cpp including
-#      ddiloco/syncer_core.hpp of src/sync) fails to build: CMake configures the copy and
-#      building the core library stops at the check, naming the file and the header.
+#      ddiloco/syncer_core.hpp of src/syncer) fails to build: CMake configures the copy and
+#      building the layer's library stops at the check, naming the file and the header. So
+#      does an include between the two roles, side by side (src/learner including the
+#      syncer's core).
 #   3. A folder of src/ that is not placed in the order fails the check too.
 source "$(dirname "$0")/lib/common.sh"
 
@@ -14,21 +16,31 @@ copy=$WORK/tree
 mkdir -p "$copy"
 cp -r "$SRC/CMakeLists.txt" "$SRC/CMakePresets.json" "$SRC/cmake" "$SRC/include" "$SRC/src" \
       "$SRC/kernels" "$copy/"
-sed -i '1i #include "ddiloco/syncer_core.hpp"  // planted: util must not use sync' "$copy/src/util/rng.cpp"
+sed -i '1i #include "ddiloco/syncer_core.hpp"  // planted: util must not use the syncer' "$copy/src/util/rng.cpp"
 cmake -S "$copy" -B "$copy/build" -DDDILOCO_BUILD_TESTS=OFF -DDDILOCO_BUILD_BENCH=OFF \
       > "$WORK/configure.log" 2>&1 || { cat "$WORK/configure.log"; fail "the copy did not configure"; }
-if cmake --build "$copy/build" --target ddiloco_core > "$WORK/build.log" 2>&1; then
+if cmake --build "$copy/build" --target ddiloco_util > "$WORK/build.log" 2>&1; then
   fail "a wrong-way include built (log: $WORK/build.log)"
 fi
 grep -q "src/util/rng.cpp includes ddiloco/syncer_core.hpp" "$WORK/build.log" ||
   { cat "$WORK/build.log"; fail "the build failed, but not on the planted include"; }
-if ls "$copy/build"/CMakeFiles/ddiloco_core.dir/src/*/*.o > /dev/null 2>&1; then
-  fail "the core was compiled before the check"
+if ls "$copy/build"/CMakeFiles/ddiloco_*.dir/src/*/*.o > /dev/null 2>&1; then
+  fail "a layer was compiled before the check"
 fi
 echo "ok: the planted wrong-way include failed the build: $(grep -m1 'rng.cpp includes' "$WORK/build.log")"
 
-mkdir "$copy/src/newfolder"
 sed -i '1d' "$copy/src/util/rng.cpp"
+sed -i '1i #include "ddiloco/syncer_core.hpp"  // planted: the learner must not use the syncer' \
+  "$copy/src/learner/learner_hooks.cpp"
+if cmake --build "$copy/build" --target ddiloco_learner > "$WORK/build2.log" 2>&1; then
+  fail "an include between the two roles built (log: $WORK/build2.log)"
+fi
+grep -q "src/learner/learner_hooks.cpp includes ddiloco/syncer_core.hpp: .* beside src/learner" "$WORK/build2.log" ||
+  { cat "$WORK/build2.log"; fail "the build failed, but not on the include between the roles"; }
+echo "ok: an include between the roles failed the build: $(grep -m1 'learner_hooks.cpp includes' "$WORK/build2.log")"
+
+mkdir "$copy/src/newfolder"
+sed -i '1d' "$copy/src/learner/learner_hooks.cpp"
 if /usr/bin/python3 "$SRC/cmake/check_layers.py" "$copy" 2> "$WORK/folder.log"; then
   fail "a folder not placed in the order passed"
 fi

@@ -182,7 +182,7 @@ TEST(HostStaging, SnapshotMatchesFragmentPlanPacking) {
   cfg.n_head = 2;
   cfg.n_embd = 32;
   const ParameterLayout layout = ParameterLayout::gpt2(cfg);
-  const FragmentPlan plan(layout, 3, 6);
+  const protocol::FragmentPlan plan(layout, 3, 6);
   std::vector<float> params(layout.size());
   for (size_t i = 0; i < params.size(); ++i) params[i] = static_cast<float>(i) * 0.5f;
   Fixture fx(params);

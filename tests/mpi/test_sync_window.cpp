@@ -17,8 +17,8 @@ namespace {
 
 struct Fixture {
   ParameterLayout layout = ParameterLayout::gpt2(GptConfig{16, 4, 1, 2, 8});
-  FragmentPlan plan{layout, 2, 4};
-  sync::WindowLayout windows{plan};
+  protocol::FragmentPlan plan{layout, 2, 4};
+  protocol::WindowLayout windows{plan};
   int rank = mpi::rank(MPI_COMM_WORLD);
   bool syncer = rank == 0;
   int unit = rank - 1;
@@ -35,22 +35,22 @@ TEST(SyncWindow, PublishFetchAckDeliverTake) {
   const size_t n1 = f.windows.numel(1);
   if (f.syncer) {
     comm::MpiRemoteMemory memory(MPI_COMM_WORLD, 2);
-    sync::SyncerWindow win(memory, f.windows);
+    protocol::SyncerWindow win(memory, f.windows);
     MPI_Barrier(MPI_COMM_WORLD);  // (a) leaders have published fragment 1
-    std::vector<sync::UnitHeaders> h;
+    std::vector<protocol::UnitHeaders> h;
     win.poll(h);
     for (int u = 0; u < 2; ++u) {
-      EXPECT_EQ(h[u].header(1, sync::kOutSeq), 1);
-      EXPECT_EQ(h[u].header(1, sync::kOutAck), 0);
-      EXPECT_EQ(h[u].header(1, sync::kOutSteps), 7 + u);
-      EXPECT_EQ(h[u].header(1, sync::kOutTokens), 700 + u);
-      EXPECT_EQ(h[u].header(0, sync::kOutSeq), 0);  // fragment 0 untouched
+      EXPECT_EQ(h[u].header(1, protocol::kOutSeq), 1);
+      EXPECT_EQ(h[u].header(1, protocol::kOutAck), 0);
+      EXPECT_EQ(h[u].header(1, protocol::kOutSteps), 7 + u);
+      EXPECT_EQ(h[u].header(1, protocol::kOutTokens), 700 + u);
+      EXPECT_EQ(h[u].header(0, protocol::kOutSeq), 0);  // fragment 0 untouched
       std::vector<float> got(n1);
       const auto fetched = win.fetch(u, 1, h[u], got);
       EXPECT_EQ(fetched.seq_after, 1);
       EXPECT_EQ(fetched.problem, "");
       EXPECT_EQ(got, pattern(n1, 10.0f * (u + 1)));
-      EXPECT_EQ(static_cast<uint64_t>(h[u].header(1, sync::kOutChecksum)), checksum(got));
+      EXPECT_EQ(static_cast<uint64_t>(h[u].header(1, protocol::kOutChecksum)), checksum(got));
     }
     MPI_Barrier(MPI_COMM_WORLD);  // (b) read, not acknowledged
     MPI_Barrier(MPI_COMM_WORLD);  // (b') leaders checked that the outbox is still busy
@@ -61,13 +61,13 @@ TEST(SyncWindow, PublishFetchAckDeliverTake) {
     MPI_Barrier(MPI_COMM_WORLD);  // (c) acks, delivery and stop are visible
     MPI_Barrier(MPI_COMM_WORLD);  // (d) unit 0 took its inbox
     win.poll(h);
-    EXPECT_EQ(h[0].header(1, sync::kInAck), 5);
-    EXPECT_EQ(h[1].header(1, sync::kInAck), 0);
+    EXPECT_EQ(h[0].header(1, protocol::kInAck), 5);
+    EXPECT_EQ(h[1].header(1, protocol::kInAck), 0);
     MPI_Barrier(MPI_COMM_WORLD);
     win.close();
   } else {
     comm::MpiExposedMemory memory(MPI_COMM_WORLD, f.windows.bytes());
-    sync::LearnerWindow win(memory, f.windows);
+    protocol::LearnerWindow win(memory, f.windows);
     EXPECT_TRUE(win.outbox_free(1));
     EXPECT_EQ(win.publish(1, pattern(n1, 10.0f * (f.unit + 1)), {7 + f.unit, 700 + f.unit, 9, 0}), 1);
     MPI_Barrier(MPI_COMM_WORLD);  // (a)
@@ -84,10 +84,10 @@ TEST(SyncWindow, PublishFetchAckDeliverTake) {
       std::vector<float> got(n1);
       EXPECT_TRUE(win.take_inbox(1, got));
       EXPECT_EQ(got, pattern(n1, -1.0f));
-      EXPECT_EQ(win.control(sync::kStop), 0);
+      EXPECT_EQ(win.control(protocol::kStop), 0);
     } else {
       EXPECT_EQ(win.inbox_version(1), 0);
-      EXPECT_EQ(win.control(sync::kStop), 1);
+      EXPECT_EQ(win.control(protocol::kStop), 1);
     }
     MPI_Barrier(MPI_COMM_WORLD);  // (d)
     MPI_Barrier(MPI_COMM_WORLD);
@@ -100,12 +100,12 @@ TEST(SyncWindow, OutboxRefusesAnUnreadSnapshot) {
   const size_t n0 = f.windows.numel(0);
   if (f.syncer) {
     comm::MpiRemoteMemory memory(MPI_COMM_WORLD, 2);
-    sync::SyncerWindow win(memory, f.windows);
+    protocol::SyncerWindow win(memory, f.windows);
     MPI_Barrier(MPI_COMM_WORLD);
     win.close();
   } else {
     comm::MpiExposedMemory memory(MPI_COMM_WORLD, f.windows.bytes());
-    sync::LearnerWindow win(memory, f.windows);
+    protocol::LearnerWindow win(memory, f.windows);
     win.publish(0, pattern(n0, 1.0f), {1, 1, 1, 0});
     EXPECT_FALSE(win.outbox_free(0));
     EXPECT_THROW(win.publish(0, pattern(n0, 2.0f), {1, 1, 1, 0}), Error);
@@ -123,8 +123,8 @@ TEST(SyncWindow, FastLearnerNeverTearsASnapshot) {
   constexpr int kRounds = 40;
   if (f.syncer) {
     comm::MpiRemoteMemory memory(MPI_COMM_WORLD, 2);
-    sync::SyncerWindow win(memory, f.windows);
-    std::vector<sync::UnitHeaders> h;
+    protocol::SyncerWindow win(memory, f.windows);
+    std::vector<protocol::UnitHeaders> h;
     std::vector<int64_t> consumed(2, 0);
     std::vector<float> got(n0);
     mpi::Backoff backoff(200);
@@ -132,13 +132,13 @@ TEST(SyncWindow, FastLearnerNeverTearsASnapshot) {
       win.poll(h);
       bool any = false;
       for (int u = 0; u < 2; ++u) {
-        const int64_t seq = h[u].header(0, sync::kOutSeq);
+        const int64_t seq = h[u].header(0, protocol::kOutSeq);
         if (seq <= consumed[u]) continue;
         const int64_t after = win.fetch(u, 0, h[u], got).seq_after;
         // Slow reader: give the learner every chance to interfere.
         std::this_thread::sleep_for(std::chrono::microseconds(300));
         ASSERT_EQ(after, seq) << "sequence changed during the read";
-        ASSERT_EQ(checksum(got), static_cast<uint64_t>(h[u].header(0, sync::kOutChecksum)));
+        ASSERT_EQ(checksum(got), static_cast<uint64_t>(h[u].header(0, protocol::kOutChecksum)));
         ASSERT_EQ(seq, consumed[u] + 1) << "a snapshot was overwritten before it was read";
         ASSERT_EQ(got[0], static_cast<float>(seq));  // content matches its sequence number
         win.ack(u, 0, seq);
@@ -151,7 +151,7 @@ TEST(SyncWindow, FastLearnerNeverTearsASnapshot) {
     win.close();
   } else {
     comm::MpiExposedMemory memory(MPI_COMM_WORLD, f.windows.bytes());
-    sync::LearnerWindow win(memory, f.windows);
+    protocol::LearnerWindow win(memory, f.windows);
     int64_t published = 0, refused = 0;
     mpi::Backoff backoff(100);
     while (published < kRounds) {

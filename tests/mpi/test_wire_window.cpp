@@ -22,8 +22,8 @@ constexpr size_t kBlock = 16;
 
 struct Fixture {
   ParameterLayout layout = ParameterLayout::gpt2(GptConfig{16, 4, 1, 2, 8});
-  FragmentPlan plan{layout, 1, 4};
-  sync::WindowLayout windows{plan, {.format = wire::Format::int4, .block = kBlock}};
+  protocol::FragmentPlan plan{layout, 1, 4};
+  protocol::WindowLayout windows{plan, {.format = wire::Format::int4, .block = kBlock}};
   size_t n = windows.numel(0);
   bool syncer = mpi::rank(MPI_COMM_WORLD) == 0;
 };
@@ -57,22 +57,22 @@ TEST(WireWindow, DeliveredRoundingNeverAccumulates) {
   constexpr int kVersions = 12;
   if (f.syncer) {
     comm::MpiRemoteMemory memory(MPI_COMM_WORLD, 1);
-    sync::SyncerWindow win(memory, f.windows);
+    protocol::SyncerWindow win(memory, f.windows);
     win.set_reference(0, 0, 0, theta_at(0, f.n));
-    std::vector<sync::UnitHeaders> h;
+    std::vector<protocol::UnitHeaders> h;
     for (int v = 1; v <= kVersions; ++v) {
       EXPECT_EQ(win.delivery_bytes(0, 0), f.windows.wire_bytes(0));
       EXPECT_EQ(win.deliver(0, 0, v, theta_at(v, f.n)), f.windows.wire_bytes(0));
       MPI_Barrier(MPI_COMM_WORLD);  // delivered
       MPI_Barrier(MPI_COMM_WORLD);  // taken
       win.poll(h);
-      EXPECT_EQ(h[0].header(0, sync::kInAck), v);
+      EXPECT_EQ(h[0].header(0, protocol::kInAck), v);
     }
     MPI_Barrier(MPI_COMM_WORLD);
     win.close();
   } else {
     comm::MpiExposedMemory memory(MPI_COMM_WORLD, f.windows.bytes());
-    sync::LearnerWindow win(memory, f.windows);
+    protocol::LearnerWindow win(memory, f.windows);
     win.set_reference(0, 0, theta_at(0, f.n));
     std::vector<float> got(f.n);
     double worst = 0;
@@ -99,15 +99,15 @@ TEST(WireWindow, SnapshotsCarryErrorFeedbackAndNameTheirReference) {
   const std::vector<float> ref = theta_at(0, f.n);
   if (f.syncer) {
     comm::MpiRemoteMemory memory(MPI_COMM_WORLD, 1);
-    sync::SyncerWindow win(memory, f.windows);
+    protocol::SyncerWindow win(memory, f.windows);
     win.set_reference(0, 0, 0, ref);
-    std::vector<sync::UnitHeaders> h;
+    std::vector<protocol::UnitHeaders> h;
     std::vector<float> got(f.n), sum_sent(f.n, 0.0f), sum_got(f.n, 0.0f);
     double worst_single = 0;
     for (int k = 1; k <= kSnapshots; ++k) {
       MPI_Barrier(MPI_COMM_WORLD);  // published
       win.poll(h);
-      EXPECT_EQ(h[0].header(0, sync::kOutRef), 0);
+      EXPECT_EQ(h[0].header(0, protocol::kOutRef), 0);
       const auto fetched = win.fetch(0, 0, h[0], got);
       EXPECT_EQ(fetched.problem, "");
       EXPECT_EQ(fetched.wire_bytes, f.windows.wire_bytes(0));
@@ -135,14 +135,14 @@ TEST(WireWindow, SnapshotsCarryErrorFeedbackAndNameTheirReference) {
     MPI_Barrier(MPI_COMM_WORLD);
     win.poll(h);
     fetched = win.fetch(0, 0, h[0], got);
-    EXPECT_EQ(h[0].header(0, sync::kOutRef), -1);
+    EXPECT_EQ(h[0].header(0, protocol::kOutRef), -1);
     EXPECT_EQ(fetched.wire_bytes, f.n * sizeof(float));
     EXPECT_TRUE(std::isnan(got[3]));
     MPI_Barrier(MPI_COMM_WORLD);
     win.close();
   } else {
     comm::MpiExposedMemory memory(MPI_COMM_WORLD, f.windows.bytes());
-    sync::LearnerWindow win(memory, f.windows);
+    protocol::LearnerWindow win(memory, f.windows);
     win.set_reference(0, 0, ref);
     std::vector<float> theta(f.n);
     for (int k = 1; k <= kSnapshots; ++k) {

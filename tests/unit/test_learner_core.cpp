@@ -11,12 +11,12 @@
 #include "ddiloco/model.hpp"
 #include "ddiloco/sync_window.hpp"
 #include "local_link.hpp"
-#include "sync/learner_core.hpp"
+#include "learner/learner_core.hpp"
 
-namespace ddiloco {
+namespace ddiloco::learner {
 namespace {
 
-using sync::Control;
+using protocol::Control;
 
 OuterPlan decoupled(int fragments, int h, int overlap, int64_t warmup = 0) {
   OuterPlan p;
@@ -51,12 +51,12 @@ LearnerCore::Settings settings() {
 struct Rig {
   ParameterLayout layout = ParameterLayout::gpt2(GptConfig{16, 4, 1, 2, 8});
   OuterPlan plan;
-  FragmentPlan fragments;
-  sync::WindowLayout windows{fragments, wire::Codec{}};
+  protocol::FragmentPlan fragments;
+  protocol::WindowLayout windows{fragments, wire::Codec{}};
   test::LocalRemote remote{1};
   test::LocalExposed memory{windows.bytes()};
-  sync::LearnerWindow window{memory, windows};
-  sync::SyncerWindow syncer{remote, windows};
+  protocol::LearnerWindow window{memory, windows};
+  protocol::SyncerWindow syncer{remote, windows};
   double now = 0, tick = 0;  // job time; how far each reading moves it
   std::vector<nlohmann::json> events;
   std::optional<double> reconnect;  // the link's next answer: a restarted syncer admitted us
@@ -84,7 +84,7 @@ struct Rig {
     syncer.deliver(0, p, version, std::vector<float>(numel(p), value));
   }
   void read_outbox(int p) {
-    std::vector<sync::UnitHeaders> h;
+    std::vector<protocol::UnitHeaders> h;
     syncer.poll(h, true);
     std::vector<float> got(numel(p));
     const auto f = syncer.fetch(0, p, h[0], got);
@@ -157,7 +157,7 @@ TEST(LearnerCore, APublishWaitsForTheSyncerToReadThePreviousOne) {
   EXPECT_FALSE(r.core.claim_outbox(0, 4, b)) << "overwrote an unread snapshot";
   EXPECT_EQ(b.sent[0], 0);
   EXPECT_EQ(r.core.publishes_skipped(), 1);
-  EXPECT_EQ(r.word(sync::kPublishSkipped), 1);
+  EXPECT_EQ(r.word(protocol::kPublishSkipped), 1);
   r.read_outbox(0);
   Actions c(1);
   const auto meta = r.core.claim_outbox(0, 6, c);
@@ -189,12 +189,12 @@ TEST(LearnerCore, SynchronousModesWaitForTheMergeOfTheirOwnSnapshot) {
   Actions a(1);
   r.publish(0, 2, a);
   Later syncer(50, [&] { r.deliver(0, 1, 0.5f); });
-  const int64_t beats = r.word(sync::kHeartbeat);
+  const int64_t beats = r.word(protocol::kHeartbeat);
   Actions now(1);
   EXPECT_FALSE(r.core.take_merges(2, now));
   ASSERT_EQ(now.apply.size(), 1u) << "went on without the merge";
   EXPECT_EQ(now.apply[0].second, 1);
-  EXPECT_GT(r.word(sync::kHeartbeat), beats) << "no heartbeat while waiting";
+  EXPECT_GT(r.word(protocol::kHeartbeat), beats) << "no heartbeat while waiting";
 }
 
 TEST(LearnerCore, AWaitEndsOnAStopOrOnACrashThatComesDue) {
@@ -202,7 +202,7 @@ TEST(LearnerCore, AWaitEndsOnAStopOrOnACrashThatComesDue) {
     Rig r(diloco(2));
     Actions a(1);
     r.publish(0, 2, a);
-    Later stop(30, [&] { r.set(sync::kStop, 1); });
+    Later stop(30, [&] { r.set(protocol::kStop, 1); });
     Actions now(1);
     EXPECT_FALSE(r.core.take_merges(2, now));
     EXPECT_TRUE(now.apply.empty());
@@ -241,14 +241,14 @@ TEST(LearnerCore, StopsOnTheSyncersWordTheStepLimitOrDilocosNamedRound) {
   Actions none(1);
   EXPECT_FALSE(r.core.decide_stop(none, 10, false));
   EXPECT_TRUE(r.core.decide_stop(none, 1000, false)) << "train.steps";
-  r.set(sync::kStopAfterVersion, 2);
+  r.set(protocol::kStopAfterVersion, 2);
   Actions round1(1), round2(1);
   round1.apply.emplace_back(0, 1);
   round2.apply.emplace_back(0, 2);
   EXPECT_FALSE(r.core.decide_stop(round1, 10, false));
   EXPECT_TRUE(r.core.decide_stop(round2, 10, false)) << "every unit ends on the named round";
   Rig s(decoupled(1, 2, 1));
-  s.set(sync::kStop, 1);
+  s.set(protocol::kStop, 1);
   EXPECT_TRUE(s.core.decide_stop(none, 10, false));
 }
 
@@ -257,15 +257,15 @@ TEST(LearnerCore, CheckpointsAreWrittenWhenAskedAndAtAStop) {
   set.checkpoint_at_stop = true;
   Rig r(decoupled(1, 2, 1), set);
   EXPECT_EQ(r.core.decide_checkpoint(false), 0);
-  r.set(sync::kCheckpointWant, 3);
+  r.set(protocol::kCheckpointWant, 3);
   EXPECT_EQ(r.core.decide_checkpoint(false), 3);
   r.core.checkpoint_written(3, true);
-  EXPECT_EQ(r.word(sync::kCheckpointDone), 3);
+  EXPECT_EQ(r.word(protocol::kCheckpointDone), 3);
   EXPECT_EQ(r.core.decide_checkpoint(false), 0) << "written once";
-  r.set(sync::kCheckpointNext, 7);
+  r.set(protocol::kCheckpointNext, 7);
   EXPECT_EQ(r.core.decide_checkpoint(true), 7) << "at a stop: the next one the syncer completes";
   r.core.checkpoint_written(7, false);
-  EXPECT_EQ(r.word(sync::kCheckpointFailed), 7);
+  EXPECT_EQ(r.word(protocol::kCheckpointFailed), 7);
   EXPECT_EQ(r.core.next_checkpoint_id(), 8) << "a failed id is not tried again";
 }
 
@@ -285,14 +285,14 @@ TEST(LearnerCore, AChaosCrashLosesTheUnreadSnapshotsGoesSilentAndRejoinsFromThet
 
   // The syncer serves the rejoin: Θ raw into every inbox, then kRejoinServed.
   Later syncer(30, [&] {
-    while (r.word(sync::kRejoinRequest) < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    while (r.word(protocol::kRejoinRequest) < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     for (int p = 0; p < 2; ++p) r.syncer.deliver(0, p, 4 + p, std::vector<float>(r.numel(p), 0.125f), true);
-    r.set(sync::kRejoinServed, 1);
+    r.set(protocol::kRejoinServed, 1);
   });
   r.tick = 0.5;  // the down time passes in a few readings of the clock
-  const int64_t beats = r.word(sync::kHeartbeat);
+  const int64_t beats = r.word(protocol::kHeartbeat);
   ASSERT_TRUE(r.core.go_down(crash, 3, false));
-  EXPECT_EQ(r.word(sync::kHeartbeat), beats) << "a unit that is down must not beat";
+  EXPECT_EQ(r.word(protocol::kHeartbeat), beats) << "a unit that is down must not beat";
   EXPECT_TRUE(r.logged("crash"));
   std::vector<int64_t> words(3, 0);
   r.core.fetch_theta(words);
@@ -328,16 +328,16 @@ TEST(LearnerCore, ARestartedSyncerGetsOurThetaAndDecoupledTrainsOn) {
   r.core.decide_crash(a, 3, false, false, 1.0, 1.0);
   EXPECT_FALSE(a.crash) << "decoupled with τ ≥ 1 keeps its steps";
   EXPECT_TRUE(r.logged("syncer_back"));
-  EXPECT_EQ(r.word(sync::kOfferFor), 1);
+  EXPECT_EQ(r.word(protocol::kOfferFor), 1);
   // The offer: our newest Θ_0 (version 3) in the held inbox, raw.
-  std::vector<sync::UnitHeaders> h;
+  std::vector<protocol::UnitHeaders> h;
   r.syncer.poll(h, true);
-  EXPECT_EQ(h[0].header(0, sync::kInVersion), 3);
+  EXPECT_EQ(h[0].header(0, protocol::kInVersion), 3);
   std::vector<float> got(r.numel(0));
   EXPECT_EQ(r.syncer.fetch_offer(0, 0, h[0], got), "");
   EXPECT_EQ(got[0], 0.5f);
   // Taken: our inboxes are ours again, and the next merge comes in as usual.
-  r.set(sync::kOfferTaken, 1);
+  r.set(protocol::kOfferTaken, 1);
   Actions settle(2);
   r.core.take_merges(3, settle);
   r.deliver(0, 4, 0.75f);
@@ -358,7 +358,7 @@ TEST(LearnerCore, ARestartedSyncerMakesAWaitingModeStartOverKeepingItsMemory) {
   Actions b(1);
   d.core.decide_crash(b, 3, false, false, 1.0, 1.0);
   EXPECT_FALSE(b.crash);
-  d.set(sync::kStartOver, 1);  // the syncer refused our copy
+  d.set(protocol::kStartOver, 1);  // the syncer refused our copy
   Actions c(1);
   d.core.decide_crash(c, 4, false, false, 1.0, 1.0);
   EXPECT_TRUE(c.crash);
@@ -371,18 +371,18 @@ TEST(LearnerCore, AUnitAloneStopsAtTheBudgetItEstimatesUntilASyncerSaysStop) {
   s.token_budget = 1000;
   Rig r(decoupled(1, 2, 1), s);
   r.present = false;  // the isolated deployment, no syncer
-  r.set(sync::kJobTokens, 800);
+  r.set(protocol::kJobTokens, 800);
   r.core.wait_if_budget_spent_alone(10);  // estimate 800
   r.core.wait_if_budget_spent_alone(11);  // 900
   EXPECT_FALSE(r.logged("budget_spent_alone"));
-  const int64_t beats = r.word(sync::kHeartbeat);
-  Later stop(50, [&] { r.set(sync::kStop, 1); });
+  const int64_t beats = r.word(protocol::kHeartbeat);
+  Later stop(50, [&] { r.set(protocol::kStop, 1); });
   r.core.wait_if_budget_spent_alone(12);  // 1000: waits
   EXPECT_TRUE(r.logged("budget_spent_alone"));
-  EXPECT_GT(r.word(sync::kHeartbeat), beats) << "waiting alone must beat";
+  EXPECT_GT(r.word(protocol::kHeartbeat), beats) << "waiting alone must beat";
 
   Rig with(decoupled(1, 2, 1), s);  // a syncer is there: it counts the tokens
-  with.set(sync::kJobTokens, 5000);
+  with.set(protocol::kJobTokens, 5000);
   with.core.wait_if_budget_spent_alone(10);
   EXPECT_FALSE(with.logged("budget_spent_alone"));
 }
@@ -390,10 +390,10 @@ TEST(LearnerCore, AUnitAloneStopsAtTheBudgetItEstimatesUntilASyncerSaysStop) {
 TEST(LearnerCore, ProgressAndTheLrScheduleOnTheJobClock) {
   Rig r(decoupled(1, 2, 1));
   r.core.report_progress(7, 700, 0.25);
-  EXPECT_EQ(r.word(sync::kStepsDone), 7);
-  EXPECT_EQ(r.word(sync::kTokensDone), 700);
-  EXPECT_EQ(r.word(sync::kStepTimeNs), 250'000'000);
-  r.set(sync::kJobTokens, 1234);
+  EXPECT_EQ(r.word(protocol::kStepsDone), 7);
+  EXPECT_EQ(r.word(protocol::kTokensDone), 700);
+  EXPECT_EQ(r.word(protocol::kStepTimeNs), 250'000'000);
+  r.set(protocol::kJobTokens, 1234);
   EXPECT_EQ(r.core.schedule_step(), 12);
 }
 
@@ -420,4 +420,4 @@ TEST(LearnerCore, ActionsCrossTheUnitAsWords) {
 }
 
 }  // namespace
-}  // namespace ddiloco
+}  // namespace ddiloco::learner

@@ -18,12 +18,12 @@ Config job() {
   return c;
 }
 
-sync::Hello hello_for(const Config& c, int unit) {
-  sync::Hello h;
+protocol::Hello hello_for(const Config& c, int unit) {
+  protocol::Hello h;
   h.unit = unit;
   h.ranks = c.unit_ranks(unit);
   h.model = c.model;
-  h.config_digest = sync::config_digest(c);
+  h.config_digest = protocol::config_digest(c);
   h.run_id = "run-a";
   h.secret = "s3cret";
   h.host = "node7";
@@ -34,13 +34,13 @@ sync::Hello hello_for(const Config& c, int unit) {
 
 TEST(Membership, AdmitsAMatchingUnit) {
   const Config c = job();
-  sync::Membership m(c, "run-a", "s3cret", 1000);
+  protocol::Membership m(c, "run-a", "s3cret", 1000);
   EXPECT_EQ(m.judge(hello_for(c, 1)), "");
 }
 
 TEST(Membership, RefusesWithBothSidesValues) {
   const Config c = job();
-  sync::Membership m(c, "run-a", "s3cret", 1000);
+  protocol::Membership m(c, "run-a", "s3cret", 1000);
   auto h = hello_for(c, 1);
   h.secret = "";
   EXPECT_NE(m.judge(h).find("secret"), std::string::npos);
@@ -69,7 +69,7 @@ TEST(Membership, RefusesWithBothSidesValues) {
 
 TEST(Membership, ASecondLiveProcessOfAUnitIsRefused) {
   const Config c = job();
-  sync::Membership m(c, "run-a", "s3cret", 1000);
+  protocol::Membership m(c, "run-a", "s3cret", 1000);
   m.joined(hello_for(c, 2), 1.0);
   auto second = hello_for(c, 2);
   second.pid = 99;
@@ -82,7 +82,7 @@ TEST(Membership, ASecondLiveProcessOfAUnitIsRefused) {
 
 TEST(Membership, HealTimeRunsFromTheLossToTheFirstMergeAfterTheRejoin) {
   const Config c = job();
-  sync::Membership m(c, "run-a", "s3cret", 1000);
+  protocol::Membership m(c, "run-a", "s3cret", 1000);
   m.joined(hello_for(c, 0), 0.0);
   EXPECT_FALSE(m.merged(0, 5.0));  // a first start heals nothing
   m.lost(0, 10.0, "killed");
@@ -103,62 +103,62 @@ TEST(Membership, ConfigDigestIgnoresPerProcessKeysOnly) {
   b.run.threads = 7;
   b.run.progress = false;
   b.syncer.address = "10.0.0.1:5000";
-  EXPECT_EQ(sync::config_digest(a), sync::config_digest(b));
+  EXPECT_EQ(protocol::config_digest(a), protocol::config_digest(b));
   b.outer.h = a.outer.h + 1;
-  EXPECT_NE(sync::config_digest(a), sync::config_digest(b));
-  EXPECT_EQ(sync::config_digest(a).size(), 16u);
+  EXPECT_NE(protocol::config_digest(a), protocol::config_digest(b));
+  EXPECT_EQ(protocol::config_digest(a).size(), 16u);
 }
 
 TEST(Membership, HelloRoundTripsAndNamesAMissingField) {
   const Config c = job();
   const auto h = hello_for(c, 1);
-  const auto back = sync::Hello::from_json(h.to_json(), "test");
+  const auto back = protocol::Hello::from_json(h.to_json(), "test");
   EXPECT_EQ(back.to_json(), h.to_json());
   auto j = h.to_json();
   j.erase("secret");
   try {
-    sync::Hello::from_json(j, "handshake from 127.0.0.1:9");
+    protocol::Hello::from_json(j, "handshake from 127.0.0.1:9");
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "handshake from 127.0.0.1:9: handshake field 'secret' is missing");
   }
   j = h.to_json();
   j["unit"] = "one";
-  EXPECT_THROW(sync::Hello::from_json(j, "x"), Error);
+  EXPECT_THROW(protocol::Hello::from_json(j, "x"), Error);
 }
 
 TEST(Membership, EndpointParsing) {
-  const auto e = sync::Endpoint::parse("127.0.0.1:0", "syncer.listen");
+  const auto e = protocol::Endpoint::parse("127.0.0.1:0", "syncer.listen");
   EXPECT_EQ(e.ip, "127.0.0.1");
   EXPECT_EQ(e.port, 0);
-  EXPECT_EQ(sync::Endpoint::parse("169.254.100.1:65535", "x").port, 65535);
+  EXPECT_EQ(protocol::Endpoint::parse("169.254.100.1:65535", "x").port, 65535);
   for (const char* bad : {"", "127.0.0.1", ":80", "127.0.0.1:", "127.0.0.1:70000", "1.2.3:4",
                           "1.2.3.4.5:6", "256.0.0.1:1", "localhost:80", "1.2.3.4:8x"})
-    EXPECT_THROW(sync::Endpoint::parse(bad, "syncer.listen"), Error) << bad;
+    EXPECT_THROW(protocol::Endpoint::parse(bad, "syncer.listen"), Error) << bad;
 }
 
 TEST(Membership, RendezvousIsWrittenAtomicallyWithAPrivateSecret) {
   test::TempDir dir;
-  EXPECT_FALSE(sync::Rendezvous::read(dir.path()));
-  sync::Rendezvous r;
+  EXPECT_FALSE(protocol::Rendezvous::read(dir.path()));
+  protocol::Rendezvous r;
   r.address = "127.0.0.1:4567";
-  r.run_id = sync::Rendezvous::random_token();
-  r.secret = sync::Rendezvous::random_token();
+  r.run_id = protocol::Rendezvous::random_token();
+  r.secret = protocol::Rendezvous::random_token();
   r.pid = 12;
   r.host = "h";
   EXPECT_EQ(r.run_id.size(), 32u);
   EXPECT_NE(r.run_id, r.secret);
   r.write(dir.path());
   struct stat st {};
-  ASSERT_EQ(::stat(sync::Rendezvous::secret_file(dir.path()).c_str(), &st), 0);
+  ASSERT_EQ(::stat(protocol::Rendezvous::secret_file(dir.path()).c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
-  const auto back = sync::Rendezvous::read(dir.path());
+  const auto back = protocol::Rendezvous::read(dir.path());
   ASSERT_TRUE(back);
   EXPECT_EQ(back->address, r.address);
   EXPECT_EQ(back->run_id, r.run_id);
   EXPECT_EQ(back->secret, r.secret);
-  test::write_bytes(sync::Rendezvous::addr_file(dir.path()), "{\"address\": 5}");
-  EXPECT_THROW(sync::Rendezvous::read(dir.path()), Error);
+  test::write_bytes(protocol::Rendezvous::addr_file(dir.path()), "{\"address\": 5}");
+  EXPECT_THROW(protocol::Rendezvous::read(dir.path()), Error);
 }
 
 }  // namespace

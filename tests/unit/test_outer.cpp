@@ -10,7 +10,7 @@
 #include "ddiloco/grace.hpp"
 #include "ddiloco/merge.hpp"
 
-namespace ddiloco {
+namespace ddiloco::syncer {
 namespace {
 
 TEST(Fragments, GreedyBinPackingLargestFirstIntoSmallest) {
@@ -18,7 +18,7 @@ TEST(Fragments, GreedyBinPackingLargestFirstIntoSmallest) {
   // wte 16, wpe 8, ln_1.w 2, ln_1.b 2, c_attn.w 12, c_attn.b 6, attn.c_proj.w 4, .b 2,
   // ln_2.w 2, ln_2.b 2, c_fc.w 16, c_fc.b 8, mlp.c_proj.w 16, .b 2, ln_f.w 2, ln_f.b 2.
   const ParameterLayout layout = ParameterLayout::gpt2(GptConfig{8, 4, 1, 1, 2});
-  const FragmentPlan plan(layout, 3, 6);
+  const protocol::FragmentPlan plan(layout, 3, 6);
   // Hand trace (sizes after each placement; ties go to the lowest fragment):
   //   wte 16→F0 16 | c_fc.w 16→F1 16 | mlp.c_proj.w 16→F2 16 | c_attn.w 12→F0 28 |
   //   wpe 8→F1 24 | c_fc.b 8→F2 24 | c_attn.b 6→F1 30 | attn.c_proj.w 4→F2 28 |
@@ -36,14 +36,14 @@ TEST(Fragments, GreedyBinPackingLargestFirstIntoSmallest) {
   for (const auto& f : plan.fragments())
     for (int t : f.tensors) ++seen[t];
   for (int c : seen) EXPECT_EQ(c, 1);
-  EXPECT_THROW(FragmentPlan(layout, 0, 6), Error);
-  EXPECT_THROW(FragmentPlan(layout, 17, 6), Error);
-  EXPECT_THROW(FragmentPlan(layout, 2, 0), Error);
+  EXPECT_THROW(protocol::FragmentPlan(layout, 0, 6), Error);
+  EXPECT_THROW(protocol::FragmentPlan(layout, 17, 6), Error);
+  EXPECT_THROW(protocol::FragmentPlan(layout, 2, 0), Error);
 }
 
 TEST(Fragments, StaggeredScheduleOffsets) {
   const ParameterLayout layout = ParameterLayout::gpt2(GptConfig{8, 4, 1, 1, 2});
-  const FragmentPlan plan(layout, 4, 8);  // offsets ⌊p·8/4⌋ = 0, 2, 4, 6
+  const protocol::FragmentPlan plan(layout, 4, 8);  // offsets ⌊p·8/4⌋ = 0, 2, 4, 6
   std::vector<int> offsets;
   for (const auto& f : plan.fragments()) offsets.push_back(f.offset);
   EXPECT_EQ(offsets, (std::vector<int>{0, 2, 4, 6}));
@@ -55,10 +55,10 @@ TEST(Fragments, StaggeredScheduleOffsets) {
   EXPECT_EQ(due[1], (std::vector<int64_t>{10, 18}));
   EXPECT_EQ(due[3], (std::vector<int64_t>{14, 22}));
   // P = H: one fragment due at every step once the first round is over.
-  const FragmentPlan every(layout, 4, 4);
+  const protocol::FragmentPlan every(layout, 4, 4);
   for (int64_t t = 4; t <= 12; ++t) EXPECT_EQ(every.due_after(t).size(), 1u) << t;
   // P = 1 is plain DiLoCo.
-  const FragmentPlan diloco(layout, 1, 5);
+  const protocol::FragmentPlan diloco(layout, 1, 5);
   for (int64_t t = 1; t <= 15; ++t) EXPECT_EQ(diloco.due(0, t), t % 5 == 0) << t;
 }
 
@@ -66,7 +66,7 @@ TEST(Fragments, WarmUpSynchronisesEveryStepThenTheScheduleStartsOver) {
   const ParameterLayout layout = ParameterLayout::gpt2(GptConfig{8, 4, 1, 1, 2});
   // P = 2, H = 4 (offsets 0, 2), a warm-up of W = 3 steps: both fragments after steps 1, 2, 3,
   // then the schedule on t − 3: fragment 0 at 3 + 4k (7, 11), fragment 1 at 3 + 2 + 4k (9, 13).
-  const FragmentPlan plan(layout, 2, 4, 3);
+  const protocol::FragmentPlan plan(layout, 2, 4, 3);
   std::vector<std::vector<int64_t>> due(2);
   for (int64_t t = 1; t <= 13; ++t) {
     EXPECT_EQ(plan.warm(t), t <= 3) << t;
@@ -80,15 +80,15 @@ TEST(Fragments, WarmUpSynchronisesEveryStepThenTheScheduleStartsOver) {
     for (size_t k = 1; k <= due[p].size(); ++k) EXPECT_EQ(plan.step_of_sync(p, k), due[p][k - 1]) << p << " " << k;
   }
   // Without a warm-up: step_of_sync of plain DiLoCo is k·H.
-  const FragmentPlan diloco(layout, 1, 5);
+  const protocol::FragmentPlan diloco(layout, 1, 5);
   EXPECT_EQ(diloco.step_of_sync(0, 3), 15);
   EXPECT_FALSE(diloco.warm(1));
-  EXPECT_THROW(FragmentPlan(layout, 2, 4, -1), Error);
+  EXPECT_THROW(protocol::FragmentPlan(layout, 2, 4, -1), Error);
 }
 
 TEST(Fragments, PackUnpackRoundTrip) {
   const ParameterLayout layout = ParameterLayout::gpt2(GptConfig{8, 4, 1, 1, 2});
-  const FragmentPlan plan(layout, 3, 6);
+  const protocol::FragmentPlan plan(layout, 3, 6);
   std::vector<float> flat(layout.size()), back(layout.size(), -1.0f);
   std::iota(flat.begin(), flat.end(), 0.0f);
   for (int p = 0; p < 3; ++p) {
@@ -151,7 +151,7 @@ TEST(Merge, OuterNesterovByHand) {
   // One tensor fragment (ln_f.bias of a tiny model is not embedding → RDA path; use mean rule
   // to get exact numbers), η = 0.5, μ = 0.9.
   const ParameterLayout layout = ParameterLayout::gpt2(GptConfig{2, 1, 1, 1, 1});
-  const FragmentPlan plan(layout, 1, 1);
+  const protocol::FragmentPlan plan(layout, 1, 1);
   OuterOptimizer outer(plan, 0.5, 0.9, MergeRule::mean);
   const size_t n = plan.fragments()[0].numel;
   std::vector<float> theta(n, 1.0f), unit(n, 0.0f);  // Δ = Θ − θ_unit = 1
@@ -192,7 +192,7 @@ TEST(Merge, AnchoredAtTheBaseVersionMeasuresOnlyTheUnitsProgress) {
 
 TEST(Merge, ShareScaledNesterovByHand) {
   const ParameterLayout layout = ParameterLayout::gpt2(GptConfig{2, 1, 1, 1, 1});
-  const FragmentPlan plan(layout, 1, 1);
+  const protocol::FragmentPlan plan(layout, 1, 1);
   const size_t n = plan.fragments()[0].numel;
   {
     // η = 0.5, μ = 0.81, share 0.5, Δ = 1: v = 0.5; Θ = 1 − 0.25·(1 + 0.81·0.5) = 0.64875.
@@ -229,7 +229,7 @@ TEST(Merge, ShareScaledNesterovByHand) {
 
 TEST(Merge, AWarmUpMergeIsAPlainAverageAndLeavesTheMomentumAlone) {
   const ParameterLayout layout = ParameterLayout::gpt2(GptConfig{2, 1, 1, 1, 1});
-  const FragmentPlan plan(layout, 1, 1);
+  const protocol::FragmentPlan plan(layout, 1, 1);
   const size_t n = plan.fragments()[0].numel;
   OuterOptimizer outer(plan, 0.5, 0.9, MergeRule::mean);
   std::vector<float> theta(n, 1.0f), unit(n, 0.0f);
@@ -249,7 +249,7 @@ TEST(Merge, AWarmUpMergeIsAPlainAverageAndLeavesTheMomentumAlone) {
 
 TEST(Merge, SingleUnitWithUnitLrAndNoMomentumReturnsItsParametersExactly) {
   const ParameterLayout layout = ParameterLayout::gpt2(GptConfig{16, 4, 1, 2, 4});
-  const FragmentPlan plan(layout, 1, 1);
+  const protocol::FragmentPlan plan(layout, 1, 1);
   for (MergeRule rule : {MergeRule::rda, MergeRule::mean}) {
     OuterOptimizer outer(plan, 1.0, 0.0, rule);
     const size_t n = plan.fragments()[0].numel;
@@ -281,4 +281,4 @@ TEST(Grace, WindowFormulaAndClamp) {
 }
 
 }  // namespace
-}  // namespace ddiloco
+}  // namespace ddiloco::syncer

@@ -7,7 +7,7 @@
 #include "ddiloco/error.hpp"
 #include "ddiloco/recovery.hpp"
 
-namespace ddiloco::sync {
+namespace ddiloco::syncer {
 namespace {
 
 Offer copy(int unit, int64_t version, std::vector<float> values) { return Offer{unit, version, std::move(values)}; }
@@ -112,4 +112,4 @@ TEST(Recovery, AQuorumAboveTheUnitsIsAllOfThem) {
 }
 
 }  // namespace
-}  // namespace ddiloco::sync
+}  // namespace ddiloco::syncer

@@ -17,7 +17,7 @@
 #include "ddiloco/wan.hpp"
 #include "local_link.hpp"
 
-namespace ddiloco {
+namespace ddiloco::syncer {
 namespace {
 
 using nlohmann::json;
@@ -43,16 +43,16 @@ struct Harness {
   Config config;
   OuterPlan plan;
   ParameterLayout parameters;
-  FragmentPlan fragments;
-  sync::WindowLayout layout;
+  protocol::FragmentPlan fragments;
+  protocol::WindowLayout layout;
   test::LocalRemote remote;
   std::vector<std::unique_ptr<test::LocalExposed>> memory;
-  std::vector<std::unique_ptr<sync::LearnerWindow>> learners;
-  sync::SyncerWindow window;
-  sync::UnitLinks links;
+  std::vector<std::unique_ptr<protocol::LearnerWindow>> learners;
+  protocol::SyncerWindow window;
+  syncer::UnitLinks links;
   double clock = 0;
   std::vector<json> events;
-  sync::SyncerCore core;
+  syncer::SyncerCore core;
 
   explicit Harness(const Config& c)
       : config(c),
@@ -77,10 +77,10 @@ struct Harness {
     learners[u].reset();
     memory[u] = std::make_unique<test::LocalExposed>(layout.bytes());
     remote.attach(u, memory[u].get());
-    learners[u] = std::make_unique<sync::LearnerWindow>(*memory[u], layout);
-    learners[u]->set_control(sync::kState, sync::kRunning);
+    learners[u] = std::make_unique<protocol::LearnerWindow>(*memory[u], layout);
+    learners[u]->set_control(protocol::kState, protocol::kRunning);
   }
-  sync::LearnerWindow& unit(int u) { return *learners[u]; }
+  protocol::LearnerWindow& unit(int u) { return *learners[u]; }
 
   // One poll of the syncer's run loop, in its order.
   void tick() {
@@ -98,9 +98,9 @@ struct Harness {
     const std::vector<float> theta(layout.numel(p), value);
     unit(u).publish(p, theta, {c_steps, c_tok, c_steps, base});
   }
-  void beat(int u) { unit(u).set_control(sync::kHeartbeat, unit(u).control(sync::kHeartbeat) + 1); }
+  void beat(int u) { unit(u).set_control(protocol::kHeartbeat, unit(u).control(protocol::kHeartbeat) + 1); }
   void step_time(int u, double seconds) {
-    unit(u).set_control(sync::kStepTimeNs, static_cast<int64_t>(seconds * 1e9));
+    unit(u).set_control(protocol::kStepTimeNs, static_cast<int64_t>(seconds * 1e9));
   }
   std::vector<json> named(const std::string& name) const {
     std::vector<json> out;
@@ -398,16 +398,16 @@ TEST(SyncerCore, SynchronousRejoinCompletesThePendingRoundBeforeServingTheta) {
   h.publish(1, 0, 3.0f, 4, 400);
   h.tick();
   h.unit(1).lose_outboxes();
-  h.unit(1).set_control(sync::kRejoinRequest, 1);
+  h.unit(1).set_control(protocol::kRejoinRequest, 1);
   h.tick();
-  EXPECT_EQ(h.unit(1).control(sync::kRejoinServed), 0) << "served before its pending round merged";
+  EXPECT_EQ(h.unit(1).control(protocol::kRejoinServed), 0) << "served before its pending round merged";
   // Unit 0's snapshot completes the round; the rejoin is then served that round's Θ.
   h.publish(0, 0, 1.0f, 4, 400);
   h.tick();
   ASSERT_EQ(h.merges(0).size(), 1u);
   EXPECT_EQ(h.merges(0)[0]["units"], json({0, 1}));
   h.tick();
-  EXPECT_EQ(h.unit(1).control(sync::kRejoinServed), 1);
+  EXPECT_EQ(h.unit(1).control(protocol::kRejoinServed), 1);
   ASSERT_EQ(h.named("rejoin").size(), 1u);
   EXPECT_EQ(h.named("rejoin")[0]["versions"], json({1}));
   EXPECT_EQ(h.unit(1).inbox_version(0), 1);
@@ -418,9 +418,9 @@ TEST(SyncerCore, DecoupledRejoinIsServedAtOnce) {
   h.publish(1, 0, 3.0f, 4, 400);
   h.tick();
   h.unit(1).lose_outboxes();
-  h.unit(1).set_control(sync::kRejoinRequest, 1);
+  h.unit(1).set_control(protocol::kRejoinRequest, 1);
   h.tick();
-  EXPECT_EQ(h.unit(1).control(sync::kRejoinServed), 1);
+  EXPECT_EQ(h.unit(1).control(protocol::kRejoinServed), 1);
   EXPECT_EQ(h.named("rejoin")[0]["versions"], json({0, 0}));
   // Θ raw in every inbox: the unit takes it whatever it held.
   std::vector<float> got(h.layout.numel(1));
@@ -431,7 +431,7 @@ TEST(SyncerCore, DecoupledRejoinIsServedAtOnce) {
 TEST(SyncerCore, ALostUnitWeighsNothingAndItsNewProcessIsServedThetaAndMergedAgain) {
   Harness h(small_config(Mode::decoupled, 2, 2));
   h.core.set_isolated(true);
-  h.unit(0).set_control(sync::kTokensDone, 1000);
+  h.unit(0).set_control(protocol::kTokensDone, 1000);
   h.publish(0, 0, 9.0f, 4, 400);  // read, then the unit dies: dropped with it
   h.tick();
   h.remote.detach(0);
@@ -446,9 +446,9 @@ TEST(SyncerCore, ALostUnitWeighsNothingAndItsNewProcessIsServedThetaAndMergedAga
   h.attach(0);  // a new process: zeroed window, restart 1
   h.core.unit_connected(0);
   EXPECT_TRUE(h.core.unit_live(0));
-  h.unit(0).set_control(sync::kRejoinRequest, 1);
+  h.unit(0).set_control(protocol::kRejoinRequest, 1);
   h.tick();
-  EXPECT_EQ(h.unit(0).control(sync::kRejoinServed), 1);
+  EXPECT_EQ(h.unit(0).control(protocol::kRejoinServed), 1);
   EXPECT_EQ(h.unit(0).inbox_version(0), 1);
   std::vector<float> got(h.layout.numel(0));
   ASSERT_TRUE(h.unit(0).take_inbox(0, got));
@@ -660,24 +660,24 @@ TEST(SyncerCore, WordsForAUnitWithATransferOnItsWayWaitInOrderUntilWritten) {
   h.tick();
   ASSERT_TRUE(h.core.transfers_in_flight());
   h.remote.words_written.clear();
-  ASSERT_TRUE(h.window.set_control(1, sync::kCheckpointWant, 7));
+  ASSERT_TRUE(h.window.set_control(1, protocol::kCheckpointWant, 7));
   h.core.set_stopping();  // kStop to every unit
-  EXPECT_EQ(h.unit(1).control(sync::kCheckpointWant), 0) << "written behind a transfer on its way";
-  EXPECT_EQ(h.unit(1).control(sync::kStop), 0);
-  EXPECT_EQ(h.unit(0).control(sync::kStop), 1) << "a unit with no transfer waits for nothing";
+  EXPECT_EQ(h.unit(1).control(protocol::kCheckpointWant), 0) << "written behind a transfer on its way";
+  EXPECT_EQ(h.unit(1).control(protocol::kStop), 0);
+  EXPECT_EQ(h.unit(0).control(protocol::kStop), 1) << "a unit with no transfer waits for nothing";
   h.remote.hold(1, false);
   h.remote.stall(1, true);  // the lane ends unreachable, the words cannot be written yet
   h.tick();
-  EXPECT_EQ(h.unit(1).control(sync::kStop), 0);
+  EXPECT_EQ(h.unit(1).control(protocol::kStop), 0);
   h.remote.stall(1, false);
   h.tick();
-  EXPECT_EQ(h.unit(1).control(sync::kCheckpointWant), 7) << "a word that could not be written was dropped";
-  EXPECT_EQ(h.unit(1).control(sync::kStop), 1);
+  EXPECT_EQ(h.unit(1).control(protocol::kCheckpointWant), 7) << "a word that could not be written was dropped";
+  EXPECT_EQ(h.unit(1).control(protocol::kStop), 1);
   std::vector<size_t> order;
   for (const auto& [u, offset] : h.remote.words_written)
-    if (u == 1 && (offset == sync::kCheckpointWant * 8u || offset == sync::kStop * 8u)) order.push_back(offset);
+    if (u == 1 && (offset == protocol::kCheckpointWant * 8u || offset == protocol::kStop * 8u)) order.push_back(offset);
   ASSERT_GE(order.size(), 2u);
-  EXPECT_EQ(order[0], sync::kCheckpointWant * 8u) << "written out of the order issued";
+  EXPECT_EQ(order[0], protocol::kCheckpointWant * 8u) << "written out of the order issued";
 }
 
 TEST(SyncerCore, ATornReadWaitsForAFreshPollBeforeReadingAgain) {
@@ -687,7 +687,7 @@ TEST(SyncerCore, ATornReadWaitsForAFreshPollBeforeReadingAgain) {
   h.remote.hold(0, true);
   h.publish(0, 0, 1.0f, 4, 400);
   h.tick();
-  auto& seq = *reinterpret_cast<int64_t*>(h.memory[0]->base() + h.layout.header_offset(0) + sync::kOutSeq * 8);
+  auto& seq = *reinterpret_cast<int64_t*>(h.memory[0]->base() + h.layout.header_offset(0) + protocol::kOutSeq * 8);
   seq += 1;
   h.remote.hold(0, false);
   h.tick();
@@ -704,14 +704,14 @@ TEST(SyncerCore, ARejoinIsServedOverASlowLinkFragmentByFragment) {
   const int P = h.layout.fragments();
   ASSERT_GT(P, 1);
   h.remote.hold(1, true);
-  h.unit(1).set_control(sync::kRejoinRequest, 1);
+  h.unit(1).set_control(protocol::kRejoinRequest, 1);
   h.tick();
-  EXPECT_EQ(h.unit(1).control(sync::kRejoinServed), 0);
+  EXPECT_EQ(h.unit(1).control(protocol::kRejoinServed), 0);
   EXPECT_TRUE(h.named("rejoin").empty());
   h.remote.hold(1, false);
   for (int i = 0; i < P + 1 && h.named("rejoin").empty(); ++i) h.tick();
   ASSERT_EQ(h.named("rejoin").size(), 1u);
-  EXPECT_EQ(h.unit(1).control(sync::kRejoinServed), 1);
+  EXPECT_EQ(h.unit(1).control(protocol::kRejoinServed), 1);
   uint64_t raw_bytes = 0;
   for (int p = 0; p < P; ++p) raw_bytes += h.layout.numel(p) * sizeof(float);
   EXPECT_EQ(h.named("rejoin")[0]["bytes_out"], raw_bytes) << "every fragment served raw, once";
@@ -732,15 +732,15 @@ TEST(SyncerCore, ARejoinOverAnEmulatedLinkIsServedOnceThetaLanded) {
   c.wan.bandwidth_mbit_s = 8.0 * raw / 1e6;
   c.wan.burst_kb = 0.001;
   Harness h(c);
-  h.unit(0).set_control(sync::kRejoinRequest, 1);
+  h.unit(0).set_control(protocol::kRejoinRequest, 1);
   h.tick();
-  EXPECT_EQ(h.unit(0).control(sync::kRejoinServed), 0) << "served before Θ landed";
+  EXPECT_EQ(h.unit(0).control(protocol::kRejoinServed), 0) << "served before Θ landed";
   h.clock = 0.9;
   h.tick();
-  EXPECT_EQ(h.unit(0).control(sync::kRejoinServed), 0);
+  EXPECT_EQ(h.unit(0).control(protocol::kRejoinServed), 0);
   h.clock = 1.01;
   h.tick();
-  EXPECT_EQ(h.unit(0).control(sync::kRejoinServed), 1);
+  EXPECT_EQ(h.unit(0).control(protocol::kRejoinServed), 1);
   ASSERT_EQ(h.named("rejoin").size(), 1u);
   EXPECT_NEAR(h.named("rejoin")[0]["serve_s"].get<double>(), 1.01, 1e-9);
 }
@@ -786,7 +786,7 @@ TEST(SyncerCore, StoppingFlushesWhateverWasPublishedAndTellsEveryUnit) {
   h.tick();
   ASSERT_EQ(h.merges(1).size(), 1u);
   EXPECT_EQ(h.merges(1)[0]["units"], json({2}));
-  for (int u = 0; u < 3; ++u) EXPECT_EQ(h.unit(u).control(sync::kStop), 1) << u;
+  for (int u = 0; u < 3; ++u) EXPECT_EQ(h.unit(u).control(protocol::kStop), 1) << u;
 }
 
 
@@ -801,17 +801,17 @@ TEST(SyncerCore, ARestartedCoreReadsItsBooksBackAndAdoptsTheNewestThetaOffered) 
   h.core.set_isolated(true);
   for (int u = 0; u < 2; ++u) h.core.unit_connected(u);
   // Unit 1's first process trained 500 tokens and died; its new process joined.
-  h.unit(1).set_control(sync::kTokensDone, 500);
+  h.unit(1).set_control(protocol::kTokensDone, 500);
   h.tick();
   h.core.unit_lost(1);
   h.attach(1);
   h.core.unit_connected(1);
-  h.unit(1).set_control(sync::kRejoinRequest, 1);
+  h.unit(1).set_control(protocol::kRejoinRequest, 1);
   h.tick();  // its rejoin is served
-  EXPECT_EQ(h.unit(1).control(sync::kRejoinServed), 1);
-  EXPECT_EQ(h.unit(1).control(sync::kTokensBefore), 500);
-  h.unit(0).set_control(sync::kTokensDone, 300);
-  h.unit(1).set_control(sync::kTokensDone, 40);
+  EXPECT_EQ(h.unit(1).control(protocol::kRejoinServed), 1);
+  EXPECT_EQ(h.unit(1).control(protocol::kTokensBefore), 500);
+  h.unit(0).set_control(protocol::kTokensDone, 300);
+  h.unit(1).set_control(protocol::kTokensDone, 40);
   h.publish(0, 0, 2.0f, 4, 400);
   h.tick();
   ASSERT_EQ(h.core.versions(), (std::vector<int64_t>{1, 0}));
@@ -821,10 +821,10 @@ TEST(SyncerCore, ARestartedCoreReadsItsBooksBackAndAdoptsTheNewestThetaOffered) 
   EXPECT_EQ(h.core.tokens_total(), 840);
 
   // The syncer dies; a new one starts over the same windows.
-  sync::SyncerWindow window(h.remote, h.layout, [&] { return h.clock; });
-  sync::UnitLinks links(c, 2);
+  protocol::SyncerWindow window(h.remote, h.layout, [&] { return h.clock; });
+  syncer::UnitLinks links(c, 2);
   std::vector<json> events;
-  sync::SyncerCore restarted(c, h.plan, window, h.fragments, links, [&] { return h.clock; },
+  syncer::SyncerCore restarted(c, h.plan, window, h.fragments, links, [&] { return h.clock; },
                              [&](json e) { events.push_back(std::move(e)); });
   restarted.set_isolated(true);
   restarted.set_restarted();
@@ -868,12 +868,12 @@ TEST(SyncerCore, ARestartedCoreReadsItsBooksBackAndAdoptsTheNewestThetaOffered) 
   EXPECT_EQ(h.unit(0).inbox_version(1), 0) << "unit 0 holds Θ_1 at the syncer's version: nothing owed";
 
   // A fresh run's syncer over the same windows (--resume never) takes none of those books.
-  sync::SyncerWindow window2(h.remote, h.layout, [&] { return h.clock; });
-  sync::SyncerCore fresh(c, h.plan, window2, h.fragments, links, [&] { return h.clock; }, [](json) {});
+  protocol::SyncerWindow window2(h.remote, h.layout, [&] { return h.clock; });
+  syncer::SyncerCore fresh(c, h.plan, window2, h.fragments, links, [&] { return h.clock; }, [](json) {});
   fresh.set_isolated(true);
   for (int u = 0; u < 2; ++u) fresh.unit_connected(u);
   EXPECT_EQ(fresh.tokens_total(), 340) << "only the live processes' own tokens";
 }
 
 }  // namespace
-}  // namespace ddiloco
+}  // namespace ddiloco::syncer

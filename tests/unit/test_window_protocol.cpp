@@ -22,8 +22,8 @@ std::vector<float> pattern(size_t n, float base) {
 
 struct Fixture {
   ParameterLayout layout = ParameterLayout::gpt2(GptConfig{16, 4, 1, 2, 8});
-  FragmentPlan plan{layout, 2, 4};
-  sync::WindowLayout windows;
+  protocol::FragmentPlan plan{layout, 2, 4};
+  protocol::WindowLayout windows;
   test::LocalRemote remote{2};
   std::vector<std::unique_ptr<test::LocalExposed>> memory;
   explicit Fixture(const wire::Codec& codec = {.format = wire::Format::bf16, .block = 64}, double ef_decay = 1.0,
@@ -38,8 +38,8 @@ struct Fixture {
 
 TEST(WindowProtocol, SnapshotAndMergeCrossInBothDirections) {
   Fixture f;
-  sync::SyncerWindow syncer(f.remote, f.windows);
-  sync::LearnerWindow learner(*f.memory[1], f.windows);
+  protocol::SyncerWindow syncer(f.remote, f.windows);
+  protocol::LearnerWindow learner(*f.memory[1], f.windows);
   const size_t n = f.windows.numel(1);
   const auto theta0 = pattern(n, 0.5f);
   learner.set_reference(1, 0, theta0);
@@ -49,11 +49,11 @@ TEST(WindowProtocol, SnapshotAndMergeCrossInBothDirections) {
   EXPECT_EQ(learner.publish(1, mine, {3, 300, 3, 0}), 1);
   EXPECT_FALSE(learner.outbox_free(1));  // unread: the next publish must wait
 
-  std::vector<sync::UnitHeaders> h;
+  std::vector<protocol::UnitHeaders> h;
   syncer.poll(h);
   ASSERT_TRUE(h[1].reachable);
-  EXPECT_EQ(h[1].header(1, sync::kOutSeq), 1);
-  EXPECT_EQ(h[1].header(1, sync::kOutTokens), 300);
+  EXPECT_EQ(h[1].header(1, protocol::kOutSeq), 1);
+  EXPECT_EQ(h[1].header(1, protocol::kOutTokens), 300);
   std::vector<float> got(n);
   const auto fetched = syncer.fetch(1, 1, h[1], got);
   EXPECT_EQ(fetched.problem, "");
@@ -88,8 +88,8 @@ TEST(WindowProtocol, SparseSnapshotsWithErrorFeedbackLoseOnlyTheFinalResidual) {
   const wire::Codec codec{.format = wire::Format::sparse, .chunk = 32, .topk = 3, .value_bits = 2};
   for (double beta : {1.0, 0.5, 0.0}) {
     Fixture f(codec, beta);
-    sync::SyncerWindow syncer(f.remote, f.windows);
-    sync::LearnerWindow learner(*f.memory[0], f.windows);
+    protocol::SyncerWindow syncer(f.remote, f.windows);
+    protocol::LearnerWindow learner(*f.memory[0], f.windows);
     const size_t n = f.windows.numel(0);
     ASSERT_GT(n, 4 * codec.chunk);
     const auto r = pattern(n, 0.1f);
@@ -97,7 +97,7 @@ TEST(WindowProtocol, SparseSnapshotsWithErrorFeedbackLoseOnlyTheFinalResidual) {
     syncer.set_reference(0, 0, 0, r);
     std::vector<double> meant(n, 0.0), decoded(n, 0.0);
     std::vector<float> e_before(n, 0.0f), got(n);
-    std::vector<sync::UnitHeaders> h;
+    std::vector<protocol::UnitHeaders> h;
     for (int t = 1; t <= 8; ++t) {
       const auto theta = plus_noise(r, 100 + static_cast<uint64_t>(t), 0.01f);
       std::vector<float> want(n);
@@ -108,7 +108,7 @@ TEST(WindowProtocol, SparseSnapshotsWithErrorFeedbackLoseOnlyTheFinalResidual) {
           << "β " << beta << ", publish " << t;
       syncer.poll(h);
       ASSERT_EQ(syncer.fetch(0, 0, h[0], got).problem, "");
-      syncer.ack(0, 0, h[0].header(0, sync::kOutSeq));
+      syncer.ack(0, 0, h[0].header(0, protocol::kOutSeq));
       const auto e = learner.residual(0);
       for (size_t lo = 0; lo < n; lo += codec.chunk) {  // at most topk values of each chunk cross
         size_t nonzero = 0;
@@ -142,8 +142,8 @@ TEST(WindowProtocol, Int2AndSparseDeliveriesLagAndCatchUp) {
                                    wire::Codec{.format = Format::sparse, .chunk = 32, .topk = 4, .value_bits = 8},
                                    wire::Codec{.format = Format::sparse, .chunk = 32, .topk = 8, .value_bits = 2}}) {
     Fixture f(codec);
-    sync::SyncerWindow syncer(f.remote, f.windows);
-    sync::LearnerWindow learner(*f.memory[1], f.windows);
+    protocol::SyncerWindow syncer(f.remote, f.windows);
+    protocol::LearnerWindow learner(*f.memory[1], f.windows);
     const size_t n = f.windows.numel(1);
     const auto r = pattern(n, 0.3f);
     learner.set_reference(1, 0, r);
@@ -182,8 +182,8 @@ TEST(WindowProtocol, SparseDeliveriesKeepDownTopk) {
   EXPECT_GT(f.windows.down_bytes(1), f.windows.wire_bytes(1));
   EXPECT_GE(f.windows.capacity(1), f.windows.down_bytes(1));
 
-  sync::SyncerWindow syncer(f.remote, f.windows);
-  sync::LearnerWindow learner(*f.memory[1], f.windows);
+  protocol::SyncerWindow syncer(f.remote, f.windows);
+  protocol::LearnerWindow learner(*f.memory[1], f.windows);
   const auto r = pattern(n, 0.3f);
   learner.set_reference(1, 0, r);
   syncer.set_reference(1, 1, 0, r);
@@ -202,24 +202,24 @@ TEST(WindowProtocol, SparseDeliveriesKeepDownTopk) {
     if (std::fabs(theta[i] - r[i]) > largest) largest = std::fabs(theta[i] - r[i]), its_error = std::fabs(taken[i] - theta[i]);
   EXPECT_LT(its_error, 0.01 * largest);
 
-  EXPECT_EQ(sync::WindowLayout(f.plan, up, 1.0, 0).down_codec().topk, up.topk) << "0: deliveries keep topk";
+  EXPECT_EQ(protocol::WindowLayout(f.plan, up, 1.0, 0).down_codec().topk, up.topk) << "0: deliveries keep topk";
 }
 
 TEST(WindowProtocol, ALostUnitIsSkippedAndANewProcessStartsFromRawTheta) {
   Fixture f;
-  sync::SyncerWindow syncer(f.remote, f.windows);
+  protocol::SyncerWindow syncer(f.remote, f.windows);
   const size_t n = f.windows.numel(0);
   const auto theta0 = pattern(n, 0.1f);
   {
-    sync::LearnerWindow learner(*f.memory[0], f.windows);
+    protocol::LearnerWindow learner(*f.memory[0], f.windows);
     learner.set_reference(0, 0, theta0);
     syncer.set_reference(0, 0, 0, theta0);
-    learner.set_control(sync::kTokensDone, 1234);
+    learner.set_control(protocol::kTokensDone, 1234);
     learner.publish(0, pattern(n, 0.2f), {1, 10, 1, 0});
   }
-  std::vector<sync::UnitHeaders> h;
+  std::vector<protocol::UnitHeaders> h;
   syncer.poll(h);
-  EXPECT_EQ(h[0].control(sync::kTokensDone), 1234);
+  EXPECT_EQ(h[0].control(protocol::kTokensDone), 1234);
 
   // The process dies: the transport reports it absent. Its headers keep their last values but
   // are marked unreachable; a read is refused; what is written to it is dropped.
@@ -227,7 +227,7 @@ TEST(WindowProtocol, ALostUnitIsSkippedAndANewProcessStartsFromRawTheta) {
   syncer.poll(h);
   EXPECT_FALSE(h[0].reachable);
   EXPECT_TRUE(h[1].reachable);
-  EXPECT_EQ(h[0].control(sync::kTokensDone), 1234);
+  EXPECT_EQ(h[0].control(protocol::kTokensDone), 1234);
   std::vector<float> got(n, -7.0f);
   const auto fetched = syncer.fetch(0, 0, h[0], got);
   EXPECT_NE(fetched.problem, "");
@@ -242,10 +242,10 @@ TEST(WindowProtocol, ALostUnitIsSkippedAndANewProcessStartsFromRawTheta) {
   test::LocalExposed fresh(f.windows.bytes());
   f.remote.attach(0, &fresh);
   syncer.reset_unit(0);
-  sync::LearnerWindow learner(fresh, f.windows);
+  protocol::LearnerWindow learner(fresh, f.windows);
   syncer.poll(h);
   EXPECT_TRUE(h[0].reachable);
-  EXPECT_EQ(h[0].control(sync::kTokensDone), 0);
+  EXPECT_EQ(h[0].control(protocol::kTokensDone), 0);
   EXPECT_EQ(syncer.delivery_bytes(0, 0), n * sizeof(float));
   const auto theta = pattern(n, 0.4f);
   syncer.deliver(0, 0, 5, theta, /*raw=*/true);
@@ -256,7 +256,7 @@ TEST(WindowProtocol, ALostUnitIsSkippedAndANewProcessStartsFromRawTheta) {
   // From here on the unit's snapshots are differences against that Θ.
   learner.publish(0, pattern(n, 0.41f), {1, 10, 6, 5});
   syncer.poll(h);
-  EXPECT_EQ(h[0].header(0, sync::kOutRef), 5);
+  EXPECT_EQ(h[0].header(0, protocol::kOutRef), 5);
   const auto again = syncer.fetch(0, 0, h[0], got);
   EXPECT_EQ(again.problem, "");
 }
@@ -266,8 +266,8 @@ TEST(WindowProtocol, ALostUnitIsSkippedAndANewProcessStartsFromRawTheta) {
 // them was read, the syncer must still hold the reference that snapshot was taken against.
 TEST(WindowProtocol, ASnapshotPublishedBeforeARejoinIsStillDecodedAfterTheServe) {
   Fixture f;
-  sync::SyncerWindow syncer(f.remote, f.windows);
-  sync::LearnerWindow learner(*f.memory[0], f.windows);
+  protocol::SyncerWindow syncer(f.remote, f.windows);
+  protocol::LearnerWindow learner(*f.memory[0], f.windows);
   const size_t n = f.windows.numel(0);
   const auto theta0 = pattern(n, 0.1f);
   learner.set_reference(0, 0, theta0);
@@ -278,19 +278,19 @@ TEST(WindowProtocol, ASnapshotPublishedBeforeARejoinIsStillDecodedAfterTheServe)
   syncer.deliver(0, 0, 3, pattern(n, 0.2f), /*raw=*/true);  // the rejoin's Θ at version 3
   std::vector<float> taken(n);
   ASSERT_TRUE(learner.take_inbox(0, taken));
-  std::vector<sync::UnitHeaders> h;
+  std::vector<protocol::UnitHeaders> h;
   syncer.poll(h);
-  ASSERT_EQ(h[0].header(0, sync::kOutRef), 0);
+  ASSERT_EQ(h[0].header(0, protocol::kOutRef), 0);
   std::vector<float> got(n);
   const auto fetched = syncer.fetch(0, 0, h[0], got);
   EXPECT_EQ(fetched.problem, "");
   for (size_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], mine[i], 1e-3f) << i;
   // Once read and acknowledged, the old reference goes (the unit names version 3 or later now).
-  syncer.ack(0, 0, h[0].header(0, sync::kOutSeq));
+  syncer.ack(0, 0, h[0].header(0, protocol::kOutSeq));
   learner.publish(0, pattern(n, 0.21f), {1, 10, 5, 3});
   syncer.poll(h);
   EXPECT_EQ(syncer.fetch(0, 0, h[0], got).problem, "");
-  h[0].words[static_cast<size_t>(sync::kControlWords) + sync::kOutRef] = 0;  // naming version 0 now
+  h[0].words[static_cast<size_t>(protocol::kControlWords) + protocol::kOutRef] = 0;  // naming version 0 now
   EXPECT_NE(syncer.fetch(0, 0, h[0], got).problem, "");
 }
 
@@ -300,20 +300,20 @@ TEST(WindowProtocol, ASnapshotPublishedBeforeARejoinIsStillDecodedAfterTheServe)
 TEST(WindowProtocol, AnOfferOfThetaIsReadBackRawAndItsReferenceDecodesTheUnreadSnapshot) {
   Fixture f;
   const size_t n = f.windows.numel(1);
-  sync::LearnerWindow learner(*f.memory[1], f.windows);
+  protocol::LearnerWindow learner(*f.memory[1], f.windows);
   const auto theta = pattern(n, 0.3f);
   learner.set_reference(1, 6, theta);  // as if taken at version 6
   learner.publish(1, pattern(n, 0.31f), {4, 40, 30, 6});
   learner.hold_inboxes();
   learner.offer(1, 6, theta, /*seq_base=*/11, /*epoch=*/77);
 
-  sync::SyncerWindow restarted(f.remote, f.windows);  // a new syncer: no references held
-  std::vector<sync::UnitHeaders> h;
+  protocol::SyncerWindow restarted(f.remote, f.windows);  // a new syncer: no references held
+  std::vector<protocol::UnitHeaders> h;
   restarted.poll(h);
-  EXPECT_EQ(h[1].header(1, sync::kInVersion), 6);
-  EXPECT_EQ(h[1].header(1, sync::kOfferSeqBase), 11);
-  EXPECT_EQ(h[1].header(1, sync::kOfferEpoch), 77);
-  EXPECT_EQ(h[1].header(1, sync::kInAck), -1) << "held: nothing is delivered over the offer";
+  EXPECT_EQ(h[1].header(1, protocol::kInVersion), 6);
+  EXPECT_EQ(h[1].header(1, protocol::kOfferSeqBase), 11);
+  EXPECT_EQ(h[1].header(1, protocol::kOfferEpoch), 77);
+  EXPECT_EQ(h[1].header(1, protocol::kInAck), -1) << "held: nothing is delivered over the offer";
   std::vector<float> got(n);
   ASSERT_EQ(restarted.fetch_offer(1, 1, h[1], got), "");
   EXPECT_EQ(got, theta) << "the copy crosses raw, bit for bit";
@@ -329,7 +329,7 @@ TEST(WindowProtocol, AnOfferOfThetaIsReadBackRawAndItsReferenceDecodesTheUnreadS
   EXPECT_NE(restarted.fetch_offer(1, 1, h[1], got).find("checksum"), std::string::npos);
   learner.offer(1, 6, theta, 11, 77);
   auto* words = reinterpret_cast<int64_t*>(f.memory[1]->base() + f.windows.header_offset(1));
-  words[sync::kInBytes] = 12;
+  words[protocol::kInBytes] = 12;
   restarted.poll(h);
   EXPECT_NE(restarted.fetch_offer(1, 1, h[1], got).find("announced as 12 bytes"), std::string::npos);
   EXPECT_THROW(learner.offer(1, 6, pattern(n + 1, 0.0f), 0, 77), Error);
@@ -337,47 +337,47 @@ TEST(WindowProtocol, AnOfferOfThetaIsReadBackRawAndItsReferenceDecodesTheUnreadS
 
 TEST(WindowProtocol, APollBudgetSpacesEachUnitsReadsAndAllReadsEveryone) {
   Fixture f;
-  sync::SyncerWindow syncer(f.remote, f.windows);
-  sync::LearnerWindow learner(*f.memory[0], f.windows);
+  protocol::SyncerWindow syncer(f.remote, f.windows);
+  protocol::LearnerWindow learner(*f.memory[0], f.windows);
   // One header block per hour: after the first poll, polls keep the last values.
   syncer.set_poll_budget(static_cast<double>(f.windows.header_block_bytes()) / 3600);
-  std::vector<sync::UnitHeaders> h;
-  learner.set_control(sync::kHeartbeat, 1);
+  std::vector<protocol::UnitHeaders> h;
+  learner.set_control(protocol::kHeartbeat, 1);
   syncer.poll(h);
   ASSERT_TRUE(h[0].reachable);
-  EXPECT_EQ(h[0].control(sync::kHeartbeat), 1);
+  EXPECT_EQ(h[0].control(protocol::kHeartbeat), 1);
   const uint64_t read = syncer.bytes_read();
-  learner.set_control(sync::kHeartbeat, 2);
+  learner.set_control(protocol::kHeartbeat, 2);
   syncer.poll(h);
-  EXPECT_EQ(h[0].control(sync::kHeartbeat), 1) << "read again within its budget";
+  EXPECT_EQ(h[0].control(protocol::kHeartbeat), 1) << "read again within its budget";
   EXPECT_TRUE(h[0].reachable) << "a unit not read this poll keeps its reachability";
   EXPECT_EQ(syncer.bytes_read(), read);
   syncer.poll(h, /*all=*/true);
-  EXPECT_EQ(h[0].control(sync::kHeartbeat), 2);
+  EXPECT_EQ(h[0].control(protocol::kHeartbeat), 2);
   // Without a budget every poll reads.
   syncer.set_poll_budget(0);
-  learner.set_control(sync::kHeartbeat, 3);
+  learner.set_control(protocol::kHeartbeat, 3);
   syncer.poll(h);
-  EXPECT_EQ(h[0].control(sync::kHeartbeat), 3);
+  EXPECT_EQ(h[0].control(protocol::kHeartbeat), 3);
 }
 
 TEST(WindowProtocol, TimeBookTravelsAsDoubles) {
   Fixture f;
-  sync::SyncerWindow syncer(f.remote, f.windows);
-  sync::LearnerWindow learner(*f.memory[0], f.windows);
-  learner.set_control_f64(sync::kTimeBook, 12.5);
-  learner.set_control_f64(sync::kTimeBook + 5, -0.25);
-  EXPECT_THROW(learner.set_control_f64(sync::kControlWords, 1.0), Error);
-  std::vector<sync::UnitHeaders> h;
+  protocol::SyncerWindow syncer(f.remote, f.windows);
+  protocol::LearnerWindow learner(*f.memory[0], f.windows);
+  learner.set_control_f64(protocol::kTimeBook, 12.5);
+  learner.set_control_f64(protocol::kTimeBook + 5, -0.25);
+  EXPECT_THROW(learner.set_control_f64(protocol::kControlWords, 1.0), Error);
+  std::vector<protocol::UnitHeaders> h;
   syncer.poll(h);
-  EXPECT_EQ(h[0].control_f64(sync::kTimeBook), 12.5);
-  EXPECT_EQ(h[0].control_f64(sync::kTimeBook + 5), -0.25);
+  EXPECT_EQ(h[0].control_f64(protocol::kTimeBook), 12.5);
+  EXPECT_EQ(h[0].control_f64(protocol::kTimeBook + 5), -0.25);
 }
 
 TEST(WindowProtocol, MemorySmallerThanTheLayoutIsRefused) {
   Fixture f;
   test::LocalExposed small(f.windows.bytes() - 8);
-  EXPECT_THROW(sync::LearnerWindow(small, f.windows), Error);
+  EXPECT_THROW(protocol::LearnerWindow(small, f.windows), Error);
 }
 
 }  // namespace

@@ -50,12 +50,12 @@ class HostStaging {
     size_t offset = 0;  ///< first element in the flat parameter buffer
     size_t numel = 0;   ///< elements
   };
-  /// Per fragment: its ranges, in the order they are packed (FragmentPlan::pack's order).
+  /// Per fragment: its ranges, in the order they are packed (protocol::FragmentPlan::pack's order).
   using FragmentRanges = std::vector<std::vector<Range>>;
   /// The ranges of every fragment of `plan` over `layout` (the layout the plan was made from):
   /// one range per tensor, in the fragment's tensor order, so the packed buffers here equal
-  /// FragmentPlan::pack's.
-  static FragmentRanges ranges(const FragmentPlan& plan, const ParameterLayout& layout);
+  /// protocol::FragmentPlan::pack's.
+  static FragmentRanges ranges(const protocol::FragmentPlan& plan, const ParameterLayout& layout);
 
   /// `params`: the flat fp32 parameter buffer on the current device, `numel` elements.
   /// Allocates the buffers above and creates the copy stream. Throws Error when a range lies

@@ -126,14 +126,14 @@ TEST_P(GpuUnitTrainer, UploadAndDownloadRoundTrip) {
 TEST_P(GpuUnitTrainer, SnapshotsAndStagedMergesMoveFragments) {
   UnitTrainer dev(small_config("cuda", GetParam()), MPI_COMM_WORLD);
   gpu::UnitBackend& g = *dev.gpu();
-  const FragmentPlan plan(dev.model().layout(), 3, 6);
+  const protocol::FragmentPlan plan(dev.model().layout(), 3, 6);
   g.attach_fragments(plan, /*leader=*/true);
   const auto in = random_tokens(4 * 64, 7), tgt = random_tokens(4 * 64, 8);
   dev.step_on(in.data(), tgt.data());
   dev.download_state(false);
   for (int p = 0; p < plan.size(); ++p) {
     const size_t numel = plan.fragments()[p].numel;
-    // Snapshot = the fragment as it is at the boundary, packed as FragmentPlan::pack packs it.
+    // Snapshot = the fragment as it is at the boundary, packed as protocol::FragmentPlan::pack packs it.
     g.start_snapshot(p);
     g.wait_snapshot(p);
     std::vector<float> packed(numel);
