@@ -135,7 +135,7 @@ class SyncerCore {
   /// then logged as lost (reason heartbeat), not only silent; it keeps its connection either way.
   void set_isolated(bool isolated) { deployment_.isolated = isolated; }
   /// Test hooks: called with unit u before each read of one of its snapshots starts (the
-  /// syncer process installs src/sync/read_hooks.hpp's; the core has none of its own).
+  /// syncer process installs src/syncer/read_hooks.hpp's; the core has none of its own).
   void set_before_read(std::function<void(int u)> hook) { hooks_.before_read = std::move(hook); }
 
   // One poll, in the order above. The bool results say whether anything happened (the loop

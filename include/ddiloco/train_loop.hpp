@@ -1,7 +1,7 @@
 // The inner-step loop every mode runs. `single` (train_single_unit, trainer.hpp) and the
-// learners of the outer modes (the Learner, run_learner in runtime.hpp) are policies of it:
-// what happens before a step, and what after — logs, evaluation, publishing to the syncer,
-// merges, crashes — is theirs; the loop is one.
+// learners of the outer modes (the Learner, run_learner in ddiloco/learner.hpp) are policies
+// of it: what happens before a step, and what after — logs, evaluation, publishing to the
+// syncer, merges, crashes — is theirs; the loop is one.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
-// A learner rank in a multi-unit job (run_learner in runtime.hpp is its public entry point):
-// the shell around a unit's outer loop. Its leader's decisions — what is published, taken,
-// applied, when the unit waits, stops, checkpoints or starts over — are LearnerCore's
+// A learner rank in a multi-unit job (run_learner in ddiloco/learner.hpp is its public entry
+// point): the shell around a unit's outer loop. Its leader's decisions — what is published,
+// taken, applied, when the unit waits, stops, checkpoints or starts over — are LearnerCore's
 // (learner_core.hpp), over the leader's window; the Learner carries them out on every rank:
 // the trainer's steps, the unit's broadcast, the GPU, checkpoint files, logs and the goodput
 // books (goodput.hpp).
