@@ -12,7 +12,7 @@ HostStaging::FragmentRanges HostStaging::ranges(const protocol::FragmentPlan& pl
                                                 const ParameterLayout& layout) {
   FragmentRanges out(static_cast<size_t>(plan.size()));
   const auto& tensors = layout.tensors();
-  for (const Fragment& f : plan.fragments())
+  for (const protocol::Fragment& f : plan.fragments())
     for (int t : f.tensors) out[f.index].push_back({tensors[t].offset, tensors[t].numel});
   return out;
 }
