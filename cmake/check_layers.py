@@ -27,15 +27,14 @@ LAYERS = [
     "model",   # GPT-2 forward and backward on CPU, layers, sampling
     "optim",   # AdamW
     "config",  # the configuration: keys, validation, the outer plan, the chaos schedule
-    "chaos",   # goodput books and global downtime
+    "goodput",  # goodput books (TimeBook) and global downtime
     "comm",    # MPI, UCX, remote memory, WAN emulation, wire formats, topology
     "io",      # HDF5 checkpoints and model files
     "sim",     # the goodput simulator
     "train",   # the unit trainer (one data-parallel step), the unit backend registry
     "protocol",  # the learner <-> syncer protocol: window layout, control words, membership, fragments
-    ("learner", "syncer"),  # the two roles, side by side: neither may use the other
+    ("learner", "syncer", "gpu"),  # the two roles and the GPU backend, side by side: none uses another
     "deploy",  # the deployments (one job, isolated) and the set-up they share
-    "gpu",     # CUDA, cuBLAS, cuDNN, NCCL: the GPU unit backend
     "launch",  # ddiloco launch: supervision of the isolated deployment
     "cli",     # the ddiloco binary's subcommands
 ]
@@ -51,7 +50,8 @@ HOMES = {
     "ddiloco/ucx_link.hpp": "comm",  # ucx_syncer_link.cpp, ucx_unit_link.cpp
 }
 
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+# Quoted and angle-bracket includes alike: <ddiloco/x.hpp> must not slip past.
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.M)
 
 
 def homes(root):
@@ -102,10 +102,20 @@ def check(root):
             problems.append(f"src/{d}: a folder not in LAYERS (cmake/check_layers.py): place it")
     cache = {}
 
+    def canonical(path, name):
+        """`name` as written in `path`, as the key homes() uses: relative to include/ or src/
+        (an include relative to the including file's folder, such as "../x/y.hpp", too)."""
+        local = os.path.normpath(os.path.join(os.path.dirname(path), name))
+        for base in ("include", "src"):
+            top = os.path.join(root, base)
+            if os.path.isfile(local) and local.startswith(top + os.sep):
+                return os.path.relpath(local, top)
+        return name
+
     def includes(path):
         if path not in cache:
             with open(path, errors="replace") as fh:
-                cache[path] = INCLUDE.findall(fh.read())
+                cache[path] = [canonical(path, n) for n in INCLUDE.findall(fh.read())]
         return cache[path]
 
     def reached(name):
@@ -119,23 +129,36 @@ def check(root):
                     queue.append(inc)
         return via
 
+    def wrong_way(d, shown, f, path):
+        """One line per include of `path` (of layer d) that is, or reaches, a header of a layer
+        above d or beside it."""
+        lines = []
+        for name in includes(path):
+            above = [(rank[home[h]], h, v) for h, v in reached(name).items()
+                     if home.get(h) in rank and (rank[home[h]] > rank[d] or
+                                                 (rank[home[h]] == rank[d] and home[h] != d))]
+            if not above:
+                continue
+            _, h, v = max(above, key=lambda t: (t[0], t[1] == name))  # the include itself first
+            how = "" if h == name else f", through {os.path.relpath(v, root)}"
+            where = "beside" if rank[home[h]] == rank[d] else "above"
+            lines.append(f"{shown}/{f} includes {name}: it reaches {h} of src/{home[h]}, {where} src/{d}{how}")
+        return lines
+
     for d in rank:
-        folder = os.path.join(src, d)
-        if not os.path.isdir(folder):
-            continue
-        for f in sorted(os.listdir(folder)):
-            # One line per include of this file that is, or reaches, a header of a higher layer.
-            for name in includes(os.path.join(folder, f)):
-                above = [(rank[home[h]], h, v) for h, v in reached(name).items()
-                         if home.get(h) in rank and (rank[home[h]] > rank[d] or
-                                                     (rank[home[h]] == rank[d] and home[h] != d))]
-                if not above:
+        folders = [("src/" + d, os.path.join(src, d))]
+        if d == "gpu":  # the CUDA kernels are the GPU backend's too
+            folders.append(("kernels", os.path.join(root, "kernels")))
+        for shown, folder in folders:
+            if not os.path.isdir(folder):
+                continue
+            for f in sorted(os.listdir(folder)):
+                path = os.path.join(folder, f)
+                if os.path.isdir(path):  # CMake builds src/<layer>/*.cpp: a subfolder is never compiled
+                    problems.append(f"{shown}/{f}: a folder inside a layer; its files would not be built")
                     continue
-                _, h, v = max(above, key=lambda t: (t[0], t[1] == name))  # the include itself first
-                how = "" if h == name else f", through {os.path.relpath(v, root)}"
-                where = "beside" if rank[home[h]] == rank[d] else "above"
-                problems.append(f"src/{d}/{f} includes {name}: it reaches {h} of src/{home[h]}, "
-                                f"{where} src/{d}{how}")
+                problems += wrong_way(d, shown, f, path)
+    return problems
     return problems
 
 

@@ -269,6 +269,29 @@ struct GptCuda::Impl {
   }
 
   void forward(const int32_t* tok, const int32_t* tgt, int b, int t_len, bool for_backward) {
+    check_forward(tgt, b, t_len, for_backward);
+    ensure_activations(b, t_len);
+    B = b;
+    T = t_len;
+    const int N = B * T;
+    Weights<bf16> w(layout, params_bf16.get(), config.n_layer);
+    Activations a = acts();
+    // Keep the tokens for backward (encoder) when they live in a caller's buffer.
+    if (tok != tokens.get()) {
+      ProfileScope ps(prof, "fwd token copy");
+      DDILOCO_CUDA_CHECK(cudaMemcpyAsync(tokens.get(), tok, N * sizeof(int32_t),
+                                         cudaMemcpyDeviceToDevice, stream));
+    }
+    {
+      ProfileScope ps(prof, "fwd embedding");
+      encoder_forward(a.encoded, tok, w.wte, w.wpe, B, T, config.n_embd, stream);
+    }
+    for (int l = 0; l < config.n_layer; ++l) forward_block(l, w.blocks[l], a);
+    forward_head(w, a, tgt, for_backward);
+    pass = for_backward ? Pass::training : Pass::inference;
+  }
+
+  void check_forward(const int32_t* tgt, int b, int t_len, bool for_backward) {
     if (b < 1) fail("forward: batch size must be ≥ 1, got {}", b);
     if (t_len < 1 || t_len > config.seq_len)
       fail("forward: sequence length must be in [1, model.seq_len = {}], got {}", config.seq_len,
@@ -278,92 +301,85 @@ struct GptCuda::Impl {
       fail("forward: flash attention needs a sequence length that is a multiple of 64, got {}",
            t_len);
     if (attention == AttentionKind::cudnn) check_cudnn_shape(b, t_len, for_backward);
-    ensure_activations(b, t_len);
-    B = b;
-    T = t_len;
-    const int C = config.n_embd, NH = config.n_head, V = config.vocab_size;
+  }
+
+  // Transformer block l (parameters p) on the activations of the block before it.
+  void forward_block(int l, const Block<bf16>& p, const Activations& a) {
+    const int C = config.n_embd, NH = config.n_head;
     const int N = B * T;
     const size_t NC = static_cast<size_t>(N) * C;
-    Weights<bf16> w(layout, params_bf16.get(), config.n_layer);
-    Activations a = acts();
-    // Keep the tokens for backward (encoder) when they live in a caller's buffer.
-    if (tok != tokens.get()) {
-      ProfileScope ps(prof, "fwd token copy");
-      DDILOCO_CUDA_CHECK(cudaMemcpyAsync(tokens.get(), tok, N * sizeof(int32_t),
-                                         cudaMemcpyDeviceToDevice, stream));
-    }
     // FLOPs of a Linear layer's GEMM: 2·N·IN·OUT.
     const double fl = 2.0 * N * C * C;
+    const bf16* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
+    bf16* ln1 = a.ln1 + l * NC;
+    bf16* qkv = a.qkv + l * 3 * NC;
+    bf16* atty = a.atty + l * NC;
+    bf16* att = saves_lse() ? nullptr : a.att + static_cast<size_t>(l) * B * NH * T * T;
+    float* lse = saves_lse() ? a.lse + l * lse_stride(B, NH, T) : nullptr;
+    bf16* residual2 = a.residual2 + l * NC;
+    bf16* ln2 = a.ln2 + l * NC;
+    bf16* fch = a.fch + l * 4 * NC;
+    bf16* fch_gelu = a.fch_gelu + l * 4 * NC;
+    bf16* residual3 = a.residual3 + l * NC;
     {
-      ProfileScope ps(prof, "fwd embedding");
-      encoder_forward(a.encoded, tok, w.wte, w.wpe, B, T, C, stream);
+      ProfileScope ps(prof, "fwd layernorm");
+      layernorm_forward(ln1, a.ln1_mean + l * N, a.ln1_rstd + l * N, residual, p.ln1w, p.ln1b,
+                        N, C, stream);
     }
-    for (int l = 0; l < config.n_layer; ++l) {
-      const Block<bf16>& p = w.blocks[l];
-      const bf16* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
-      bf16* ln1 = a.ln1 + l * NC;
-      bf16* qkv = a.qkv + l * 3 * NC;
-      bf16* atty = a.atty + l * NC;
-      bf16* att = saves_lse() ? nullptr : a.att + static_cast<size_t>(l) * B * NH * T * T;
-      float* lse = saves_lse() ? a.lse + l * lse_stride(B, NH, T) : nullptr;
-      bf16* residual2 = a.residual2 + l * NC;
-      bf16* ln2 = a.ln2 + l * NC;
-      bf16* fch = a.fch + l * 4 * NC;
-      bf16* fch_gelu = a.fch_gelu + l * 4 * NC;
-      bf16* residual3 = a.residual3 + l * NC;
-      {
-        ProfileScope ps(prof, "fwd layernorm");
-        layernorm_forward(ln1, a.ln1_mean + l * N, a.ln1_rstd + l * N, residual, p.ln1w, p.ln1b,
-                          N, C, stream);
-      }
-      {
-        ProfileScope ps(prof, "fwd matmul qkv", 3 * fl);
-        matmul_forward(*blas, qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
-      }
-      {
-        ProfileScope ps(prof, "fwd attention");
-        if (flash())
-          attention_forward_flash(atty, lse, qkv, a.scratch, B, T, C, NH, stream, prof);
-        else if (attention == AttentionKind::cudnn)
-          cudnn_forward(atty, lse, qkv);
-        else if (attention == AttentionKind::cublas_inplace)
-          attention_forward_inplace(*blas, atty, att, qkv, a.scratch, B, T, C, NH);
-        else
-          attention_forward(*blas, atty, att, qkv, a.scratch, B, T, C, NH);
-      }
-      bf16* proj = a.scratch;  // free again once attention_forward's GEMMs are enqueued
-      {
-        ProfileScope ps(prof, "fwd matmul attn_proj", fl);
-        matmul_forward(*blas, proj, atty, p.projw, p.projb, N, C, C);
-      }
-      {
-        ProfileScope ps(prof, "fwd residual");
-        residual_forward(residual2, residual, proj, static_cast<long>(NC), stream);
-      }
-      {
-        ProfileScope ps(prof, "fwd layernorm");
-        layernorm_forward(ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, residual2, p.ln2w,
-                          p.ln2b, N, C, stream);
-      }
-      if (fuse_gelu) {
-        // fch (GELU's input, kept for backward) and fch_gelu from one GEMM's epilogue.
-        ProfileScope ps(prof, "fwd matmul fc (+gelu)", 4 * fl);
-        matmul_forward(*blas, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C, 0, fch);
-      } else {
-        {
-          ProfileScope ps(prof, "fwd matmul fc", 4 * fl);
-          matmul_forward(*blas, fch, ln2, p.fcw, p.fcb, N, C, 4 * C);
-        }
-        ProfileScope ps(prof, "fwd gelu");
-        gelu_forward(fch_gelu, fch, static_cast<long>(4 * NC), stream);
-      }
-      {
-        ProfileScope ps(prof, "fwd matmul fc_proj", 4 * fl);
-        matmul_forward(*blas, proj, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
-      }
+    {
+      ProfileScope ps(prof, "fwd matmul qkv", 3 * fl);
+      matmul_forward(*blas, qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
+    }
+    {
+      ProfileScope ps(prof, "fwd attention");
+      if (flash())
+        attention_forward_flash(atty, lse, qkv, a.scratch, B, T, C, NH, stream, prof);
+      else if (attention == AttentionKind::cudnn)
+        cudnn_forward(atty, lse, qkv);
+      else if (attention == AttentionKind::cublas_inplace)
+        attention_forward_inplace(*blas, atty, att, qkv, a.scratch, B, T, C, NH);
+      else
+        attention_forward(*blas, atty, att, qkv, a.scratch, B, T, C, NH);
+    }
+    bf16* proj = a.scratch;  // free again once attention_forward's GEMMs are enqueued
+    {
+      ProfileScope ps(prof, "fwd matmul attn_proj", fl);
+      matmul_forward(*blas, proj, atty, p.projw, p.projb, N, C, C);
+    }
+    {
       ProfileScope ps(prof, "fwd residual");
-      residual_forward(residual3, residual2, proj, static_cast<long>(NC), stream);
+      residual_forward(residual2, residual, proj, static_cast<long>(NC), stream);
     }
+    {
+      ProfileScope ps(prof, "fwd layernorm");
+      layernorm_forward(ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, residual2, p.ln2w,
+                        p.ln2b, N, C, stream);
+    }
+    if (fuse_gelu) {
+      // fch (GELU's input, kept for backward) and fch_gelu from one GEMM's epilogue.
+      ProfileScope ps(prof, "fwd matmul fc (+gelu)", 4 * fl);
+      matmul_forward(*blas, fch_gelu, ln2, p.fcw, p.fcb, N, C, 4 * C, 0, fch);
+    } else {
+      {
+        ProfileScope ps(prof, "fwd matmul fc", 4 * fl);
+        matmul_forward(*blas, fch, ln2, p.fcw, p.fcb, N, C, 4 * C);
+      }
+      ProfileScope ps(prof, "fwd gelu");
+      gelu_forward(fch_gelu, fch, static_cast<long>(4 * NC), stream);
+    }
+    {
+      ProfileScope ps(prof, "fwd matmul fc_proj", 4 * fl);
+      matmul_forward(*blas, proj, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
+    }
+    ProfileScope ps(prof, "fwd residual");
+    residual_forward(residual3, residual2, proj, static_cast<long>(NC), stream);
+  }
+
+  // The final layernorm, the LM head and the loss (with d(loss)/d(logits) for backward).
+  void forward_head(const Weights<bf16>& w, const Activations& a, const int32_t* tgt, bool for_backward) {
+    const int C = config.n_embd, V = config.vocab_size;
+    const int N = B * T;
+    const size_t NC = static_cast<size_t>(N) * C;
     const bf16* last = a.residual3 + (config.n_layer - 1) * NC;
     {
       ProfileScope ps(prof, "fwd layernorm");
@@ -381,7 +397,6 @@ struct GptCuda::Impl {
     }
     ProfileScope ps(prof, "fwd mean loss");
     mean_loss(a.loss, a.losses, N, stream);
-    pass = for_backward ? Pass::training : Pass::inference;
   }
 
   void backward() {
@@ -390,12 +405,23 @@ struct GptCuda::Impl {
     if (pass != Pass::training)
       fail("backward: the last forward pass did not compute the loss gradient (for_backward)");
     pass = Pass::backward_done;
-    const int C = config.n_embd, NH = config.n_head, V = config.vocab_size;
-    const int N = B * T;
-    const size_t NC = static_cast<size_t>(N) * C;
     Weights<bf16> w(layout, params_bf16.get(), config.n_layer);
     Weights<float> g(layout, grads.get(), config.n_layer);
     Activations a = acts();
+    backward_head(w, g, a);
+    for (int l = config.n_layer - 1; l >= 0; --l) {
+      backward_mlp(l, w.blocks[l], g.blocks[l], a);
+      backward_attention(l, w.blocks[l], g.blocks[l], a);
+    }
+    ProfileScope ps(prof, "bwd embedding");
+    encoder_backward(g.wte, g.wpe, a.dresidual, tokens.get(), B, T, config.n_embd, stream);
+  }
+
+  // The LM head and the final layernorm, back to d(residual) of the last block.
+  void backward_head(const Weights<bf16>& w, const Weights<float>& g, const Activations& a) {
+    const int C = config.n_embd, V = config.vocab_size;
+    const int N = B * T;
+    const size_t NC = static_cast<size_t>(N) * C;
     // a.logits holds d(mean loss)/d(logits) since the fused forward.
     {
       ProfileScope ps(prof, "bwd matmul lm_head");
@@ -412,75 +438,83 @@ struct GptCuda::Impl {
       layernorm_backward(a.dresidual, g.lnfw, g.lnfb, a.dln, last, w.lnfw, a.lnf_mean,
                          a.lnf_rstd, N, C, stream);
     }
-    for (int l = config.n_layer - 1; l >= 0; --l) {
-      const Block<bf16>& p = w.blocks[l];
-      const Block<float>& d = g.blocks[l];
-      const bf16* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
-      // MLP branch.
-      if (fuse_gelu) {
-        {
-          // dwide = d(fch): GELU's backward in the dgrad GEMM's epilogue.
-          ProfileScope ps(prof, "bwd matmul fc_proj (+dgelu)");
-          matmul_backward(*blas, a.dwide, d.fcprojw, d.fcprojb, a.dresidual,
-                          a.fch_gelu + l * 4 * NC, p.fcprojw, N, 4 * C, C, 0,
-                          a.fch + l * 4 * NC);
-        }
-        ProfileScope ps(prof, "bwd fc bias grad");
-        bias_backward(d.fcb, a.dwide, N, 4 * C, 4 * C, stream);
-      } else {
-        {
-          ProfileScope ps(prof, "bwd matmul fc_proj");
-          matmul_backward(*blas, a.dwide, d.fcprojw, d.fcprojb, a.dresidual,
-                          a.fch_gelu + l * 4 * NC, p.fcprojw, N, 4 * C, C);
-        }
-        // fc's bias gradient comes out of the same pass over the (N,4C) gradient.
-        ProfileScope ps(prof, "bwd gelu (+ fc bias grad)");
-        gelu_backward_bias(a.dwide, d.fcb, a.fch + l * 4 * NC, a.dwide, N, 4 * C, stream);
-      }
+  }
+
+  // Block l's MLP branch and its layernorm, backward (p: its parameters, d: their gradients).
+  void backward_mlp(int l, const Block<bf16>& p, const Block<float>& d, const Activations& a) {
+    const int C = config.n_embd;
+    const int N = B * T;
+    const size_t NC = static_cast<size_t>(N) * C;
+    // MLP branch.
+    if (fuse_gelu) {
       {
-        ProfileScope ps(prof, "bwd matmul fc");
-        matmul_backward(*blas, a.dln, d.fcw, nullptr, a.dwide, a.ln2 + l * NC, p.fcw, N, C, 4 * C);
+        // dwide = d(fch): GELU's backward in the dgrad GEMM's epilogue.
+        ProfileScope ps(prof, "bwd matmul fc_proj (+dgelu)");
+        matmul_backward(*blas, a.dwide, d.fcprojw, d.fcprojb, a.dresidual,
+                        a.fch_gelu + l * 4 * NC, p.fcprojw, N, 4 * C, C, 0,
+                        a.fch + l * 4 * NC);
       }
+      ProfileScope ps(prof, "bwd fc bias grad");
+      bias_backward(d.fcb, a.dwide, N, 4 * C, 4 * C, stream);
+    } else {
       {
-        ProfileScope ps(prof, "bwd layernorm");
-        layernorm_backward(a.dresidual, d.ln2w, d.ln2b, a.dln, a.residual2 + l * NC, p.ln2w,
-                           a.ln2_mean + l * N, a.ln2_rstd + l * N, N, C, stream);
+        ProfileScope ps(prof, "bwd matmul fc_proj");
+        matmul_backward(*blas, a.dwide, d.fcprojw, d.fcprojb, a.dresidual,
+                        a.fch_gelu + l * 4 * NC, p.fcprojw, N, 4 * C, C);
       }
-      // Attention branch.
-      {
-        ProfileScope ps(prof, "bwd matmul attn_proj");
-        matmul_backward(*blas, a.datty, d.projw, d.projb, a.dresidual, a.atty + l * NC, p.projw,
-                        N, C, C);
-      }
-      {
-        ProfileScope ps(prof, "bwd attention");
-        if (flash())
-          attention_backward_flash(a.dwide, a.datty, a.qkv + l * 3 * NC, a.atty + l * NC,
-                                   a.lse + l * lse_stride(B, NH, T), a.scratch,
-                                   a.delta, B, T, C, NH, stream, prof);
-        else if (attention == AttentionKind::cudnn)
-          cudnn_backward(a.dwide, a.datty, a.qkv + l * 3 * NC, a.atty + l * NC,
-                         a.lse + l * lse_stride(B, NH, T));
-        else if (attention == AttentionKind::cublas_inplace)
-          attention_backward_inplace(*blas, a.dwide, a.datty, a.qkv + l * 3 * NC,
-                                     a.att + static_cast<size_t>(l) * B * NH * T * T, a.scratch,
-                                     B, T, C, NH);
-        else
-          attention_backward(*blas, a.dwide, a.datty, a.qkv + l * 3 * NC,
-                             a.att + static_cast<size_t>(l) * B * NH * T * T, a.scratch, B, T,
-                             C, NH);
-      }
-      {
-        ProfileScope ps(prof, "bwd matmul qkv");
-        matmul_backward(*blas, a.dln, d.qkvw, d.qkvb, a.dwide, a.ln1 + l * NC, p.qkvw, N, C,
-                        3 * C);
-      }
-      ProfileScope ps(prof, "bwd layernorm");
-      layernorm_backward(a.dresidual, d.ln1w, d.ln1b, a.dln, residual, p.ln1w,
-                         a.ln1_mean + l * N, a.ln1_rstd + l * N, N, C, stream);
+      // fc's bias gradient comes out of the same pass over the (N,4C) gradient.
+      ProfileScope ps(prof, "bwd gelu (+ fc bias grad)");
+      gelu_backward_bias(a.dwide, d.fcb, a.fch + l * 4 * NC, a.dwide, N, 4 * C, stream);
     }
-    ProfileScope ps(prof, "bwd embedding");
-    encoder_backward(g.wte, g.wpe, a.dresidual, tokens.get(), B, T, C, stream);
+    {
+      ProfileScope ps(prof, "bwd matmul fc");
+      matmul_backward(*blas, a.dln, d.fcw, nullptr, a.dwide, a.ln2 + l * NC, p.fcw, N, C, 4 * C);
+    }
+    {
+      ProfileScope ps(prof, "bwd layernorm");
+      layernorm_backward(a.dresidual, d.ln2w, d.ln2b, a.dln, a.residual2 + l * NC, p.ln2w,
+                         a.ln2_mean + l * N, a.ln2_rstd + l * N, N, C, stream);
+    }
+  }
+
+  // Block l's attention branch and its layernorm, backward.
+  void backward_attention(int l, const Block<bf16>& p, const Block<float>& d, const Activations& a) {
+    const int C = config.n_embd, NH = config.n_head;
+    const int N = B * T;
+    const size_t NC = static_cast<size_t>(N) * C;
+    const bf16* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
+    // Attention branch.
+    {
+      ProfileScope ps(prof, "bwd matmul attn_proj");
+      matmul_backward(*blas, a.datty, d.projw, d.projb, a.dresidual, a.atty + l * NC, p.projw,
+                      N, C, C);
+    }
+    {
+      ProfileScope ps(prof, "bwd attention");
+      if (flash())
+        attention_backward_flash(a.dwide, a.datty, a.qkv + l * 3 * NC, a.atty + l * NC,
+                                 a.lse + l * lse_stride(B, NH, T), a.scratch,
+                                 a.delta, B, T, C, NH, stream, prof);
+      else if (attention == AttentionKind::cudnn)
+        cudnn_backward(a.dwide, a.datty, a.qkv + l * 3 * NC, a.atty + l * NC,
+                       a.lse + l * lse_stride(B, NH, T));
+      else if (attention == AttentionKind::cublas_inplace)
+        attention_backward_inplace(*blas, a.dwide, a.datty, a.qkv + l * 3 * NC,
+                                   a.att + static_cast<size_t>(l) * B * NH * T * T, a.scratch,
+                                   B, T, C, NH);
+      else
+        attention_backward(*blas, a.dwide, a.datty, a.qkv + l * 3 * NC,
+                           a.att + static_cast<size_t>(l) * B * NH * T * T, a.scratch, B, T,
+                           C, NH);
+    }
+    {
+      ProfileScope ps(prof, "bwd matmul qkv");
+      matmul_backward(*blas, a.dln, d.qkvw, d.qkvb, a.dwide, a.ln1 + l * NC, p.qkvw, N, C,
+                      3 * C);
+    }
+    ProfileScope ps(prof, "bwd layernorm");
+    layernorm_backward(a.dresidual, d.ln1w, d.ln1b, a.dln, residual, p.ln1w,
+                       a.ln1_mean + l * N, a.ln1_rstd + l * N, N, C, stream);
   }
 };
 

@@ -188,6 +188,43 @@ struct Child {
   }
 };
 
+namespace {
+
+// The child between fork and execve: its own process group, stopped if the launcher dies,
+// default signal handlers, stdin from /dev/null, none of our descriptors but `report_fd`, on
+// which execve's errno is written if it fails.
+[[noreturn]] void exec_child(const std::string& program, char** argv, char** envp, pid_t parent, int report_fd) {
+  // Only async-signal-safe calls from here to execve.
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0);  // the launcher died: stop (mpirun: the job)
+  if (::getppid() != parent) ::_exit(127);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  for (int s = 1; s < NSIG; ++s)
+    if (s != SIGKILL && s != SIGSTOP) ::sigaction(s, &dfl, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  const int null_fd = ::open("/dev/null", O_RDONLY);
+  if (null_fd >= 0 && null_fd != 0) {
+    ::dup2(null_fd, 0);
+    ::close(null_fd);
+  }
+  // Our other descriptors (launch.jsonl, ...) are not the child's.
+#ifdef SYS_close_range
+  if (::syscall(SYS_close_range, 3U, ~0U, 4U /* CLOSE_RANGE_CLOEXEC */) != 0)
+#endif
+    for (int fd = 3; fd < 4096; ++fd)
+      if (fd != report_fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  ::execve(program.c_str(), argv, envp);
+  const int err = errno;
+  [[maybe_unused]] const ssize_t n = ::write(report_fd, &err, sizeof err);
+  ::_exit(127);
+}
+
+}  // namespace
+
 class Run {
  public:
   explicit Run(const SupervisorOptions& options) : o_(options) {
@@ -298,35 +335,7 @@ class Run {
     const fs::file_time_type before_start =
         fs::file_time_type::clock::now() - std::chrono::milliseconds(20);
     const pid_t pid = ::fork();
-    if (pid == 0) {
-      // Only async-signal-safe calls from here to execve.
-      ::setpgid(0, 0);
-      ::prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0);  // the launcher died: stop (mpirun: the job)
-      if (::getppid() != parent) ::_exit(127);
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;
-      sigemptyset(&dfl.sa_mask);
-      for (int s = 1; s < NSIG; ++s)
-        if (s != SIGKILL && s != SIGSTOP) ::sigaction(s, &dfl, nullptr);
-      sigset_t none;
-      sigemptyset(&none);
-      ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      const int null_fd = ::open("/dev/null", O_RDONLY);
-      if (null_fd >= 0 && null_fd != 0) {
-        ::dup2(null_fd, 0);
-        ::close(null_fd);
-      }
-      // Our other descriptors (launch.jsonl, ...) are not the child's.
-#ifdef SYS_close_range
-      if (::syscall(SYS_close_range, 3U, ~0U, 4U /* CLOSE_RANGE_CLOEXEC */) != 0)
-#endif
-        for (int fd = 3; fd < 4096; ++fd)
-          if (fd != pipe_fd[1]) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-      ::execve(program.c_str(), argv.data(), envp.data());
-      const int err = errno;
-      [[maybe_unused]] const ssize_t n = ::write(pipe_fd[1], &err, sizeof err);
-      ::_exit(127);
-    }
+    if (pid == 0) exec_child(program, argv.data(), envp.data(), parent, pipe_fd[1]);
     const int fork_errno = errno;
     if (pid > 0) ::setpgid(pid, pid);  // also here: no signal may reach a group not yet made
     ::close(pipe_fd[1]);

@@ -84,7 +84,6 @@ void LearnerCore::started_over(const std::vector<int64_t>& words) {
     f.applied = f.pending_version = f.sends = words[1 + p];
     f.sent_step = -1;
   }
-  step_ema_ = 0;
 }
 
 // ---------------------------------------------------------------- the leader: every step

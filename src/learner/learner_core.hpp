@@ -109,6 +109,8 @@ class LearnerCore {
     std::function<bool()> syncer_present;
     /// cuda: publish the snapshots still on their way to host memory (may wait).
     std::function<void()> flush_snapshots;
+    /// Sleeps `s` seconds of job time (empty: the thread sleeps; a test moves its clock).
+    std::function<void(double s)> sleep;
     /// cuda, outer.apply overwrite: merged Θ_p was taken (`pending`); stage its upload to the
     /// device while the unit trains.
     std::function<void(int p, std::span<const float> theta)> taken;
@@ -135,7 +137,8 @@ class LearnerCore {
   void record_sends(const Actions& actions);
   /// θ_p took the merge at `version` (outer.apply was carried out by the shell).
   void applied(int p, int64_t version);
-  /// θ took the Θ fetched at a rejoin, at the versions in words[1..] (fetch_theta's).
+  /// θ took the Θ fetched at a rejoin, at the versions in words[1..] (fetch_theta's). Every
+  /// rank; the leader's step time starts over at go_down.
   void started_over(const std::vector<int64_t>& words);
   /// A resumed run: the state the checkpoint restored, and the rejoins counted before.
   void resumed(int64_t rejoins) { rejoins_ = rejoins; }
@@ -190,8 +193,9 @@ class LearnerCore {
   // ---- a rejoin: the leader's part of a crash, then the fetch of Θ
   /// The unit is down: its outboxes turn to garbage (a chaos crash) or stay for the syncer;
   /// no heartbeat for `down_s` of job time; then it asks to rejoin and waits until the syncer
-  /// serves it. `joining`: the isolated deployment's start (nothing lost, nothing logged).
-  /// Returns false when told to stop meanwhile.
+  /// serves it (ddp: no syncer to ask; back after the down time whatever happens, since the
+  /// other units wait in the all-reduce). `joining`: the isolated deployment's start (nothing
+  /// lost, nothing logged). Returns false when told to stop meanwhile.
   bool go_down(const Actions& actions, int64_t t, bool joining);
   /// Θ of every fragment, written by the syncer into our inboxes for the rejoin, into
   /// `pending`, and the versions fetched into words[1..]. Throws Error on a bad checksum.
@@ -218,6 +222,7 @@ class LearnerCore {
   bool syncer_reading();
   bool any_unread() const;
   void wait_down(double down_s);
+  void sleep(double s) const;
   void log(nlohmann::json event) const;
 
   const OuterPlan& plan_;

@@ -127,6 +127,7 @@ bool LearnerCore::go_down(const Actions& a, int64_t t, bool joining) {
     log({{"event", "crash"}, {"step", t}, {"down_s", a.down_ms / 1e3}, {"late_s", crash_late_s_},
          {"cause", cause_name(crash_cause_)}, {"lost_snapshots", std::count(a.lost.begin(), a.lost.end(), 1)}});
   wait_down(a.down_ms / 1e3);
+  step_ema_ = 0;  // the step time is measured afresh once back
   if (!plan_.outer_steps) return true;
   if (stop_requested()) return false;
   window_->set_control(protocol::kRejoinRequest, ++rejoins_);
@@ -143,9 +144,15 @@ void LearnerCore::wait_down(double down_s) {
   const double back_at = env_.job_time() + down_s;
   while (env_.job_time() < back_at && !(plan_.outer_steps && stop_requested())) {
     answer_reads();
-    std::this_thread::sleep_for(std::chrono::duration<double>(
-        std::min(0.05, std::max(0.0, back_at - env_.job_time()))));
+    sleep(std::min(0.05, std::max(0.0, back_at - env_.job_time())));
   }
+}
+
+void LearnerCore::sleep(double s) const {
+  if (env_.sleep)
+    env_.sleep(s);
+  else
+    std::this_thread::sleep_for(std::chrono::duration<double>(s));
 }
 
 void LearnerCore::fetch_theta(std::vector<int64_t>& words) {
@@ -169,7 +176,7 @@ void LearnerCore::answer_reads() {
 bool LearnerCore::syncer_reading() {
   while (any_unread() && !stop_requested()) {
     if (window_->control(protocol::kReadsStarted) > window_->control(protocol::kReadSeen)) return true;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    sleep(200e-6);
     beat();
   }
   return false;

@@ -1,5 +1,5 @@
 // The one-job runtime's gather of every rank's time book at the syncer (time_books.hpp). It lives
-// here, not beside TimeBook in src/chaos, because the goodput books need no MPI.
+// here, not beside TimeBook in src/goodput, because the goodput books need no MPI.
 #include "ddiloco/goodput.hpp"
 #include "ddiloco/mpi.hpp"
 #include "ddiloco/time_books.hpp"

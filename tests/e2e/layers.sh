@@ -6,7 +6,10 @@
 #      building the layer's library stops at the check, naming the file and the header. So
 #      does an include between the two roles, side by side (src/learner including the
 #      syncer's core).
-#   3. A folder of src/ that is not placed in the order fails the check too.
+#   3. Nor can an include slip past written as <ddiloco/x.hpp> or as a path relative to the
+#      file ("../syncer/syncer.hpp").
+#   4. A folder of src/ that is not placed in the order fails the check, and so does a folder
+#      inside a layer (CMake builds src/<layer>/*.cpp: its files would never be compiled).
 source "$(dirname "$0")/lib/common.sh"
 
 /usr/bin/python3 "$SRC/cmake/check_layers.py" "$SRC" || fail "this tree has wrong-way includes (above)"
@@ -39,8 +42,27 @@ grep -q "src/learner/learner_hooks.cpp includes ddiloco/syncer_core.hpp: .* besi
   { cat "$WORK/build2.log"; fail "the build failed, but not on the include between the roles"; }
 echo "ok: an include between the roles failed the build: $(grep -m1 'learner_hooks.cpp includes' "$WORK/build2.log")"
 
-mkdir "$copy/src/newfolder"
 sed -i '1d' "$copy/src/learner/learner_hooks.cpp"
+sed -i '1i #include <ddiloco/syncer_core.hpp>' "$copy/src/util/rng.cpp"
+sed -i '1i #include "../syncer/syncer.hpp"' "$copy/src/learner/learner_hooks.cpp"
+if /usr/bin/python3 "$SRC/cmake/check_layers.py" "$copy" 2> "$WORK/forms.log"; then
+  fail "an angle-bracket or relative wrong-way include passed"
+fi
+grep -q "src/util/rng.cpp includes ddiloco/syncer_core.hpp" "$WORK/forms.log" &&
+  grep -q "src/learner/learner_hooks.cpp includes syncer/syncer.hpp: .* beside src/learner" "$WORK/forms.log" ||
+  { cat "$WORK/forms.log"; fail "wrong message for <...> or relative includes"; }
+echo "ok: <ddiloco/...> and relative wrong-way includes fail the check too"
+sed -i '1d' "$copy/src/util/rng.cpp" "$copy/src/learner/learner_hooks.cpp"
+
+mkdir "$copy/src/learner/sub"
+if /usr/bin/python3 "$SRC/cmake/check_layers.py" "$copy" 2> "$WORK/sub.log"; then
+  fail "a folder inside a layer passed"
+fi
+grep -q "src/learner/sub: a folder inside a layer" "$WORK/sub.log" || { cat "$WORK/sub.log"; fail "wrong message"; }
+rmdir "$copy/src/learner/sub"
+echo "ok: a folder inside a layer fails the check"
+
+mkdir "$copy/src/newfolder"
 if /usr/bin/python3 "$SRC/cmake/check_layers.py" "$copy" 2> "$WORK/folder.log"; then
   fail "a folder not placed in the order passed"
 fi

@@ -4,10 +4,15 @@
 // crashes, rejoins, a restarted syncer's offer, the budget spent alone).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <thread>
 
+#include "ddiloco/config.hpp"
+#include "ddiloco/error.hpp"
 #include "ddiloco/fragments.hpp"
+#include "ddiloco/outer_plan.hpp"
 #include "ddiloco/model.hpp"
 #include "ddiloco/sync_window.hpp"
 #include "local_link.hpp"
@@ -18,26 +23,17 @@ namespace {
 
 using protocol::Control;
 
+// The plan of `mode` as a config gives it (OuterPlan::from: the mode table itself).
+OuterPlan plan_of(const std::string& mode, int fragments = 1, int h = 4, int overlap = 0, int64_t warmup = 0) {
+  return OuterPlan::from(load_config(
+      "", {"mode=" + mode, "units.count=2", "outer.fragments=" + std::to_string(fragments),
+           "outer.h=" + std::to_string(h), "outer.overlap=" + std::to_string(overlap),
+           "outer.warmup_steps=" + std::to_string(warmup), "syncer.quorum=1"}));
+}
 OuterPlan decoupled(int fragments, int h, int overlap, int64_t warmup = 0) {
-  OuterPlan p;
-  p.mode = Mode::decoupled;
-  p.fragments = fragments;
-  p.h = h;
-  p.overlap = overlap;
-  p.warmup = warmup;
-  p.every_merge_has_all = false;
-  p.stops_on_token_budget = p.lr_on_job_clock = p.can_rejoin = true;
-  p.learners_wait = overlap == 0;
-  return p;
+  return plan_of("decoupled", fragments, h, overlap, warmup);
 }
-
-OuterPlan diloco(int h) {
-  OuterPlan p;
-  p.mode = Mode::diloco;
-  p.h = h;
-  p.stops_on_named_round = p.can_rejoin = p.redoes_lost_round = p.learners_wait = true;
-  return p;
-}
+OuterPlan diloco(int h) { return plan_of("diloco", 1, h); }
 
 LearnerCore::Settings settings() {
   LearnerCore::Settings s;
@@ -47,7 +43,8 @@ LearnerCore::Settings settings() {
   return s;
 }
 
-// One unit (u = 0) and the syncer's side of its window.
+// One unit (u = 0) and the syncer's side of its window, on a job clock the test owns: the
+// core's sleeps move it (no real time passes), and `tick` moves it at every reading.
 struct Rig {
   ParameterLayout layout = ParameterLayout::gpt2(GptConfig{16, 4, 1, 2, 8});
   OuterPlan plan;
@@ -57,10 +54,12 @@ struct Rig {
   test::LocalExposed memory{windows.bytes()};
   protocol::LearnerWindow window{memory, windows};
   protocol::SyncerWindow syncer{remote, windows};
-  double now = 0, tick = 0;  // job time; how far each reading moves it
+  std::atomic<double> now{0};
+  double tick = 0;
   std::vector<nlohmann::json> events;
-  std::optional<double> reconnect;  // the link's next answer: a restarted syncer admitted us
+  std::atomic<double> reconnect{-1};  // ≥ 0: the link's next answer, a restarted syncer admitted us
   std::optional<bool> present;      // a syncer connected (empty: the one-job deployment)
+  int flushes = 0;                  // cuda's flush_snapshots calls
   LearnerCore core;
 
   explicit Rig(const OuterPlan& p, LearnerCore::Settings s = settings(), chaos::Schedule faults = {})
@@ -69,10 +68,15 @@ struct Rig {
   }
   LearnerCore make(LearnerCore::Settings s, chaos::Schedule faults) {
     LearnerCore::Env env;
-    env.job_time = [this] { return now += tick; };
+    env.job_time = [this] { return now = now + tick; };
+    env.sleep = [this](double dt) { now = now + dt; };
     env.log = [this](nlohmann::json e) { events.push_back(std::move(e)); };
-    env.reconnected = [this] { return std::exchange(reconnect, std::nullopt); };
+    env.reconnected = [this]() -> std::optional<double> {
+      const double gone = reconnect.exchange(-1);
+      return gone >= 0 ? std::optional<double>(gone) : std::nullopt;
+    };
     env.syncer_present = [this] { return present.value_or(true); };
+    env.flush_snapshots = [this] { ++flushes; };
     return LearnerCore(plan, fragments, &window, s, chaos::UnitTimeline(faults, 0), std::move(env));
   }
   size_t numel(int p) const { return windows.numel(p); }
@@ -80,16 +84,22 @@ struct Rig {
   // The syncer's side.
   void set(Control w, int64_t v) { ASSERT_TRUE(syncer.set_control(0, w, v)); }
   int64_t word(Control w) const { return window.control(w); }
+  int64_t header(int p, protocol::Header h) {
+    std::vector<protocol::UnitHeaders> hs;
+    syncer.poll(hs, true);
+    return hs[0].header(p, h);
+  }
   void deliver(int p, int64_t version, float value) {
     syncer.deliver(0, p, version, std::vector<float>(numel(p), value));
   }
-  void read_outbox(int p) {
+  // Reads p's outbox as the syncer does; returns the problem found ("" when it is sound).
+  std::string read_outbox(int p) {
     std::vector<protocol::UnitHeaders> h;
     syncer.poll(h, true);
     std::vector<float> got(numel(p));
     const auto f = syncer.fetch(0, p, h[0], got);
-    ASSERT_EQ(f.problem, "");
-    syncer.ack(0, p, f.seq_after);
+    if (f.problem.empty()) syncer.ack(0, p, f.seq_after);
+    return f.problem;
   }
   // The leader's part of a step after which fragment p goes out.
   void publish(int p, int64_t t, Actions& a) {
@@ -105,16 +115,38 @@ struct Rig {
   }
 };
 
-// Runs `f` on a thread after `ms` milliseconds (the syncer acting while the core waits).
-struct Later {
-  std::thread thread;
-  Later(int ms, std::function<void()> f)
-      : thread([ms, f = std::move(f)] {
-          std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-          f();
+// The syncer acting while the core waits: once `ready()` holds, `act()` runs. If it never
+// holds within 5 s, kStop ends every wait of the core instead and `in_time()` is false.
+class When {
+ public:
+  When(Rig& r, std::function<bool()> ready, std::function<void()> act)
+      : thread_([&r, this, ready = std::move(ready), act = std::move(act)] {
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+          while (!ready()) {
+            if (std::chrono::steady_clock::now() > deadline) {
+              late_ = true;
+              r.set(protocol::kStop, 1);
+              return;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+          act();
         }) {}
-  ~Later() { thread.join(); }
+  ~When() { in_time(); }
+  bool in_time() {
+    if (thread_.joinable()) thread_.join();
+    return !late_;
+  }
+
+ private:
+  bool late_ = false;
+  std::thread thread_;
 };
+
+// The core is waiting: its heartbeat moved on (it beats at every poll of a wait).
+std::function<bool()> waiting(Rig& r) {
+  return [&r, beats = r.word(protocol::kHeartbeat)] { return r.word(protocol::kHeartbeat) > beats + 2; };
+}
 
 TEST(LearnerCore, AMergeAppliesTauStepsAfterOurSnapshotLeftNeverBefore) {
   Rig r(decoupled(2, 4, 1));
@@ -188,13 +220,12 @@ TEST(LearnerCore, SynchronousModesWaitForTheMergeOfTheirOwnSnapshot) {
   Rig r(diloco(2));
   Actions a(1);
   r.publish(0, 2, a);
-  Later syncer(50, [&] { r.deliver(0, 1, 0.5f); });
-  const int64_t beats = r.word(protocol::kHeartbeat);
+  When syncer(r, waiting(r), [&] { r.deliver(0, 1, 0.5f); });
   Actions now(1);
   EXPECT_FALSE(r.core.take_merges(2, now));
+  EXPECT_TRUE(syncer.in_time()) << "the unit never waited, beating, for its merge";
   ASSERT_EQ(now.apply.size(), 1u) << "went on without the merge";
   EXPECT_EQ(now.apply[0].second, 1);
-  EXPECT_GT(r.word(protocol::kHeartbeat), beats) << "no heartbeat while waiting";
 }
 
 TEST(LearnerCore, AWaitEndsOnAStopOrOnACrashThatComesDue) {
@@ -202,9 +233,10 @@ TEST(LearnerCore, AWaitEndsOnAStopOrOnACrashThatComesDue) {
     Rig r(diloco(2));
     Actions a(1);
     r.publish(0, 2, a);
-    Later stop(30, [&] { r.set(protocol::kStop, 1); });
+    When stop(r, waiting(r), [&] { r.set(protocol::kStop, 1); });
     Actions now(1);
     EXPECT_FALSE(r.core.take_merges(2, now));
+    EXPECT_TRUE(stop.in_time()) << "the unit did not wait for its merge";
     EXPECT_TRUE(now.apply.empty());
   }
   {
@@ -264,6 +296,9 @@ TEST(LearnerCore, CheckpointsAreWrittenWhenAskedAndAtAStop) {
   EXPECT_EQ(r.core.decide_checkpoint(false), 0) << "written once";
   r.set(protocol::kCheckpointNext, 7);
   EXPECT_EQ(r.core.decide_checkpoint(true), 7) << "at a stop: the next one the syncer completes";
+  set.checkpoint_at_stop = false;
+  Rig quiet(decoupled(1, 2, 1), set);
+  EXPECT_EQ(quiet.core.decide_checkpoint(true), 0) << "a stop writes none unless asked or checkpoint.at_stop";
   r.core.checkpoint_written(7, false);
   EXPECT_EQ(r.word(protocol::kCheckpointFailed), 7);
   EXPECT_EQ(r.core.next_checkpoint_id(), 8) << "a failed id is not tried again";
@@ -284,16 +319,18 @@ TEST(LearnerCore, AChaosCrashLosesTheUnreadSnapshotsGoesSilentAndRejoinsFromThet
   EXPECT_EQ(crash.lost, (std::vector<int64_t>{1, 0}));
 
   // The syncer serves the rejoin: Θ raw into every inbox, then kRejoinServed.
-  Later syncer(30, [&] {
-    while (r.word(protocol::kRejoinRequest) < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const int64_t beats = r.word(protocol::kHeartbeat);
+  const double down_from = r.now;
+  When syncer(r, [&] { return r.word(protocol::kRejoinRequest) >= 1; }, [&] {
+    EXPECT_EQ(r.word(protocol::kHeartbeat), beats) << "a unit that is down must not beat";
+    EXPECT_GE(r.now, down_from + 1.5) << "asked to rejoin before its down time was over";
     for (int p = 0; p < 2; ++p) r.syncer.deliver(0, p, 4 + p, std::vector<float>(r.numel(p), 0.125f), true);
     r.set(protocol::kRejoinServed, 1);
   });
-  r.tick = 0.5;  // the down time passes in a few readings of the clock
-  const int64_t beats = r.word(protocol::kHeartbeat);
   ASSERT_TRUE(r.core.go_down(crash, 3, false));
-  EXPECT_EQ(r.word(protocol::kHeartbeat), beats) << "a unit that is down must not beat";
+  EXPECT_TRUE(syncer.in_time());
   EXPECT_TRUE(r.logged("crash"));
+  EXPECT_NE(r.read_outbox(0), "") << "the crash must turn the unread snapshot to garbage";
   std::vector<int64_t> words(3, 0);
   r.core.fetch_theta(words);
   EXPECT_EQ(words, (std::vector<int64_t>{0, 4, 5}));
@@ -314,7 +351,9 @@ TEST(LearnerCore, ADivergedStepStartsOverAtOnceLosingNothing) {
   EXPECT_TRUE(crash.crash);
   EXPECT_EQ(crash.down_ms, 0);
   EXPECT_EQ(crash.lost, (std::vector<int64_t>{0, 0})) << "snapshots taken before the poison stay";
+  EXPECT_FALSE(crash.keep_memory) << "poisoned parameters must not be kept";
   EXPECT_EQ(r.core.crash_cause(), CrashCause::non_finite);
+  EXPECT_EQ(r.flushes, 1) << "cuda: the snapshots on their way, taken before the poison, must go out";
   EXPECT_TRUE(r.logged("non_finite"));
 }
 
@@ -336,10 +375,12 @@ TEST(LearnerCore, ARestartedSyncerGetsOurThetaAndDecoupledTrainsOn) {
   std::vector<float> got(r.numel(0));
   EXPECT_EQ(r.syncer.fetch_offer(0, 0, h[0], got), "");
   EXPECT_EQ(got[0], 0.5f);
+  EXPECT_EQ(r.header(0, protocol::kInAck), -1) << "inboxes held while the offer stands";
   // Taken: our inboxes are ours again, and the next merge comes in as usual.
   r.set(protocol::kOfferTaken, 1);
   Actions settle(2);
   r.core.take_merges(3, settle);
+  EXPECT_EQ(r.header(0, protocol::kInAck), 3) << "the inbox must say what we took last";
   r.deliver(0, 4, 0.75f);
   EXPECT_EQ(r.core.take(0), 4);
 }
@@ -375,11 +416,10 @@ TEST(LearnerCore, AUnitAloneStopsAtTheBudgetItEstimatesUntilASyncerSaysStop) {
   r.core.wait_if_budget_spent_alone(10);  // estimate 800
   r.core.wait_if_budget_spent_alone(11);  // 900
   EXPECT_FALSE(r.logged("budget_spent_alone"));
-  const int64_t beats = r.word(protocol::kHeartbeat);
-  Later stop(50, [&] { r.set(protocol::kStop, 1); });
-  r.core.wait_if_budget_spent_alone(12);  // 1000: waits
+  When stop(r, waiting(r), [&] { r.set(protocol::kStop, 1); });
+  r.core.wait_if_budget_spent_alone(12);  // 1000: waits, beating
+  EXPECT_TRUE(stop.in_time()) << "the unit did not wait at the budget";
   EXPECT_TRUE(r.logged("budget_spent_alone"));
-  EXPECT_GT(r.word(protocol::kHeartbeat), beats) << "waiting alone must beat";
 
   Rig with(decoupled(1, 2, 1), s);  // a syncer is there: it counts the tokens
   with.set(protocol::kJobTokens, 5000);
@@ -395,6 +435,79 @@ TEST(LearnerCore, ProgressAndTheLrScheduleOnTheJobClock) {
   EXPECT_EQ(r.word(protocol::kStepTimeNs), 250'000'000);
   r.set(protocol::kJobTokens, 1234);
   EXPECT_EQ(r.core.schedule_step(), 12);
+}
+
+TEST(LearnerCore, DecoupledWithTauZeroWaitsForAnyMergeNewerThanItsOwn) {
+  Rig r(decoupled(1, 2, 0));
+  Actions a(1);
+  r.publish(0, 2, a);
+  When syncer(r, waiting(r), [&] { r.deliver(0, 1, 0.5f); });
+  Actions now(1);
+  r.core.take_merges(2, now);
+  EXPECT_TRUE(syncer.in_time()) << "τ = 0: the merge is needed before the next step";
+  ASSERT_EQ(now.apply.size(), 1u);
+}
+
+TEST(LearnerCore, AWaitEndsWhenARestartedSyncerAdmitsUs) {
+  Rig r(diloco(2));
+  Actions a(1);
+  r.publish(0, 2, a);
+  When syncer(r, waiting(r), [&] { r.reconnect = 2.0; });  // it will never send our merge
+  Actions now(1);
+  r.core.take_merges(2, now);
+  EXPECT_TRUE(syncer.in_time());
+  EXPECT_TRUE(now.apply.empty());
+  r.core.decide_crash(now, 2, false, false, 1.0, 1.0);  // the restart is remembered until here
+  EXPECT_TRUE(now.crash) << "diloco starts over from the restarted syncer's Θ";
+  EXPECT_TRUE(r.logged("syncer_back"));
+}
+
+TEST(LearnerCore, ADivergedStepComesBeforeACrashAndAStopBeforeBoth) {
+  chaos::Schedule s;
+  s.faults.push_back({.unit = 0, .kind = chaos::FaultKind::crash, .start_s = 0, .duration_s = 1});
+  Rig r(decoupled(1, 2, 1), settings(), s);
+  Actions stop(1);
+  stop.stop = true;
+  r.core.decide_crash(stop, 3, true, true, NAN, NAN);
+  EXPECT_FALSE(stop.crash) << "a unit told to stop does not start over";
+  Actions both(1);
+  r.core.decide_crash(both, 3, true, false, NAN, NAN);
+  EXPECT_TRUE(both.crash);
+  EXPECT_EQ(r.core.crash_cause(), CrashCause::non_finite);
+  EXPECT_EQ(both.down_ms, 0);
+  Actions later(1);
+  r.core.decide_crash(later, 4, false, false, 1.0, 1.0);
+  EXPECT_EQ(r.core.crash_cause(), CrashCause::chaos) << "the chaos crash is still due";
+}
+
+TEST(LearnerCore, AUnitToldToStopWhileDownDoesNotRejoin) {
+  Rig r(decoupled(1, 2, 1));
+  r.set(protocol::kStop, 1);
+  Actions crash(1);
+  crash.crash = true;
+  crash.down_ms = 500;
+  EXPECT_FALSE(r.core.go_down(crash, 3, false));
+  EXPECT_EQ(r.word(protocol::kRejoinRequest), 0);
+  EXPECT_EQ(r.core.rejoins(), 0);
+}
+
+TEST(LearnerCore, AMergedFragmentThatFailsItsChecksumIsRefused) {
+  Rig r(decoupled(1, 2, 1));
+  r.deliver(0, 1, 0.5f);
+  reinterpret_cast<float*>(r.memory.base() + r.windows.inbox_offset(0))[3] += 1.0f;  // torn on the way
+  EXPECT_THROW(r.core.take(0), Error);
+}
+
+TEST(LearnerCore, DdpHasNoOuterLoopButComesBackFromACrash) {
+  Rig r(plan_of("ddp"));
+  EXPECT_TRUE(r.core.due(4, false).empty());
+  Actions none(1);
+  EXPECT_FALSE(r.core.decide_stop(none, 10, false));
+  EXPECT_TRUE(r.core.decide_stop(none, 10, true)) << "ddp stops on the units' agreed vote";
+  Actions crash(1);
+  crash.crash = true;
+  EXPECT_TRUE(r.core.go_down(crash, 3, false)) << "the others wait in the all-reduce: it comes back";
+  EXPECT_EQ(r.word(protocol::kRejoinRequest), 0) << "there is no syncer's Θ to rejoin from";
 }
 
 TEST(LearnerCore, ActionsCrossTheUnitAsWords) {
