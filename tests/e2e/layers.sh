@@ -54,18 +54,17 @@ grep -q "src/util/rng.cpp includes ddiloco/syncer_core.hpp" "$WORK/forms.log" &&
 echo "ok: <ddiloco/...> and relative wrong-way includes fail the check too"
 sed -i '1d' "$copy/src/util/rng.cpp" "$copy/src/learner/learner_hooks.cpp"
 
+# check_fails WHAT PATTERN: the check refuses the copy, with a line matching PATTERN.
+check_fails() {
+  if /usr/bin/python3 "$SRC/cmake/check_layers.py" "$copy" 2> "$WORK/check.log"; then
+    fail "$1 passed"
+  fi
+  grep -q "$2" "$WORK/check.log" || { cat "$WORK/check.log"; fail "wrong message for $1"; }
+  echo "ok: $1 fails the check"
+}
 mkdir "$copy/src/learner/sub"
-if /usr/bin/python3 "$SRC/cmake/check_layers.py" "$copy" 2> "$WORK/sub.log"; then
-  fail "a folder inside a layer passed"
-fi
-grep -q "src/learner/sub: a folder inside a layer" "$WORK/sub.log" || { cat "$WORK/sub.log"; fail "wrong message"; }
+check_fails "a folder inside a layer" "src/learner/sub: a folder inside a layer"
 rmdir "$copy/src/learner/sub"
-echo "ok: a folder inside a layer fails the check"
-
 mkdir "$copy/src/newfolder"
-if /usr/bin/python3 "$SRC/cmake/check_layers.py" "$copy" 2> "$WORK/folder.log"; then
-  fail "a folder not placed in the order passed"
-fi
-grep -q "src/newfolder: a folder not in LAYERS" "$WORK/folder.log" || { cat "$WORK/folder.log"; fail "wrong message"; }
-echo "ok: an unplaced folder fails the check"
+check_fails "an unplaced folder" "src/newfolder: a folder not in LAYERS"
 echo "PASS: the layers point one way, and the build enforces it"
