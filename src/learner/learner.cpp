@@ -38,12 +38,10 @@ Learner::Settings Learner::Settings::of(const Config& config, const OuterPlan& p
   s.threads = omp_get_max_threads();
   s.base_slowdown = config.units.slowdown.empty() ? 1.0 : config.units.slowdown[unit];
   s.blend = config.outer.apply == "blend";
-  s.carry = config.outer.apply == "carry";
   s.alpha = static_cast<float>(config.outer.blend_alpha);
   s.tracks_fragments = plan.outer_steps;
   s.checkpoints = plan.outer_steps && config.checkpoint.enabled();
   s.ckpt_root = config.checkpoint.directory(config.run.dir);
-  s.max_steps = plan.stops_on_token_budget ? INT64_MAX : config.train.steps;
   s.eval_period = static_cast<int64_t>(plan.h) * config.syncer.eval_every;
   return s;
 }
@@ -82,7 +80,7 @@ Learner::Learner(const Config& config, const OuterPlan& plan, const Topology& to
   incoming_.resize(largest);
   work_.resize(fragments_.size());
   for (int p = 0; p < fragments_.size(); ++p) {
-    if (set_.carry) work_[p].sent_theta.resize(layout_.numel(p));
+    if (core_->settings().carry) work_[p].sent_theta.resize(layout_.numel(p));
     work_[p].share = static_cast<double>(layout_.numel(p)) / trainer.model().layout().size();
   }
 }
@@ -94,7 +92,7 @@ void Learner::make_core() {
   env.reconnected = sync_link_.reconnected;
   env.syncer_present = sync_link_.syncer_present;
   if (gpu_) env.flush_snapshots = [this] { publish_all(); };
-  if (gpu_ && !set_.blend && !set_.carry)  // overwrite: scattered on the GPU when due
+  if (gpu_ && !set_.blend && !core_->settings().carry)  // overwrite: scattered on the GPU when due
     env.taken = [this](int p, std::span<const float> theta) { gpu_->stage_merge(p, theta); };
   core_.emplace(plan_, fragments_, window_ ? &*window_ : nullptr,
                 LearnerCore::Settings::of(config_, plan_, set_.unit, topo_.isolated),
@@ -192,7 +190,7 @@ void Learner::start_clock() {
 bool Learner::nothing_left() const {
   return stopped_down_ || (resume_ && (plan_.stops_on_token_budget
                                            ? resume_->syncer.tokens >= config_.token_budget()
-                                           : resume_->unit.step >= set_.max_steps));
+                                           : resume_->unit.step >= core_->settings().max_steps));
 }
 
 // A non-finite loss or gradient norm (the same on every rank of the unit: both are

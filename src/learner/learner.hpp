@@ -69,12 +69,11 @@ class Learner : private StepPolicy {
     int unit = 0;
     int threads = 1;             // OpenMP threads per rank (set by the deployment)
     double base_slowdown = 1;    // units.slowdown[u]: this unit's straggler factor
-    bool blend = false, carry = false;  // outer.apply (neither: overwrite)
+    bool blend = false;          // outer.apply: blend (carry: the core's settings; neither: overwrite)
     float alpha = 0;             // outer.blend_alpha
     bool tracks_fragments = false;  // goodput per fragment (ddp: every step reaches the global model)
     bool checkpoints = false;    // this mode writes checkpoints and they are enabled
     std::filesystem::path ckpt_root;  // checkpoint.dir (default run.dir/checkpoints)
-    int64_t max_steps = 0;       // decoupled stops on the token budget instead
     int64_t eval_period = 0;     // ddp: steps between the θ shipped for global evaluation
     static Settings of(const Config& config, const OuterPlan& plan, int unit);
   };

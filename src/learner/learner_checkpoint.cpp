@@ -73,7 +73,7 @@ checkpoint::UnitState Learner::unit_state(int64_t t, bool lost) {
     st.last_seq.push_back(f.last_seq);
     st.sent_c_steps.push_back(f.sent_c_steps);
     st.sent_c_tok.push_back(f.sent_c_tok);
-    if (set_.carry) st.sent_theta.push_back(work_[p].sent_theta);
+    if (core_->settings().carry) st.sent_theta.push_back(work_[p].sent_theta);
   }
   if (layout_.format() != wire::Format::fp32)
     for (int p = 0; p < fragments_.size(); ++p) {

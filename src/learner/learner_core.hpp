@@ -121,6 +121,7 @@ class LearnerCore {
   LearnerCore(const OuterPlan& plan, const protocol::FragmentPlan& fragments, protocol::LearnerWindow* window,
               Settings settings, chaos::UnitTimeline faults, Env env);
 
+  const Settings& settings() const { return settings_; }
   int fragments() const { return static_cast<int>(frag_.size()); }
   FragmentState& fragment(int p) { return frag_[p]; }
   const FragmentState& fragment(int p) const { return frag_[p]; }

@@ -10,7 +10,7 @@ namespace ddiloco::learner {
 void Learner::publish_due(int64_t t, bool non_finite, Actions& actions) {
   if (plan_.outer_steps) {
     for (int p : core_->due(t, non_finite)) publish(p, t, actions);
-  } else if (set_.unit == 0 && (t % set_.eval_period == 0 || t == set_.max_steps)) {
+  } else if (set_.unit == 0 && (t % set_.eval_period == 0 || t == core_->settings().max_steps)) {
     publish(0, t, actions);  // ddp: ship θ to the syncer for global evaluation
   }
 }
@@ -65,9 +65,9 @@ void Learner::record_sends(const Actions& actions) {
     FragmentWork& w = work_[p];
     w.in_flight = w.unsent;  // the work the snapshot just published carries
     w.unsent = 0;
-    if (set_.carry && gpu_)
+    if (core_->settings().carry && gpu_)
       gpu_->download_fragment(p, w.sent_theta);
-    else if (set_.carry)
+    else if (core_->settings().carry)
       fragments_.pack(p, trainer_.model().parameters(), w.sent_theta);
   }
 }
@@ -75,12 +75,12 @@ void Learner::record_sends(const Actions& actions) {
 // Every rank: θ_p takes the merged Θ_p at `version` as outer.apply says (README).
 void Learner::apply_merge(int p, int64_t version) {
   FragmentWork& w = work_[p];
-  if (gpu_ && !set_.blend && !set_.carry) {
+  if (gpu_ && !set_.blend && !core_->settings().carry) {
     // overwrite: the leader staged the upload as it took the merge; NCCL-broadcast in the unit
     gpu_->apply_merge(p);
   } else {
     const std::span<float> theta = fragment_from_leader(p);
-    if (set_.blend || set_.carry) {
+    if (set_.blend || core_->settings().carry) {
       const std::span<float> mine(packed_.data(), theta.size());
       if (gpu_)
         gpu_->download_fragment(p, mine);
@@ -95,7 +95,7 @@ void Learner::apply_merge(int p, int64_t version) {
   }
   // overwrite: the local work on this fragment since its snapshot left never reaches the
   // global model (blend keeps α of it); carry keeps it for the next snapshot.
-  const double kept = set_.carry ? 1.0 : set_.blend ? set_.alpha : 0.0;
+  const double kept = core_->settings().carry ? 1.0 : set_.blend ? set_.alpha : 0.0;
   book_.discarded += (1.0 - kept) * w.unsent;
   w.unsent *= kept;
   core_->applied(p, version);
@@ -107,7 +107,7 @@ void Learner::apply_merge(int p, int64_t version) {
 void Learner::mix(std::span<float> theta, std::span<const float> mine, std::span<const float> sent) const {
   if (set_.blend)
     for (size_t i = 0; i < theta.size(); ++i) theta[i] = set_.alpha * mine[i] + (1 - set_.alpha) * theta[i];
-  if (set_.carry && !sent.empty())
+  if (core_->settings().carry && !sent.empty())
     for (size_t i = 0; i < theta.size(); ++i) theta[i] += mine[i] - sent[i];
 }
 

@@ -61,7 +61,7 @@ void Learner::resume_fragment(int p, std::span<float> params) {
     const bool has_sent_theta = st.sent_theta.size() == static_cast<size_t>(fragments_.size());
     mix(theta, mine, has_sent_theta ? std::span<const float>(st.sent_theta[p]) : std::span<const float>());
     fragments_.unpack(p, theta, params);
-    f.count_from_merge(set_.carry, st.sent_c_steps[p], st.sent_c_tok[p]);
+    f.count_from_merge(core_->settings().carry, st.sent_c_steps[p], st.sent_c_tok[p]);
   }
   f.applied = f.pending_version = f.sends = sy.versions[p];
   // The leader holds Θ_p at that version, as if taken from its inbox (what it offers a
