@@ -188,6 +188,9 @@ struct WanConfig {
   /// Outer modes send θ − base and the merged Θ − what the unit holds (quantized against a
   /// base both sides hold); ddp sends its gradients (fp32 or bf16 only).
   std::string format = "bf16";
+  /// The isolated deployment's link (link.hpp, docs/security.md): auto | trusted |
+  /// authenticated | encrypted; auto is encrypted beyond loopback, else authenticated.
+  std::string security = "auto";
   int block = 64;                ///< values per scale (int8, int4, int2)
   int chunk = 4096;              ///< sparse: values per chunk, [1, 2^24]
   int topk = 64;                 ///< sparse: values kept per chunk, [1, chunk]

@@ -14,7 +14,8 @@
 //                  the handshake: a network that others can see or alter must use encrypted.
 //   encrypted      as authenticated, inside TLS 1.3 keyed from the run's secret with
 //                  per-connection (EC)DHE keys: every byte between the sites is encrypted and
-//                  authenticated. The default whenever the syncer listens beyond loopback.
+//                  authenticated. The default whenever the syncer listens beyond loopback
+//                  (on loopback the default is authenticated).
 //
 // The syncer's side is a SyncerEnd (RemoteMemory + UnitListener: remote_memory.hpp), a unit
 // leader's a UnitEnd (ExposedMemory that connects). The protocol above (sync_window.hpp) sees
@@ -47,8 +48,8 @@ enum class LinkMode { trusted, authenticated, encrypted };
 /// "trusted" | "authenticated" | "encrypted".
 const char* link_mode_name(LinkMode mode);
 /// The mode that wan.security names: "auto" resolves to encrypted when `listen` (the syncer's
-/// "ip:port") is not a loopback address, else trusted. Throws Error naming wan.security for
-/// any other value, and for "trusted" with a non-loopback `listen` nothing (it warns at start).
+/// "ip:port") is not a loopback address, else authenticated (other users of the host reach
+/// loopback too). Throws Error naming wan.security for any other value.
 LinkMode resolve_link_mode(const std::string& security, const std::string& listen);
 
 /// The syncer's side of the link.
@@ -59,10 +60,6 @@ class SyncerEnd : public RemoteMemory, public UnitListener {
   virtual void set_op_timeout(double seconds) = 0;
   /// The slowest link the waits allow for, bytes per second. Throws Error if not positive.
   virtual void set_min_rate(double bytes_per_s) = 0;
-  /// Connections refused before any hello reached the caller (not authenticated, malformed,
-  /// over the pending cap, handshake deadline passed), by reason, since the previous call:
-  /// every one is counted, so that the caller can log a rate-limited summary.
-  virtual std::vector<std::pair<std::string, int64_t>> take_refusals() { return {}; }
 };
 
 /// A unit leader's side: `bytes()` of zeroed, 64-byte aligned memory, the window the syncer

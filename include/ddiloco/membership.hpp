@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -28,7 +29,7 @@ struct Hello {
   GptConfig model;              ///< model shape
   std::string config_digest;    ///< config_digest() of its effective configuration
   std::string run_id;           ///< the run it means to join (from the rendezvous file)
-  std::string secret;           ///< the run's secret (from the rendezvous file, mode 0600)
+  std::string proof;            ///< hello_proof() of the run's secret (never the secret itself)
   int64_t restart = 0;          ///< restarts of this unit before this process (0: first start)
   std::string host;             ///< hostname of the leader
   int64_t pid = 0;              ///< process id of the leader
@@ -39,6 +40,13 @@ struct Hello {
   /// Throws Error naming `source` and the field when a field is missing or of the wrong type.
   static Hello from_json(const nlohmann::json& j, const std::string& source);
 };
+
+/// What a hello presents to show that its unit holds the run's secret without sending it:
+/// HMAC-SHA256 (link_auth.hpp) of a fixed label under the key derived from the secret, 64 hex
+/// digits. It is the same for every hello of a run, so on its own it only keeps a unit of
+/// another run out (the trusted mode); the authenticated and encrypted modes prove the secret
+/// afresh on every connection before the hello is read (link.hpp, docs/security.md).
+std::string hello_proof(std::string_view secret);
 
 /// A digest of everything in a configuration that the syncer and every unit must agree on:
 /// the effective YAML with the keys that may differ per process (run.threads, run.progress,
@@ -77,7 +85,7 @@ struct Endpoint {
 /// The syncer's view of which unit processes are present, and the heal times.
 class Membership {
  public:
-  /// What every unit must match: the syncer's configuration, run id and secret.
+  /// What every unit must match: the syncer's configuration, run id and (the proof of) its secret.
   Membership(const Config& config, std::string run_id, std::string secret, uint64_t window_bytes);
 
   /// "" if `hello` may join now; otherwise the one-line reason it is refused.
@@ -110,7 +118,7 @@ class Membership {
     std::string host;
   };
   const Config& config_;
-  std::string run_id_, secret_, digest_;
+  std::string run_id_, proof_, digest_;
   uint64_t window_bytes_;
   std::vector<Unit> units_;
   std::vector<double> heal_s_;

@@ -12,6 +12,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddiloco::comm {
@@ -123,6 +124,11 @@ class UnitListener {
   virtual std::vector<Lost> take_lost() = 0;
   /// Closes unit u's connection (no-op when absent); take_lost() then reports it "closed".
   virtual void disconnect(int unit) = 0;
+  /// Connections the transport refused itself, before any hello reached the caller (not
+  /// authenticated, over the pending-connection cap, no handshake in time), by reason, since
+  /// the previous call. Every one is counted, so that the caller can log a rate-limited summary
+  /// without losing any from the count. The trusted UCX transport refuses none itself.
+  virtual std::vector<std::pair<std::string, int64_t>> take_refusals() { return {}; }
 };
 
 }  // namespace ddiloco::comm

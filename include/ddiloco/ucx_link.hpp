@@ -50,22 +50,10 @@
 #include <vector>
 
 #include "ddiloco/error.hpp"
+#include "ddiloco/link.hpp"
 #include "ddiloco/remote_memory.hpp"
 
 namespace ddiloco::comm {
-
-/// Thrown by UcxUnitLink::connect when the syncer refused the unit; what() is
-/// "UCX link: the syncer at <addr> refused the connection: <reason>", reason() the syncer's
-/// text verbatim.
-class LinkRefused : public Error {
- public:
-  LinkRefused(const std::string& message, std::string reason)
-      : Error(message), reason_(std::move(reason)) {}
-  const std::string& reason() const { return reason_; }
-
- private:
-  std::string reason_;
-};
 
 /// The syncer's side: a UCP listener that units connect to, and one-sided access to the
 /// memory of the admitted ones (RemoteMemory).
@@ -76,7 +64,7 @@ class LinkRefused : public Error {
 ///
 /// Waiting never spins: a wait progresses the worker until it has nothing to do, then arms it
 /// (ucp_worker_arm) and sleeps in poll() on its event fd, with a short timeout.
-class UcxSyncerLink final : public RemoteMemory, public UnitListener {
+class UcxSyncerLink final : public SyncerEnd {
  public:
   /// A connection that sent its handshake and waits for admit() or refuse(); `id` is never
   /// reused within this object, `payload` is the unit's hello byte for byte.
@@ -126,11 +114,11 @@ class UcxSyncerLink final : public RemoteMemory, public UnitListener {
   /// unit lost (reason "operation timed out ..."), seen by the next call into the link after
   /// that time: the safety net for a peer that is alive for TCP but does not progress, or
   /// whose link is down. Default 10 s. Throws Error if seconds ≤ 0.
-  void set_op_timeout(double seconds);
+  void set_op_timeout(double seconds) override;
   /// The slowest link the waits allow for, bytes per second (default 1e7): an operation's
   /// patience is 0.25 s + its bytes at this rate, its timeout set_op_timeout's + the same.
   /// Throws Error if not positive.
-  void set_min_rate(double bytes_per_s);
+  void set_min_rate(double bytes_per_s) override;
   /// Size in bytes of unit u's exposed memory (0 when u is not connected).
   size_t bytes(int u) const;
 
@@ -180,7 +168,7 @@ class UcxSyncerLink final : public RemoteMemory, public UnitListener {
 ///
 /// The memory and its rkey stay the same across reconnects; only the endpoint is new.
 /// Coexists with Open MPI (pml ob1, no UCX in MPI) in the same process: tested.
-class UcxUnitLink final : public ExposedMemory {
+class UcxUnitLink final : public UnitEnd {
  public:
   /// Allocates and registers the memory (bytes > 0) and starts the progress thread. Throws
   /// Error if bytes is 0, the allocation fails or UCX cannot be initialised.
@@ -206,13 +194,19 @@ class UcxUnitLink final : public ExposedMemory {
   /// failed (e.g. refused by the kernel: nothing listens), when already connected or closed,
   /// or for a malformed address. Retrying (with back-off) is the caller's policy.
   void connect(const std::string& syncer_addr, const std::string& payload, double timeout_s);
+  /// UnitEnd: the trusted mode proves nothing on the link (the hello carries the proof
+  /// membership.hpp checks), so `secret` is not used here.
+  void connect(const std::string& syncer_addr, const std::string& /*secret*/, const std::string& payload,
+               double timeout_s) override {
+    connect(syncer_addr, payload, timeout_s);
+  }
   /// True from a successful connect() until the endpoint to the syncer fails (the syncer
   /// died, closed or disconnected this unit, or the link broke).
-  bool connected() const;
+  bool connected() const override;
   /// Why the last connection ended: UCX's status text (e.g. "Endpoint timeout" after the
   /// syncer was killed, "Connection reset by remote peer" after it closed), "closed" after
   /// close(); "" while connected or before the first connect().
-  std::string lost_reason() const;
+  std::string lost_reason() const override;
 
  private:
   struct Impl;

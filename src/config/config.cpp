@@ -333,6 +333,14 @@ const std::vector<Entry<Config>>& entries() {
                     [](const int& v) {
                       return v == 2 || v == 4 || v == 8 ? "" : std::string("must be 2, 4 or 8");
                     }),
+      DDILOCO_FIELD(std::string, "wan.security", wan.security,
+                    "the unit <-> syncer link of the isolated deployment (docs/security.md): "
+                    "trusted (UCX one-sided access, no protection: any peer that reaches the port "
+                    "can read and write memory) | authenticated (mutual challenge-response, then "
+                    "requests each unit checks; nothing exposed; bytes in clear) | encrypted (as "
+                    "authenticated, inside TLS 1.3) | auto (encrypted when syncer.listen is not "
+                    "loopback, else authenticated)",
+                    one_of({"auto", "trusted", "authenticated", "encrypted"})),
       DDILOCO_FIELD(double, "wan.ef_decay", wan.ef_decay,
                     "error-feedback decay β in [0, 1]: each snapshot carries β × what the previous "
                     "one's encoding lost (lossy formats; SparseLoCo's recipe); 1 = all of it",

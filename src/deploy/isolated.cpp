@@ -24,7 +24,7 @@
 #include "ddiloco/signals.hpp"
 #include "ddiloco/sync_window.hpp"
 #include "ddiloco/topology.hpp"
-#include "ddiloco/ucx_link.hpp"
+#include "ddiloco/link.hpp"
 
 namespace ddiloco::deploy {
 
@@ -66,14 +66,14 @@ struct Admission {
   std::exception_ptr refusal;  // the syncer refused us on anything but the run id
 };
 
-Admission connect_once(comm::UcxUnitLink& link, const Config& config, protocol::Hello& hello, double timeout_s) {
+Admission connect_once(comm::UnitEnd& link, const Config& config, protocol::Hello& hello, double timeout_s) {
   Admission a;
   const auto r = find_syncer(config);
   if (!r) return a;
   hello.run_id = r->run_id;
-  hello.secret = r->secret;
+  hello.proof = protocol::hello_proof(r->secret);
   try {
-    link.connect(r->address, hello.to_json().dump(), timeout_s);
+    link.connect(r->address, r->secret, hello.to_json().dump(), timeout_s);
     a.admitted = true;
     a.address = r->address;
   } catch (const comm::LinkRefused& e) {
@@ -90,7 +90,7 @@ Admission connect_once(comm::UcxUnitLink& link, const Config& config, protocol::
 // Connects to the syncer and is admitted, retrying with backoff (0.1 s doubling to 5 s) while
 // the syncer is not there yet or does not answer, for up to syncer.connect_wait_s. A refusal
 // is final: it names what differs.
-void join_syncer(comm::UcxUnitLink& link, const Config& config, protocol::Hello hello) {
+void join_syncer(comm::UnitEnd& link, const Config& config, protocol::Hello hello) {
   const auto deadline = Clock::now() + std::chrono::duration<double>(config.syncer.connect_wait_s);
   double pause = 0.1;
   std::string last = "no rendezvous file " + protocol::Rendezvous::addr_file(config.run.dir).string() + " yet";
@@ -124,7 +124,7 @@ void join_syncer(comm::UcxUnitLink& link, const Config& config, protocol::Hello 
 // per step: true once after each new admission (it then takes Θ from the syncer afresh).
 class Reconnector {
  public:
-  Reconnector(comm::UcxUnitLink& link, const Config& config, protocol::Hello hello)
+  Reconnector(comm::UnitEnd& link, const Config& config, protocol::Hello hello)
       : link_(link), config_(config), hello_(std::move(hello)), thread_([this] { run(); }) {}
   ~Reconnector() { stop(); }
   void stop() {
@@ -169,7 +169,7 @@ class Reconnector {
       }
     }
   }
-  comm::UcxUnitLink& link_;
+  comm::UnitEnd& link_;
   const Config& config_;
   protocol::Hello hello_;
   std::mutex mutex_;
@@ -190,6 +190,10 @@ void refuse_if_running(const std::optional<protocol::Rendezvous>& previous, cons
     fail("syncer: the syncer of this run is still running (pid {} on {}, {}): stop it first, or pass "
          "--overwrite for a new run", previous->pid, previous->host,
          protocol::Rendezvous::addr_file(config.run.dir).string());
+}
+
+bool is_loopback_listen(const std::string& listen) {
+  return comm::resolve_link_mode("auto", listen) == comm::LinkMode::authenticated;
 }
 
 }  // namespace
@@ -217,18 +221,26 @@ int run_syncer_process(const Config& config, bool overwrite, const std::string& 
   const bool replace = overwrite || never || (resume_arg == "auto" && resume.empty() && !restart);
   SyncerSetup setup = set_up_syncer(config, plan, MPI_COMM_WORLD, resume, replace, restart);
   const protocol::Endpoint listen = protocol::Endpoint::parse(config.syncer.listen, "syncer.listen");
-  comm::UcxSyncerLink link(listen.ip, listen.port, config.units.count);
-  link.set_op_timeout(config.syncer.link_timeout_s);
-  link.set_min_rate(config.syncer.link_min_mbit_s * 1e6 / 8);
   protocol::Rendezvous rv;
-  rv.address = link.address();
   rv.run_id = previous ? previous->run_id : protocol::Rendezvous::random_token();
   rv.secret = previous ? previous->secret : protocol::Rendezvous::random_token();
+  const comm::LinkMode mode = comm::resolve_link_mode(config.wan.security, config.syncer.listen);
+  const std::unique_ptr<comm::SyncerEnd> end =
+      comm::listen_for_units(mode, rv.secret, listen.ip, listen.port, config.units.count);
+  comm::SyncerEnd& link = *end;
+  link.set_op_timeout(config.syncer.link_timeout_s);
+  link.set_min_rate(config.syncer.link_min_mbit_s * 1e6 / 8);
+  rv.address = link.address();
   rv.pid = ::getpid();
   rv.host = host_name();
   rv.write(config.run.dir);
-  std::printf("syncer: listening on %s (run %s; %s)\n", rv.address.c_str(), rv.run_id.c_str(),
-              protocol::Rendezvous::addr_file(config.run.dir).c_str());
+  std::printf("syncer: listening on %s, link %s (run %s; %s)\n", rv.address.c_str(), comm::link_mode_name(mode),
+              rv.run_id.c_str(), protocol::Rendezvous::addr_file(config.run.dir).c_str());
+  if (mode == comm::LinkMode::trusted && !is_loopback_listen(config.syncer.listen))
+    std::printf("syncer: WARNING: wan.security = trusted on %s, beyond loopback: any peer that reaches "
+                "this port can read and write the memory of this syncer and of its units, the run's "
+                "secret included (docs/security.md). Use encrypted (the default) unless only this job's "
+                "own processes can reach the port.\n", rv.address.c_str());
   std::fflush(stdout);
   const int signal = syncer::run_syncer(config, plan, topology, *setup.val, resume,
                                 setup.state ? &*setup.state : nullptr,
@@ -254,10 +266,11 @@ int run_unit_process(const Config& config, int unit) {
   UnitSetup unit_setup = set_up_unit(config, plan, topology, learners, "");
   learner::LearnerLink& link = unit_setup.link;  // the isolated deployment: a UCX link to the syncer
   link.restart = restart_count();
-  comm::UcxUnitLink* ucx = nullptr;  // owned by run_learner as its window memory
+  comm::UnitEnd* end = nullptr;  // owned by run_learner as its window memory
+  const comm::LinkMode mode = comm::resolve_link_mode(config.wan.security, config.syncer.listen);
   std::unique_ptr<Reconnector> reconnector;
   link.expose = [&](size_t bytes) {
-    auto memory = std::make_unique<comm::UcxUnitLink>(bytes);
+    std::unique_ptr<comm::UnitEnd> memory = comm::expose_to_syncer(mode, bytes);
     protocol::Hello hello;
     hello.unit = unit;
     hello.ranks = topology.unit_size;
@@ -269,18 +282,18 @@ int run_unit_process(const Config& config, int unit) {
     hello.window_bytes = bytes;
     hello.processes = link.processes;  // for the syncer's log
     join_syncer(*memory, config, hello);
-    ucx = memory.get();
-    reconnector = std::make_unique<Reconnector>(*ucx, config, hello);
+    end = memory.get();
+    reconnector = std::make_unique<Reconnector>(*end, config, hello);
     return std::unique_ptr<comm::ExposedMemory>(std::move(memory));
   };
   // The syncer reads our last snapshots after kDone; it says when it is through. A syncer that
   // is gone, or silent for a minute, releases us too.
   link.reconnected = [&] { return reconnector ? reconnector->reconnected() : std::nullopt; };
-  link.syncer_present = [&] { return ucx == nullptr || ucx->connected(); };
+  link.syncer_present = [&] { return end == nullptr || end->connected(); };
   link.wait_released = [&](protocol::LearnerWindow& window) {
     mpi::Backoff backoff(20000);
     const auto deadline = Clock::now() + std::chrono::seconds(60);
-    while (window.control(protocol::kReleased) == 0 && ucx->connected() && Clock::now() < deadline) backoff.idle();
+    while (window.control(protocol::kReleased) == 0 && end->connected() && Clock::now() < deadline) backoff.idle();
     reconnector->stop();  // before the window (the link's memory) closes
   };
   // Once admitted (a refused process must not replace a live one's pid file): where the

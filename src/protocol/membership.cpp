@@ -10,7 +10,10 @@
 #include <random>
 #include <sstream>
 
+#include <openssl/crypto.h>
+
 #include "ddiloco/checksum.hpp"
+#include "ddiloco/link_auth.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/run_dir.hpp"
 
@@ -64,7 +67,7 @@ nlohmann::json Hello::to_json() const {
             {"vocab_size", model.vocab_size}, {"seq_len", model.seq_len}}},
           {"config_digest", config_digest},
           {"run_id", run_id},
-          {"secret", secret},
+          {"proof", proof},
           {"restart", restart},
           {"host", host},
           {"pid", pid},
@@ -85,7 +88,7 @@ Hello Hello::from_json(const nlohmann::json& j, const std::string& source) {
   h.model.seq_len = field<int>(m, "seq_len", ms);
   h.config_digest = field<std::string>(j, "config_digest", source);
   h.run_id = field<std::string>(j, "run_id", source);
-  h.secret = field<std::string>(j, "secret", source);
+  h.proof = field<std::string>(j, "proof", source);
   h.restart = field<int64_t>(j, "restart", source);
   h.host = field<std::string>(j, "host", source);
   h.pid = field<int64_t>(j, "pid", source);
@@ -183,11 +186,21 @@ Endpoint Endpoint::parse(const std::string& text, const std::string& what) {
 
 Membership::Membership(const Config& config, std::string run_id, std::string secret,
                        uint64_t window_bytes)
-    : config_(config), run_id_(std::move(run_id)), secret_(std::move(secret)),
+    : config_(config), run_id_(std::move(run_id)), proof_(hello_proof(secret)),
       digest_(config_digest(config)), window_bytes_(window_bytes), units_(config.units.count) {}
 
+std::string hello_proof(std::string_view secret) {
+  const std::string label = "ddiloco hello proof v1";
+  const comm::auth::Mac mac = comm::auth::hmac(comm::auth::link_key(secret), std::as_bytes(std::span(label)));
+  std::string hex;
+  for (std::byte b : mac) hex += fmt::format("{:02x}", static_cast<unsigned>(b));
+  return hex;
+}
+
 std::string Membership::judge(const Hello& h) const {
-  if (h.secret != secret_) return "wrong or missing secret (the run's syncer.secret)";
+  // Constant-time, so that the time a refusal takes says nothing of how much of it matched.
+  if (h.proof.size() != proof_.size() || CRYPTO_memcmp(h.proof.data(), proof_.data(), proof_.size()) != 0)
+    return "wrong or missing proof of the run's secret (run.dir/syncer.secret)";
   if (h.run_id != run_id_) return fmt::format("run id {} is not this run's ({})", h.run_id, run_id_);
   const int M = static_cast<int>(units_.size());
   if (h.unit < 0 || h.unit >= M)

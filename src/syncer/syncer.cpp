@@ -190,6 +190,7 @@ void Syncer::check_stop() {
 // index), and units whose process or link died.
 void Syncer::admit_units() {
   for (const comm::UnitListener::Lost& l : door_->take_lost()) unit_lost(l.unit, l.reason);
+  for (const auto& [reason, n] : door_->take_refusals()) refused("", -1, reason, n);
   for (const comm::UnitListener::Pending& c : door_->accept_pending()) {
     std::string reason;
     protocol::Hello hello;
@@ -203,15 +204,36 @@ void Syncer::admit_units() {
     }
     if (!reason.empty()) {
       door_->refuse(c.id, reason);
-      log_.write({{"event", "unit_refused"}, {"peer", c.peer}, {"unit", hello.unit}, {"reason", reason},
-                  {"tokens", core_.tokens_total()}, {"elapsed_s", now()}});
-      std::printf("syncer: refused a unit from %s: %s\n", c.peer.c_str(), reason.c_str());
-      std::fflush(stdout);
+      refused(c.peer, hello.unit, reason, 1);
       continue;
     }
     door_->admit(c.id, hello.unit);
     unit_joined(hello.unit, hello);
   }
+  log_refusals(false);
+}
+
+// A refusal's line, unless this interval has had its share: then it waits for the summary.
+void Syncer::refused(const std::string& peer, int unit, const std::string& reason, int64_t n) {
+  if (!refusals_.add(reason, n, now())) return;
+  log_.write({{"event", "unit_refused"}, {"peer", peer}, {"unit", unit}, {"reason", reason},
+              {"tokens", core_.tokens_total()}, {"elapsed_s", now()}});
+  std::printf("syncer: refused a connection%s%s: %s\n", peer.empty() ? "" : " from ", peer.c_str(), reason.c_str());
+  std::fflush(stdout);
+}
+
+void Syncer::log_refusals(bool force) {
+  const auto s = refusals_.take(now(), force);
+  if (!s) return;
+  log_.write({{"event", "connections_refused"}, {"count", s->total}, {"by_reason", s->by_reason},
+              {"from_s", s->from_s}, {"to_s", s->to_s}, {"total", refusals_.total()},
+              {"tokens", core_.tokens_total()}, {"elapsed_s", now()}});
+  std::string reasons;
+  for (const auto& [reason, n] : s->by_reason) reasons += fmt::format("{}{}: {}", reasons.empty() ? "" : "; ", reason, n);
+  std::printf("syncer: refused %lld more connections in %.0f s (%s); %lld since the start\n",
+              static_cast<long long>(s->total), s->to_s - s->from_s, reasons.c_str(),
+              static_cast<long long>(refusals_.total()));
+  std::fflush(stdout);
 }
 
 // A new process of unit u: a fresh, zeroed window (or a live unit's, reconnecting to a

@@ -25,6 +25,7 @@
 #include "ddiloco/unit_links.hpp"
 #include "syncer/global_eval.hpp"
 #include "syncer/read_hooks.hpp"
+#include "syncer/refusal_log.hpp"
 #include "syncer/syncer_checkpoints.hpp"
 
 namespace ddiloco::syncer {
@@ -47,6 +48,8 @@ class Syncer {
   int idle_poll_us() const;
   void check_stop();
   void admit_units();
+  void refused(const std::string& peer, int unit, const std::string& reason, int64_t n);
+  void log_refusals(bool force);
   void unit_joined(int u, const protocol::Hello& hello);
   void unit_lost(int u, const std::string& reason);
   void after_merge(int p, const std::vector<int>& units);
@@ -85,6 +88,7 @@ class Syncer {
   // every unit is present from the start to the end).
   comm::UnitListener* door_;
   std::unique_ptr<protocol::Membership> members_;
+  RefusalLog refusals_;  // refused connections: a few lines, then a summary per interval
   std::vector<TimeBook> books_before_;  // isolated, per unit: its dead processes' time books
   protocol::SyncerWindow window_;
   syncer::UnitLinks links_;

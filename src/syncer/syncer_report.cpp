@@ -32,6 +32,7 @@ struct Syncer::Outcome {
 
 void Syncer::finish() {
   bar_.finish();
+  if (door_) log_refusals(true);
   if (checkpoints_.on() && (config_.checkpoint.at_stop || checkpoints_.wanted())) {
     core_.poll();  // every unit's last kCheckpointDone
     checkpoints_.try_complete(true, resumed_.elapsed_s + now(), eval_.next);
