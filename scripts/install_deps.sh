@@ -27,6 +27,8 @@ packages=(
   libcli11-dev libfmt-dev libopenblas-openmp-dev
   # the unit <-> syncer link between separate jobs (src/comm/ucx_link.cpp); ucx_info, ucx_perftest
   libucx-dev ucx-utils
+  # the secure link modes (authenticated, encrypted): TLS 1.3 with a PSK, HKDF, HMAC (OpenSSL 3)
+  libssl-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   # tests: a one-node Slurm cluster (scripts/slurm_local.sh, e2e slurm_requeue)

@@ -28,12 +28,13 @@ class Stream {
   /// Reads exactly data.size() bytes before `deadline`. Throws Error naming the peer at end of
   /// stream ("closed by the peer"), on a socket or TLS error, or when the deadline passed.
   virtual void read_exact(std::span<std::byte> data, Deadline deadline) = 0;
-  /// Waits up to `ms` milliseconds until a read would make progress (bytes buffered, end of
-  /// stream or an error count) or `wake_fd` (≥ 0) is readable. True when the stream is.
-  /// Never spins: it sleeps in poll().
+  /// Waits up to `ms` milliseconds (< 0: no limit) until a read would make progress (bytes
+  /// buffered, end of stream or an error count) or `wake_fd` (≥ 0) is readable. True when the
+  /// stream is (false when only `wake_fd` is, or the time is up). Never spins: it sleeps in
+  /// poll(); for TLS, bytes OpenSSL already holds count without it.
   virtual bool wait_readable(int ms, int wake_fd = -1) = 0;
-  /// shutdown(SHUT_RDWR) of the socket: every blocking call of this stream ends with Error.
-  /// Safe from any thread; idempotent.
+  /// shutdown(SHUT_RDWR) of the socket: every blocking call of this stream ends with Error
+  /// ("... the stream was shut down"). Safe from any thread; idempotent.
   virtual void shutdown() = 0;
   /// The peer's "ip:port" ("[ipv6]:port").
   virtual const std::string& peer() const = 0;
@@ -58,7 +59,9 @@ class TcpListener {
   /// For poll(): readable when a connection waits.
   int fd() const { return fd_; }
   /// One waiting connection as a plain TCP stream (TCP keepalive: 2 s idle, 1 s interval,
-  /// 3 probes; TCP_NODELAY), or nullptr when none waits. Never blocks.
+  /// 3 probes; TCP_NODELAY; non-blocking, close-on-exec), or nullptr when none waits (or the
+  /// one that waited died meanwhile). Never blocks. Throws Error naming the listener when it
+  /// cannot accept (e.g. out of file descriptors).
   std::unique_ptr<Stream> accept();
 
  private:
@@ -74,9 +77,13 @@ std::unique_ptr<Stream> tcp_connect(const std::string& address, Deadline deadlin
 /// TLS 1.3 only, over a connected TCP stream, authenticated by an external pre-shared key
 /// (RFC 8446 §2.2; `psk` is 32 bytes) with an ephemeral (EC)DHE exchange (psk_dhe_ke), so the
 /// keys are fresh for each connection and past traffic stays secret if the PSK later leaks.
-/// Cipher TLS_AES_256_GCM_SHA384 / TLS_CHACHA20_POLY1305_SHA256 / TLS_AES_128_GCM_SHA256.
-/// No certificates. A peer without the PSK fails the handshake: Error naming the peer.
-/// Both throw Error when the handshake does not complete before `deadline`.
+/// Cipher TLS_AES_128_GCM_SHA256 or TLS_CHACHA20_POLY1305_SHA256: a PSK can only be used with
+/// suites of its own hash (SHA-256 here), and a suite of another hash would make the server
+/// ignore it. No certificates, none trusted (a server that shows one is refused), no session
+/// tickets (every connection starts from the PSK). A peer without the PSK fails the handshake
+/// at once (the PSK binder does not verify): Error naming the peer. Both throw Error when the
+/// handshake does not complete before `deadline`, and when `psk` is not 32 bytes. The TLS
+/// stream owns `tcp`; it sends with MSG_NOSIGNAL (no SIGPIPE when the peer is gone).
 std::unique_ptr<Stream> tls_client(std::unique_ptr<Stream> tcp, std::span<const std::byte> psk,
                                    Deadline deadline);
 std::unique_ptr<Stream> tls_server(std::unique_ptr<Stream> tcp, std::span<const std::byte> psk,
