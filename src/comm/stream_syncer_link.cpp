@@ -612,7 +612,7 @@ void StreamSyncerLink::disconnect(int unit) {
   Conn* c = unit_conn_[static_cast<size_t>(unit)];
   cv_.wait(lock, [&] { return c->failed; });
   lock.unlock();
-  take_lost();  // reports it, reason "closed"
+  end_conns(reap_failed());  // the next take_lost() reports it, reason "closed"
 }
 
 void StreamSyncerLink::close() {

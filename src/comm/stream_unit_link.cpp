@@ -125,11 +125,14 @@ class StreamUnitLink final : public UnitEnd {
     connected_ = false;
   }
 
+  // The connection is over: the syncer sees its end at once (the stream itself is freed by
+  // the next connect() or close()).
   void lose(const std::string& why) {
     {
       std::lock_guard l(reason_mutex_);
       if (lost_reason_.empty()) lost_reason_ = why;
     }
+    stream_->shutdown();
     connected_ = false;
   }
 

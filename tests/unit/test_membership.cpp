@@ -25,7 +25,7 @@ protocol::Hello hello_for(const Config& c, int unit) {
   h.model = c.model;
   h.config_digest = protocol::config_digest(c);
   h.run_id = "run-a";
-  h.secret = "s3cret";
+  h.proof = protocol::hello_proof("s3cret");
   h.host = "node7";
   h.pid = 4242;
   h.window_bytes = 1000;
@@ -42,7 +42,11 @@ TEST(Membership, RefusesWithBothSidesValues) {
   const Config c = job();
   protocol::Membership m(c, "run-a", "s3cret", 1000);
   auto h = hello_for(c, 1);
-  h.secret = "";
+  h.proof = "";
+  EXPECT_NE(m.judge(h).find("secret"), std::string::npos);
+  h.proof = protocol::hello_proof("s3cret!");  // another run's secret
+  EXPECT_NE(m.judge(h).find("secret"), std::string::npos);
+  h.proof = "s3cret";  // the secret itself is no proof
   EXPECT_NE(m.judge(h).find("secret"), std::string::npos);
   h = hello_for(c, 1);
   h.run_id = "run-b";
@@ -115,12 +119,12 @@ TEST(Membership, HelloRoundTripsAndNamesAMissingField) {
   const auto back = protocol::Hello::from_json(h.to_json(), "test");
   EXPECT_EQ(back.to_json(), h.to_json());
   auto j = h.to_json();
-  j.erase("secret");
+  j.erase("proof");
   try {
     protocol::Hello::from_json(j, "handshake from 127.0.0.1:9");
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "handshake from 127.0.0.1:9: handshake field 'secret' is missing");
+    EXPECT_STREQ(e.what(), "handshake from 127.0.0.1:9: handshake field 'proof' is missing");
   }
   j = h.to_json();
   j["unit"] = "one";

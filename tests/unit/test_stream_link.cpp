@@ -171,7 +171,7 @@ TEST_P(StreamLink, SyncerThatDisconnectsIsSeenByTheUnit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, StreamLink, ::testing::Values(LinkMode::authenticated, LinkMode::encrypted),
-                         [](const auto& info) { return std::string(link_mode_name(info.param)); });
+                         [](const auto& p) { return std::string(link_mode_name(p.param)); });
 
 // ---------------------------------------------------------------- peers that misbehave
 
