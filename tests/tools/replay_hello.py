@@ -18,24 +18,7 @@ import subprocess
 import sys
 import threading
 
-
-def pump(src, dst, record):
-    try:
-        while True:
-            data = src.recv(65536)
-            if not data:
-                break
-            if record is not None:
-                record.append(data)
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+from tap import pump
 
 
 def main():
@@ -52,7 +35,7 @@ def main():
     try:
         conn, _ = tap.accept()
         upstream = socket.create_connection(target, timeout=10)
-        up = threading.Thread(target=pump, args=(conn, upstream, captured))
+        up = threading.Thread(target=pump, args=(conn, upstream, captured, 1 << 20))
         down = threading.Thread(target=pump, args=(upstream, conn, None))
         up.start(); down.start()
         unit.wait(timeout=120)

@@ -1,0 +1,72 @@
+# A flood against the syncer of the encrypted link (docs/security.md): 500 connections at once,
+# half silent, half sending 1 KiB of garbage, held 8 s (tests/tools/flood.py), while two
+# honest units train. Checked:
+#   - both units go on merging during the flood (three merges each at least);
+#   - the syncer's open files stay within its pending-connection cap (64) + 16 of where they
+#     were, and its resident memory grows by less than 64 MiB (the figures are printed);
+#   - every refused connection is counted: the syncer's connections_refused events plus its
+#     printed unit_refused lines add up to the 500 (none lost to the rate limit), and its log
+#     has at most 5 single refusal lines per 10 s;
+#   - SIGTERM then stops the job; every process the test started has ended.
+source "$(dirname "$0")/lib/common.sh"
+source "$(dirname "$0")/lib/text_data.sh"
+cd "$WORK"
+make_text_shards text
+cat > c.yaml <<'YAML'
+mode: decoupled
+run: {dir: run, log_every: 20, progress: false, threads: 1}
+model: {n_layer: 2, n_head: 2, n_embd: 64, seq_len: 64}
+data: {train: text/train_*.bin, val: text/val_*.bin}
+train: {batch_size: 8, steps: 1000000, warmup_steps: 5}
+eval: {val_tokens: 512, sample_tokens: 0}
+units: {count: 2, ranks: [1, 1]}
+outer: {fragments: 2, h: 4}
+syncer: {quorum: 1, eval_every: 1000, heartbeat_timeout_s: 5, connect_wait_s: 60}
+wan: {security: encrypted}
+checkpoint: {at_stop: false}
+YAML
+"$DDILOCO" syncer --config c.yaml > syncer.log 2>&1 &
+syncer=$!
+wait_for syncer.log "listening on .*link encrypted" $syncer 60
+for u in 0 1; do
+  "${DDILOCO_MPIRUN[@]}" -np 1 "$DDILOCO" unit --config c.yaml --unit $u > unit$u.log 2>&1 &
+  eval "unit$u=\$!"
+done
+merged() { echo "sum(1 for e in ev if e['event'] == 'merge' and $1 in e['units'])"; }
+wait_event run/metrics.jsonl $syncer 120 "$(merged 0) >= 2 and $(merged 1) >= 2" || fail "the units were not merged"
+addr=$(/usr/bin/python3 -c "import json; print(json.load(open('run/syncer.addr'))['address'])")
+read -r b0 b1 < <(/usr/bin/python3 -c "
+import json; ev=[json.loads(l) for l in open('run/metrics.jsonl') if l.endswith('\n')]
+print(*[sum(1 for e in ev if e['event']=='merge' and u in e['units']) for u in (0,1)])")
+/usr/bin/python3 "$SRC/tests/tools/flood.py" "$addr" $syncer --connections 500 --hold 8 > flood.json
+echo "flood: $(cat flood.json)"
+read -r a0 a1 < <(/usr/bin/python3 -c "
+import json; ev=[json.loads(l) for l in open('run/metrics.jsonl') if l.endswith('\n')]
+print(*[sum(1 for e in ev if e['event']=='merge' and u in e['units']) for u in (0,1)])")
+echo "merges during the flood: unit 0 $((a0 - b0)), unit 1 $((a1 - b1))"
+((a0 - b0 >= 3 && a1 - b1 >= 3)) || fail "the honest units did not keep merging during the flood"
+/usr/bin/python3 - flood.json <<'PY' || fail "the syncer's resources were not bounded"
+import json, sys
+f = json.load(open(sys.argv[1]))
+rss0, rss_peak, _ = f["rss_kib"]; fds0, fds_peak, fds1 = f["open_files"]
+print(f"syncer: VmRSS {rss0} -> peak {rss_peak} KiB (+{(rss_peak - rss0) / 1024:.1f} MiB); "
+      f"open files {fds0} -> peak {fds_peak} -> {fds1}")
+ok = fds_peak <= fds0 + 64 + 16 and rss_peak - rss0 < 64 * 1024
+sys.exit(0 if ok else 1)
+PY
+kill -TERM $syncer
+rc=0; wait $syncer || rc=$?
+((rc == 143)) || { tail -20 syncer.log; fail "the syncer exited $rc after SIGTERM, expected 143"; }
+for p in $unit0 $unit1; do wait $p || true; done
+/usr/bin/python3 - run/metrics.jsonl syncer.log <<'PY' || fail "refusals were lost or the log was flooded"
+import json, re, sys
+ev = [json.loads(l) for l in open(sys.argv[1]) if l.endswith("\n")]
+single = sum(1 for e in ev if e["event"] == "unit_refused")
+summed = sum(e["count"] for e in ev if e["event"] == "connections_refused")
+total = max((e["total"] for e in ev if e["event"] == "connections_refused"), default=single)
+lines = sum(1 for l in open(sys.argv[2]) if l.startswith("syncer: refused a connection"))
+print(f"refusals: {single} single lines + {summed} in summaries = {single + summed} (the syncer's total: {total}); "
+      f"{lines} single lines printed")
+sys.exit(0 if single + summed == total and total >= 500 and lines <= 5 * 4 else 1)
+PY
+for p in $syncer $unit0 $unit1; do ! kill -0 $p 2>/dev/null || fail "process $p outlived the test"; done
