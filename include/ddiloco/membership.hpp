@@ -55,8 +55,9 @@ std::string hello_proof(std::string_view secret);
 std::string config_digest(const Config& config);
 
 /// The rendezvous of the isolated deployment, in run.dir: `syncer.addr` (JSON: address,
-/// run_id, pid, host) and `syncer.secret` (the secret alone, mode 0600). Both written
-/// atomically (temporary file, then rename).
+/// run_id, pid, host) and `syncer.secret` (the secret alone, mode 0600 from its creation on).
+/// Both written atomically with write_text_atomically (run_dir.hpp: a symlink or file planted
+/// at their temporary names is never written through).
 struct Rendezvous {
   std::string address;  ///< ip:port the syncer listens on
   std::string run_id;
@@ -68,7 +69,11 @@ struct Rendezvous {
   static std::filesystem::path secret_file(const std::filesystem::path& run_dir);
   void write(const std::filesystem::path& run_dir) const;
   /// Reads both files; nullopt while they do not exist yet (the syncer has not started).
-  /// Throws Error naming the file for a file that exists but is malformed.
+  /// Throws Error naming the file for a file that exists but is malformed, and, before
+  /// reading it, for a secret file that is not the syncer's private one: a symlink (opened
+  /// with O_NOFOLLOW) or anything but a regular file, a file owned by another uid than
+  /// geteuid() ("it must be owned by you"), or one with any of the 077 mode bits set
+  /// ("mode 0644: others can read the run's secret; chmod 600 <file>").
   static std::optional<Rendezvous> read(const std::filesystem::path& run_dir);
   /// 32 hex digits from the system's random device.
   static std::string random_token();

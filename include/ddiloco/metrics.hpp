@@ -5,11 +5,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "ddiloco/run_dir.hpp"
 
 namespace ddiloco {
 
@@ -42,16 +43,18 @@ class Stopwatch {
 class JsonlWriter {
  public:
   JsonlWriter() = default;
-  /// Opens `path` for appending (truncating when `truncate`), creating parent directories.
-  /// Throws Error when it cannot be opened.
+  /// Opens `path` for appending (truncating when `truncate`), creating parent directories,
+  /// through open_append_log (run_dir.hpp): throws Error naming the file when it cannot be
+  /// opened, or is a symlink, not a regular file, another user's, or hard-linked elsewhere.
   JsonlWriter(const std::filesystem::path& path, bool truncate);
 
-  /// Throws Error naming the file when the line cannot be written (disk full, ...).
+  /// One line, one write(2) to the file (no buffer of ours: a crash loses nothing already
+  /// written). Throws Error naming the file when it cannot be written (disk full, ...).
   void write(const nlohmann::json& event);
-  bool enabled() const { return out_.is_open(); }
+  bool enabled() const { return static_cast<bool>(fd_); }
 
  private:
-  std::ofstream out_;
+  UniqueFd fd_;
   std::filesystem::path path_;
 };
 

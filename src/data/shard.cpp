@@ -13,35 +13,11 @@
 #include <utility>
 
 #include "ddiloco/error.hpp"
+#include "ddiloco/run_dir.hpp"
 
 namespace ddiloco {
 
 namespace fs = std::filesystem;
-
-namespace {
-
-// Closes a file descriptor on scope exit.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-void write_all(int fd, const void* data, size_t bytes, const fs::path& path) {
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::write(fd, p, bytes);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail("{}: write failed: {}", path.string(), std::strerror(errno));
-    }
-    p += n;
-    bytes -= static_cast<size_t>(n);
-  }
-}
-
-}  // namespace
 
 void write_shard(const fs::path& path, std::span<const uint16_t> tokens) {
   if (path.has_parent_path()) fs::create_directories(path.parent_path());
@@ -54,29 +30,29 @@ void write_shard(const fs::path& path, std::span<const uint16_t> tokens) {
 
   const fs::path tmp = path.string() + ".tmp";
   {
-    Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644)};
-    if (f.fd < 0) fail("{}: cannot create: {}", tmp.string(), std::strerror(errno));
-    write_all(f.fd, header.data(), kShardHeaderBytes, tmp);
-    write_all(f.fd, tokens.data(), tokens.size_bytes(), tmp);
-    if (::fsync(f.fd) != 0) fail("{}: fsync failed: {}", tmp.string(), std::strerror(errno));
+    // Created afresh, never through a symlink or a file planted at the temporary name.
+    UniqueFd f = create_new_file(tmp, 0644);
+    write_all(f.get(), header.data(), kShardHeaderBytes, tmp);
+    write_all(f.get(), tokens.data(), tokens.size_bytes(), tmp);
+    if (::fsync(f.get()) != 0) fail("{}: fsync failed: {}", tmp.string(), std::strerror(errno));
   }
   std::error_code ec;
-  fs::rename(tmp, path, ec);
+  fs::rename(tmp, path, ec);  // replaces a symlink at `path`, never writes through it
   if (ec) fail("{}: cannot rename from {}: {}", path.string(), tmp.string(), ec.message());
 }
 
 int64_t read_shard_header(const fs::path& path) {
-  Fd f{::open(path.c_str(), O_RDONLY)};
-  if (f.fd < 0) fail("{}: cannot open token shard: {}", path.string(), std::strerror(errno));
+  UniqueFd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (f.get() < 0) fail("{}: cannot open token shard: {}", path.string(), std::strerror(errno));
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0) fail("{}: cannot stat: {}", path.string(), std::strerror(errno));
+  if (::fstat(f.get(), &st) != 0) fail("{}: cannot stat: {}", path.string(), std::strerror(errno));
   const auto size = static_cast<int64_t>(st.st_size);
   if (size < static_cast<int64_t>(kShardHeaderBytes))
     fail("{}: file is {} bytes, shorter than the {}-byte shard header (truncated or not a token "
          "shard)",
          path.string(), size, kShardHeaderBytes);
   std::array<int32_t, kShardHeaderInts> header{};
-  if (::pread(f.fd, header.data(), kShardHeaderBytes, 0) !=
+  if (::pread(f.get(), header.data(), kShardHeaderBytes, 0) !=
       static_cast<ssize_t>(kShardHeaderBytes))
     fail("{}: cannot read the shard header", path.string());
   if (header[0] != kShardMagic)
@@ -101,9 +77,9 @@ Shard Shard::open(const fs::path& path, int vocab_size) {
   shard.path_ = path;
   shard.count_ = count;
   shard.map_bytes_ = kShardHeaderBytes + 2 * static_cast<size_t>(count);
-  Fd f{::open(path.c_str(), O_RDONLY)};
-  if (f.fd < 0) fail("{}: cannot open token shard: {}", path.string(), std::strerror(errno));
-  void* map = ::mmap(nullptr, shard.map_bytes_, PROT_READ, MAP_PRIVATE, f.fd, 0);
+  UniqueFd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (f.get() < 0) fail("{}: cannot open token shard: {}", path.string(), std::strerror(errno));
+  void* map = ::mmap(nullptr, shard.map_bytes_, PROT_READ, MAP_PRIVATE, f.get(), 0);
   if (map == MAP_FAILED) fail("{}: mmap failed: {}", path.string(), std::strerror(errno));
   shard.map_ = map;
   shard.tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map) +

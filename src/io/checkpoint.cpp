@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -494,12 +496,15 @@ void check_directory(const fs::path& root) {
     fail("checkpoint.dir: '{}' exists and is not a directory", root.string());
   fs::create_directories(root, ec);
   if (ec) fail("checkpoint.dir: cannot create '{}': {}", root.string(), ec.message());
+  // The probe's name is predictable: created afresh, never through a file planted there.
   const fs::path probe = root / fmt::format(".write_test_{}", ::getpid());
-  {
-    std::ofstream out(probe);
-    out << "ddiloco";
-    out.flush();
-    if (!out) fail("checkpoint.dir: '{}' is not writable", root.string());
+  try {
+    UniqueFd fd = create_new_file(probe, 0600);
+    write_all(fd.get(), "ddiloco", 7, probe);
+    if (fd.close() != 0) fail("{}: write failed: {}", probe.string(), std::strerror(errno));
+  } catch (const Error& e) {
+    fs::remove(probe, ec);
+    fail("checkpoint.dir: '{}' is not writable ({})", root.string(), e.what());
   }
   fs::remove(probe, ec);
 }

@@ -123,7 +123,19 @@ Handle create_file(const std::filesystem::path& path) {
   silence();
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
   Handle fapl = strong_close_access();
-  Handle f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
+  // HDF5 opens by name and follows symlinks: with H5F_ACC_TRUNC a symlink planted at `path`
+  // would have it truncate and overwrite the file it points to. So: remove whatever is there,
+  // then H5F_ACC_EXCL, which the sec2 driver opens with O_CREAT | O_EXCL (fails on any entry,
+  // a symlink included, never follows it). Residual race, harmless: something planted between
+  // the two may be opened by HDF5's tentative open (read-write, no create, no truncate, no
+  // write), after which the O_EXCL open fails and we report it.
+  remove_entry(path);
+  Handle f(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl), H5Fclose);
+  std::error_code ec;
+  if (f.get() < 0 && std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
+    fail("{}: reappeared right after it was removed; refusing to write through it (another "
+         "process writes there: check who can write to {})",
+         path.string(), path.parent_path().string());
   if (f.get() < 0) fail("{}: cannot create HDF5 file", path.string());
   return f;
 }
@@ -267,11 +279,13 @@ std::vector<hsize_t> dataset_dims(hid_t loc, const std::string& name, const std:
 
 bool fsync_and_publish(const std::filesystem::path& tmp, const std::filesystem::path& path,
                        bool replace) {
-  const int fd = ::open(tmp.c_str(), O_RDONLY);
+  const int fd = ::open(tmp.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) fail("{}: cannot reopen to sync: {}", tmp.string(), std::strerror(errno));
   const int rc = ::fsync(fd);
   ::close(fd);
   if (rc != 0) fail("{}: fsync failed: {}", tmp.string(), std::strerror(errno));
+  // Neither rename() nor link() follows a symlink at `path`: rename replaces the entry, link
+  // fails on it. Only the temporary had to be created with care (create_file).
   if (replace) {
     std::error_code ec;
     std::filesystem::rename(tmp, path, ec);

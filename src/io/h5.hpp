@@ -32,7 +32,9 @@ class Handle {
   herr_t (*close_)(hid_t) = nullptr;
 };
 
-/// Creates (truncates) a file. `label` names it in errors.
+/// Creates `path` afresh (a temporary): removes whatever entry is there, then creates it with
+/// H5F_ACC_EXCL, so that a symlink or file planted at the name is never written through.
+/// Throws Error naming the file when it cannot be created or reappeared meanwhile.
 Handle create_file(const std::filesystem::path& path);
 /// Opens read-only; throws Error("<path>: not an HDF5 file or unreadable") on failure.
 Handle open_file(const std::filesystem::path& path);

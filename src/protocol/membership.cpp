@@ -37,24 +37,43 @@ T field(const nlohmann::json& j, const char* key, const std::string& source) {
   }
 }
 
-// A secret must not be readable by anyone else at any moment: created 0600, then renamed.
-void write_private_atomically(const std::filesystem::path& path, const std::string& text) {
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  std::filesystem::remove(tmp);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) fail("{}: cannot create: {}", tmp.string(), std::strerror(errno));
-  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
-                  ::fsync(fd) == 0;
-  const int err = errno;
-  ::close(fd);
-  if (!ok) {
-    std::filesystem::remove(tmp);
-    fail("{}: cannot write: {}", tmp.string(), std::strerror(err));
+// The run's secret, refused unless it is a regular file of ours that nobody else can read:
+// opened without following a symlink, then checked on the descriptor (the name may change).
+std::string read_secret(const std::filesystem::path& file) {
+  const std::string dir = file.has_parent_path() ? file.parent_path().string() : ".";
+  // O_NONBLOCK: a named pipe planted there is refused below instead of blocking the open.
+  UniqueFd fd(::open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  if (!fd && errno == ELOOP)
+    fail("{}: is a symbolic link; the run's secret must be the file the syncer wrote (remove it, "
+         "and check who can write to {})",
+         file.string(), dir);
+  if (!fd) fail("{}: cannot read the run's secret: {}", file.string(), std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) fail("{}: cannot stat: {}", file.string(), std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    fail("{}: not a regular file; the run's secret must be the file the syncer wrote (remove it, "
+         "and check who can write to {})",
+         file.string(), dir);
+  if (st.st_uid != ::geteuid())
+    fail("{}: owned by uid {}, not by you (uid {}): it must be owned by you, as the syncer "
+         "writes it (remove it, and check who can write to {})",
+         file.string(), st.st_uid, ::geteuid(), dir);
+  if ((st.st_mode & 077) != 0)
+    fail("{}: mode {:04o}: others can read the run's secret; chmod 600 {}", file.string(),
+         st.st_mode & 07777, file.string());
+  std::string text;
+  char buf[256];
+  while (text.size() < 4096 && text.find('\n') == std::string::npos) {
+    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("{}: cannot read the run's secret: {}", file.string(), std::strerror(errno));
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) fail("{}: cannot rename to {}: {}", tmp.string(), path.string(), ec.message());
-  sync_directory(path.parent_path().empty() ? "." : path.parent_path());
+  std::string secret = text.substr(0, text.find('\n'));
+  if (secret.empty())
+    fail("{}: empty or unreadable (expected the run's secret on one line)", file.string());
+  return secret;
 }
 
 }  // namespace
@@ -125,14 +144,18 @@ std::filesystem::path Rendezvous::secret_file(const std::filesystem::path& run_d
 
 void Rendezvous::write(const std::filesystem::path& run_dir) const {
   // The secret first: a unit that finds the address finds the secret beside it.
-  write_private_atomically(secret_file(run_dir), secret + "\n");
+  // 0600 from its creation on: never readable by others, not even before the rename.
+  write_text_atomically(secret_file(run_dir), secret + "\n", 0600);
   const nlohmann::json j = {{"address", address}, {"run_id", run_id}, {"pid", pid}, {"host", host}};
   write_text_atomically(addr_file(run_dir), j.dump() + "\n");
 }
 
 std::optional<Rendezvous> Rendezvous::read(const std::filesystem::path& run_dir) {
   const auto addr = addr_file(run_dir), secret = secret_file(run_dir);
-  if (!std::filesystem::exists(addr) || !std::filesystem::exists(secret)) return std::nullopt;
+  // symlink_status: a symlink planted as the secret is there (and refused), not "not yet".
+  if (!std::filesystem::exists(addr) ||
+      !std::filesystem::exists(std::filesystem::symlink_status(secret)))
+    return std::nullopt;
   Rendezvous r;
   std::ifstream in(addr);
   nlohmann::json j;
@@ -146,9 +169,7 @@ std::optional<Rendezvous> Rendezvous::read(const std::filesystem::path& run_dir)
   r.pid = field<int64_t>(j, "pid", addr.string());
   r.host = field<std::string>(j, "host", addr.string());
   Endpoint::parse(r.address, addr.string() + " address");
-  std::ifstream s(secret);
-  if (!std::getline(s, r.secret) || r.secret.empty())
-    fail("{}: empty or unreadable (expected the run's secret on one line)", secret.string());
+  r.secret = read_secret(secret);
   return r;
 }
 

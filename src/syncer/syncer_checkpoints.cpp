@@ -135,6 +135,8 @@ void SyncerCheckpoints::link_unit_files(const std::filesystem::path& dir, const 
     std::filesystem::create_directories(dir);
     const auto to = checkpoint::unit_file(dir, u);
     std::error_code ec;
+    // Neither follows a symlink planted at `to`: link() fails on an existing entry, and
+    // copy_file without overwrite creates its target with O_CREAT | O_EXCL.
     std::filesystem::create_hard_link(last_unit_file_[u], to, ec);
     if (ec && !std::filesystem::exists(to))
       std::filesystem::copy_file(last_unit_file_[u], to, std::filesystem::copy_options::skip_existing);

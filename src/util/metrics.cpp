@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <sstream>
 
 #include "ddiloco/error.hpp"
@@ -54,15 +55,14 @@ std::vector<nlohmann::json> read_events(const std::filesystem::path& path, std::
 
 JsonlWriter::JsonlWriter(const std::filesystem::path& path, bool truncate) : path_(path) {
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-  out_.open(path, truncate ? std::ios::trunc : std::ios::app);
-  if (!out_) fail("{}: cannot open for writing", path.string());
+  fd_ = open_append_log(path, truncate);
 }
 
 void JsonlWriter::write(const nlohmann::json& event) {
-  if (!out_.is_open()) return;
-  out_ << event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
-  out_.flush();
-  if (!out_) fail("{}: write failed (disk full?)", path_.string());
+  if (!fd_) return;
+  const std::string line =
+      event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + '\n';
+  write_all(fd_.get(), line.data(), line.size(), path_);  // says why: ENOSPC, EIO, ...
 }
 
 ProgressBar::ProgressBar(bool enabled) : enabled_(enabled && ::isatty(STDOUT_FILENO)) {}

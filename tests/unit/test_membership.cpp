@@ -1,5 +1,9 @@
 // Who may join the isolated deployment's syncer, and heal times (membership.hpp).
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -163,6 +167,76 @@ TEST(Membership, RendezvousIsWrittenAtomicallyWithAPrivateSecret) {
   EXPECT_EQ(back->secret, r.secret);
   test::write_bytes(protocol::Rendezvous::addr_file(dir.path()), "{\"address\": 5}");
   EXPECT_THROW(protocol::Rendezvous::read(dir.path()), Error);
+}
+
+// A unit reads the run's secret from run.dir; one that others can read, or that someone else
+// put there, is no secret: refused before it is read.
+protocol::Rendezvous written_rendezvous(const std::filesystem::path& dir) {
+  protocol::Rendezvous r;
+  r.address = "127.0.0.1:4567";
+  r.run_id = "run-a";
+  r.secret = "s3cret";
+  r.write(dir);
+  return r;
+}
+
+void expect_secret_refused(const std::filesystem::path& dir, const std::string& words) {
+  const auto file = protocol::Rendezvous::secret_file(dir);
+  try {
+    protocol::Rendezvous::read(dir);
+    ADD_FAILURE() << "the secret file was read";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(file.string()), std::string::npos) << m;
+    EXPECT_NE(m.find(words), std::string::npos) << m;
+  }
+}
+
+TEST(Membership, SecretReadableByOthersIsRefusedAndA0600OneIsRead) {
+  test::TempDir dir;
+  written_rendezvous(dir.path());
+  const auto file = protocol::Rendezvous::secret_file(dir.path());
+  ASSERT_EQ(::chmod(file.c_str(), 0644), 0);
+  expect_secret_refused(dir.path(), "mode 0644");
+  expect_secret_refused(dir.path(), "chmod 600 " + file.string());
+  ASSERT_EQ(::chmod(file.c_str(), 0640), 0);
+  expect_secret_refused(dir.path(), "mode 0640");
+  ASSERT_EQ(::chmod(file.c_str(), 0600), 0);
+  const auto back = protocol::Rendezvous::read(dir.path());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->secret, "s3cret");
+}
+
+TEST(Membership, SecretThatIsASymlinkIsRefused) {
+  test::TempDir dir;
+  written_rendezvous(dir.path());
+  const auto file = protocol::Rendezvous::secret_file(dir.path());
+  std::filesystem::rename(file, dir / "elsewhere");  // still 0600 and ours
+  std::filesystem::create_symlink(dir / "elsewhere", file);
+  expect_secret_refused(dir.path(), "symbolic link");
+}
+
+TEST(Membership, SecretOwnedByAnotherUserIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a file to another user (uid 65534)";
+  test::TempDir dir;
+  written_rendezvous(dir.path());
+  const auto file = protocol::Rendezvous::secret_file(dir.path());
+  ASSERT_EQ(::chown(file.c_str(), 65534, 65534), 0);
+  expect_secret_refused(dir.path(), "owned by uid 65534");
+  expect_secret_refused(dir.path(), "it must be owned by you");
+}
+
+TEST(Membership, SecretWriteNeverFollowsASymlinkAtItsTemporaryName) {
+  test::TempDir dir;
+  test::write_bytes(dir / "victim", "precious\n");
+  std::filesystem::create_symlink(dir / "victim",
+                                  protocol::Rendezvous::secret_file(dir.path()).string() + ".tmp");
+  written_rendezvous(dir.path());
+  std::ifstream in(dir / "victim");
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "precious");
+  EXPECT_EQ(protocol::Rendezvous::read(dir.path())->secret, "s3cret");
 }
 
 }  // namespace
