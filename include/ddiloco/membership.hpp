@@ -64,6 +64,10 @@ struct Rendezvous {
   std::string secret;
   int64_t pid = 0;
   std::string host;
+  /// The link mode the syncer listens in (link.hpp: "trusted" | "authenticated" |
+  /// "encrypted"); a unit that would speak another is told so instead of timing out.
+  /// "" in files of syncers older than the field.
+  std::string link;
 
   static std::filesystem::path addr_file(const std::filesystem::path& run_dir);
   static std::filesystem::path secret_file(const std::filesystem::path& run_dir);

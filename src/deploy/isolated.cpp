@@ -70,6 +70,14 @@ Admission connect_once(comm::UnitEnd& link, const Config& config, protocol::Hell
   Admission a;
   const auto r = find_syncer(config);
   if (!r) return a;
+  const char* ours = comm::link_mode_name(comm::resolve_link_mode(config.wan.security, config.syncer.listen));
+  if (!r->link.empty() && r->link != ours) {  // final, as a refusal: trying again changes nothing
+    a.error = fmt::format("unit {}: the syncer listens with link {} ({}), this unit would speak {} "
+                          "(wan.security = {}): give both the same configuration", hello.unit, r->link,
+                          protocol::Rendezvous::addr_file(config.run.dir).string(), ours, config.wan.security);
+    a.refusal = std::make_exception_ptr(Error(a.error));
+    return a;
+  }
   hello.run_id = r->run_id;
   hello.proof = protocol::hello_proof(r->secret);
   try {
@@ -233,6 +241,7 @@ int run_syncer_process(const Config& config, bool overwrite, const std::string& 
   rv.address = link.address();
   rv.pid = ::getpid();
   rv.host = host_name();
+  rv.link = comm::link_mode_name(mode);
   rv.write(config.run.dir);
   std::printf("syncer: listening on %s, link %s (run %s; %s)\n", rv.address.c_str(), comm::link_mode_name(mode),
               rv.run_id.c_str(), protocol::Rendezvous::addr_file(config.run.dir).c_str());

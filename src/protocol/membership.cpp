@@ -146,7 +146,7 @@ void Rendezvous::write(const std::filesystem::path& run_dir) const {
   // The secret first: a unit that finds the address finds the secret beside it.
   // 0600 from its creation on: never readable by others, not even before the rename.
   write_text_atomically(secret_file(run_dir), secret + "\n", 0600);
-  const nlohmann::json j = {{"address", address}, {"run_id", run_id}, {"pid", pid}, {"host", host}};
+  const nlohmann::json j = {{"address", address}, {"run_id", run_id}, {"pid", pid}, {"host", host}, {"link", link}};
   write_text_atomically(addr_file(run_dir), j.dump() + "\n");
 }
 
@@ -168,6 +168,7 @@ std::optional<Rendezvous> Rendezvous::read(const std::filesystem::path& run_dir)
   r.run_id = field<std::string>(j, "run_id", addr.string());
   r.pid = field<int64_t>(j, "pid", addr.string());
   r.host = field<std::string>(j, "host", addr.string());
+  if (j.contains("link")) r.link = field<std::string>(j, "link", addr.string());
   Endpoint::parse(r.address, addr.string() + " address");
   r.secret = read_secret(secret);
   return r;

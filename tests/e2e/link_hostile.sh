@@ -1,12 +1,13 @@
 # A hostile peer against the syncer of each link mode (docs/security.md): a client written
 # against UCX directly (tests/tools/hostile_ucx_client.cpp) connects to the syncer's address,
-# sends no hello, and tries to read the syncer's heap (the address from /proc/PID/maps, the
+# sends no hello, and tries to read the syncer's memory (the address from /proc/PID/maps, the
 # truth from /proc/PID/mem) and to write a pattern into it, with an rkey it packed itself.
-#   - trusted: the attack reads the syncer's memory. This is what the trusted mode is (and what
+#   - trusted: the attack reads the syncer's memory (its executable image). This is what the trusted mode is (and what
 #     every mode was before the secure modes): the proof that the attack works, so that its
 #     failure below means something;
 #   - authenticated and encrypted (the default): it reads nothing and writes nothing, and the
 #     two honest units go on merging (three more merges of each after the attack);
+#   - a unit configured for another link mode is told so at once (exit 2);
 #   - a captured hello replayed (a tap in front of the syncer records an honest unit's bytes and
 #     plays them again to the syncer) and a wrong secret are refused; the syncer logs the
 #     refusals in one rate-limited line each, and goes on.
@@ -72,6 +73,13 @@ for mode in trusted authenticated encrypted; do
     ((rc != 0)) || fail "a unit with a wrong secret was admitted"
     grep -q "secret" wrong.log || { cat wrong.log; fail "the wrong-secret failure does not say so"; }
     wait_for syncer_$mode.log "refused a connection: not authenticated" $syncer 30
+    # A unit of another link mode is told so at once, not after connect_wait_s.
+    rc=0
+    timeout 30 "${DDILOCO_MPIRUN[@]}" -np 1 "$DDILOCO" unit --config $mode.yaml --unit 0 --set wan.security=encrypted \
+      > other_mode.log 2>&1 || rc=$?
+    ((rc == 2)) || { cat other_mode.log; fail "a unit of another link mode exited $rc, expected 2"; }
+    grep -q "the syncer listens with link authenticated.*would speak encrypted" other_mode.log ||
+      { cat other_mode.log; fail "the link-mode mismatch is not named"; }
     # A replayed hello: python3 tests/tools/replay_hello.py records an honest unit's first
     # bytes through a tap and plays them to the syncer on a new connection.
     rc=0

@@ -1,15 +1,16 @@
 // A hostile peer of the syncer, written against UCX directly (docs/security.md, "Tests"): it
 // connects to the syncer's address, never sends a hello, and tries to read and write the
-// syncer's heap with one-sided operations carried by an rkey it packed itself. Over TCP, UCX
+// syncer's memory with one-sided operations carried by an rkey it packed itself. Over TCP, UCX
 // executes a peer's gets and puts in software at whatever address the peer names, without
 // checking any key (src/ucp/rma/rma_sw.c): this is what the trusted mode exposes and what the
 // secure modes must not.
 //
 //   hostile_ucx_client ADDR PID [--put]
 //
-// ADDR is the syncer's ip:port, PID its process (the heap's address comes from
-// /proc/PID/maps; the truth to compare with from /proc/PID/mem). With --put it also writes 64
-// bytes of a pattern at the heap's start + 64 KiB and checks /proc/PID/mem for it.
+// ADDR is the syncer's ip:port, PID its process. It reads 64 bytes of the syncer's executable
+// image (the address from /proc/PID/maps, the truth to compare with from /proc/PID/mem). With
+// --put it also writes 64 bytes of a pattern at the heap's start + 64 KiB and checks
+// /proc/PID/mem for it.
 // Exit status: 0 the attack got nothing (no byte read equals the syncer's memory, nothing
 // written); 1 it read or wrote the syncer's memory; 77 /proc/PID/mem cannot be read here;
 // 2 usage. Every step is bounded (5 s): it never waits forever for a syncer that does not answer.
@@ -23,6 +24,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -33,11 +35,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-bool heap_start(long pid, uint64_t& start) {
+// The start of the first mapping whose line contains `what` ("[heap]", or the executable's path).
+bool mapping_start(long pid, const std::string& what, uint64_t& start) {
   std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
   std::string line;
   while (std::getline(maps, line)) {
-    if (line.find("[heap]") == std::string::npos) continue;
+    if (line.find(what) == std::string::npos) continue;
     start = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
     return true;
   }
@@ -78,9 +81,14 @@ int main(int argc, char** argv) {
   const std::string addr = argv[1];
   const long pid = std::stol(argv[2]);
   const bool try_put = argc > 3 && std::string(argv[3]) == "--put";
-  uint64_t heap = 0;
+  // What is read: the syncer's program headers, just after its ELF header (constant while it
+  // runs, so the bytes a get returns can be compared exactly); what is written: its heap.
+  std::error_code ec;
+  const std::string exe = std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec).string();
+  uint64_t image = 0, heap = 0;
   std::vector<char> truth(64);
-  if (!heap_start(pid, heap) || !read_mem(pid, heap, truth)) {
+  if (ec || !mapping_start(pid, exe, image) || !mapping_start(pid, "[heap]", heap) ||
+      !read_mem(pid, image + 64, truth)) {
     std::printf("cannot read /proc/%ld/mem here: skipped\n", pid);
     return 77;
   }
@@ -128,19 +136,11 @@ int main(int argc, char** argv) {
   if (unpacked == UCS_OK) {
     std::vector<char> got_bytes(64, 0);
     ucp_request_param_t rp{};
-    const ucs_status_t s = wait(worker, ucp_get_nbx(ep, got_bytes.data(), got_bytes.size(), heap, rkey, &rp));
-    // The heap's first bytes are the allocator's own and may change while we read: the truth
-    // is the memory as it was just before or just after the get.
-    std::vector<char> later(64);
-    got = s == UCS_OK && (got_bytes == truth || (read_mem(pid, heap, later) && got_bytes == later)) &&
-          got_bytes != std::vector<char>(64, 0);
-    std::printf("got:   ");
-    for (char c : got_bytes) std::printf("%02x", static_cast<unsigned char>(c));
-    std::printf("\ntruth: ");
-    for (char c : truth) std::printf("%02x", static_cast<unsigned char>(c));
-    std::printf("\n");
-    std::printf("get at the heap (0x%llx): %s; bytes %s the syncer's memory\n",
-                static_cast<unsigned long long>(heap), ucs_status_string(s), got ? "EQUAL" : "not equal to");
+    const ucs_status_t s =
+        wait(worker, ucp_get_nbx(ep, got_bytes.data(), got_bytes.size(), image + 64, rkey, &rp));
+    got = s == UCS_OK && got_bytes == truth;
+    std::printf("get at the syncer's image + 64 (0x%llx): %s; bytes %s the syncer's memory\n",
+                static_cast<unsigned long long>(image + 64), ucs_status_string(s), got ? "EQUAL" : "not equal to");
     if (try_put) {
       std::vector<char> pattern(64);
       for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<char>(0xA5 ^ i);
