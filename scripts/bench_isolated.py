@@ -4,13 +4,17 @@
     /usr/bin/python3 scripts/bench_isolated.py [--config configs/kjv_decoupled.yaml]
         [--steps 200] [--heal-steps 150] [--kill-at 30] [--out runs/bench_isolated]
         [--parts steps,heal,syncer] [--syncer-steps 600] [--syncer-kill-at 16] [--set key=value ...]
+        [--security trusted,authenticated,encrypted]
 
 1. Step time, syncing on ÷ off. One learner unit of one rank with one thread (so that the syncer
-   has the other core of a 2-core machine) trains `--steps` steps on the demo model three ways:
+   has the other core of a 2-core machine) trains `--steps` steps on the demo model several ways:
    alone (`mode: single`, nothing to sync), as the only unit of a one-job `decoupled` run (MPI
-   windows), and as the only unit of the isolated deployment (`ddiloco launch`: UCX link, the
-   leader's progress thread). Prints each one's mean wall time per inner step (from its first
-   to its last logged train window) and the ratio to the alone run.
+   windows), and as the only unit of the isolated deployment (`ddiloco launch`) once per link
+   mode, `--set wan.security=trusted|authenticated|encrypted` (trusted: UCX one-sided access and
+   the leader's progress thread; authenticated: requests over TCP that the unit's link thread
+   carries out; encrypted: the same inside TLS 1.3; `--security` picks the modes). Prints each
+   one's mean wall time per inner step (from its first to its last logged train window) and the
+   ratio to the alone run (the goal for encrypted: <= 1.05).
 2. Heal time. The demo config under `ddiloco launch` (4 units, `--heal-steps` steps' worth of
    tokens), with unit 1's leader killed with SIGKILL at `--kill-at` seconds: the syncer's
    `unit_lost` → `unit_joined` (heal_s), the longest gap between merges meanwhile, and goodput.
@@ -69,10 +73,12 @@ def step_times(args, env, flags, one):
     run(["mpirun", "-q", "--oversubscribe", "--bind-to", "none", "-np", "2", DDILOCO, "train",
          "--config", args.config, "--overwrite"] + flags(one + [f"run.dir={d}"]), env, d + ".log")
     rows.append(("one job (MPI windows), decoupled M = 1", step_s(os.path.join(d, "unit_0.jsonl")), syncer_share(d)))
-    d = os.path.join(args.out, "isolated")
-    run([DDILOCO, "launch", "--config", args.config, "--overwrite"] + flags(one + [f"run.dir={d}"]),
-        env, d + ".log")
-    rows.append(("isolated (ddiloco launch, UCX), decoupled M = 1", step_s(os.path.join(d, "unit_0.jsonl")), syncer_share(d)))
+    for mode in args.security.split(","):
+        d = os.path.join(args.out, f"isolated_{mode}")
+        run([DDILOCO, "launch", "--config", args.config, "--overwrite"]
+            + flags(one + [f"wan.security={mode}", f"run.dir={d}"]), env, d + ".log")
+        rows.append((f"isolated (ddiloco launch), wan.security={mode}, decoupled M = 1",
+                     step_s(os.path.join(d, "unit_0.jsonl")), syncer_share(d)))
     base = rows[0][1]
     print(f"\nstep time, one unit of 1 rank x 1 thread, {args.steps} steps of {os.path.basename(args.config)}")
     print("| run | step time (ms) | ÷ alone | syncer CPU while training (share of a core) |\n|---|---|---|---|")
@@ -137,6 +143,8 @@ def main():
     ap.add_argument("--syncer-steps", type=int, default=600)
     ap.add_argument("--syncer-kill-at", type=float, default=16.0)
     ap.add_argument("--set", action="append", default=[], help="key=value for the synced runs")
+    ap.add_argument("--security", default="trusted,authenticated,encrypted",
+                    help="wan.security of the isolated step-time runs, one run each (comma-separated)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     _, env = compare_modes.mpirun_train(args.config, [], 1)

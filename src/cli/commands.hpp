@@ -41,17 +41,24 @@ int bench_checkpoint(const BenchCheckpointOptions& options);
 
 struct BenchLinkOptions {
   std::vector<size_t> sizes = {4096, size_t{1} << 20, size_t{16} << 20};  // bytes per operation
+  // A merge: the syncer's get + put of one fragment. 832 KiB = the largest of the 4 fragments
+  // of configs/kjv_decoupled.yaml's model (842,496 fp32 parameters, fragments.hpp's split:
+  // 212,992 × 4 B); 8 MiB, a fragment of a ~8M-parameter model.
+  std::vector<size_t> merge_sizes = {size_t{832} << 10, size_t{8} << 20};
+  std::vector<std::string> modes = {"trusted", "authenticated", "encrypted"};  // wan.security
   double seconds = 0.5;  // per operation and size, each transport
-  std::string tls;       // UCX_TLS for both UCX processes; "" = the environment's, else tcp
-  bool no_mpi = false;   // the UCX half only
-  // Hidden modes the command starts itself in: the MPI half under mpirun, the UCX unit.
+  std::string tls;       // UCX_TLS of the trusted mode; "" = the environment's, else tcp
+  bool no_mpi = false;   // the link modes only
+  // Hidden modes the command starts itself in: the MPI half under mpirun, the unit of a mode
+  // (modes: its one mode; the run's secret in the environment, DDILOCO_BENCH_LINK_SECRET).
   bool mpi = false;
-  std::string serve;  // the syncer's address: be the UCX unit process
+  std::string serve;  // the syncer's address: be the unit process
   size_t bytes = 0;   // its exposed memory
 };
-/// get and put throughput (MB/s) and 8-byte fetch latency between two processes on 127.0.0.1,
-/// over the UCX link and over MPI passive-target RMA (mpirun -np 2), side by side with the
-/// ratio UCX/MPI.
+/// Between two processes on 127.0.0.1, for each link mode (link.hpp: trusted, authenticated,
+/// encrypted, through listen_for_units / expose_to_syncer) beside MPI passive-target RMA
+/// (mpirun -np 2): get and put throughput (MB/s), the median 8-byte fetch round trip (µs) and
+/// the median merge (the syncer's get + put of a fragment, ms); ratios to trusted.
 int bench_link(const BenchLinkOptions& options);
 
 struct SimulateOptions {

@@ -495,13 +495,20 @@ Command bench_checkpoint_command(CLI::App& bench) {
 Command bench_link_command(CLI::App& bench) {
   auto o = std::make_shared<cli::BenchLinkOptions>();
   CLI::App* sub = bench.add_subcommand(
-      "link", "get/put MB/s between two processes on 127.0.0.1: UCX link beside MPI RMA");
+      "link", "get/put MB/s, word and merge latency between two processes on 127.0.0.1: each "
+              "link mode (wan.security) beside MPI RMA");
   sub->add_option("--size", o->sizes, "bytes per operation (repeatable)")->check(CLI::PositiveNumber);
+  sub->add_option("--merge-size", o->merge_sizes,
+                  "bytes of a merge's get + put (repeatable; default 851968 = a kjv_decoupled "
+                  "fragment, and 8 MiB)")->check(CLI::PositiveNumber);
+  sub->add_option("--security", o->modes, "link modes to measure (repeatable; default all three)")
+      ->check(CLI::IsMember({"trusted", "authenticated", "encrypted"}));
   sub->add_option("--seconds", o->seconds, "time per operation and size")->check(CLI::PositiveNumber);
-  sub->add_option("--tls", o->tls, "UCX_TLS for the UCX half (default: the environment's, else tcp)");
+  sub->add_option("--tls", o->tls,
+                  "UCX_TLS for the trusted mode (default: the environment's, else tcp)");
   sub->add_flag("--no-mpi", o->no_mpi, "skip the MPI half");
   sub->add_flag("--mpi", o->mpi, "(internal) the MPI half, under mpirun -np 2")->group("");
-  sub->add_option("--serve", o->serve, "(internal) the UCX unit process")->group("");
+  sub->add_option("--serve", o->serve, "(internal) the unit process")->group("");
   sub->add_option("--bytes", o->bytes, "(internal) its memory")->group("");
   return {sub, [o] { return o->mpi; }, [o] { return cli::bench_link(*o); }};
 }
