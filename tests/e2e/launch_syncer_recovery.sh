@@ -111,7 +111,7 @@ for case, kills in (("before_checkpoint", 1), ("rejoin", 1), ("checkpoint_write"
     ldone = [e for e in launch if e["event"] == "done"][-1]
     assert ldone["status"] == 0 and ldone["restarts"]["syncer"] == kills, (case, ldone)
     # One run: every syncer process listened under the first one's run id.
-    ids = re.findall(r"syncer: listening on \S+ \(run (\w+);", open(f"{case}/launch.log").read())
+    ids = re.findall(r"syncer: listening on \S+, link \w+ \(run (\w+);", open(f"{case}/launch.log").read())
     assert len(ids) == kills + 1 and len(set(ids)) == 1, (case, ids)
     rec = events(case, "syncer_recovered")
     assert rec, (case, "no syncer_recovered event")
