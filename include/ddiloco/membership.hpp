@@ -73,13 +73,15 @@ struct Rendezvous {
   static std::filesystem::path secret_file(const std::filesystem::path& run_dir);
   void write(const std::filesystem::path& run_dir) const;
   /// Reads both files; nullopt while they do not exist yet (the syncer has not started).
-  /// Throws Error naming the file for a file that exists but is malformed, and, before
-  /// reading it, for a secret file that is not the syncer's private one: a symlink (opened
+  /// Throws Error naming the file for a file that exists but is malformed; before reading
+  /// either file, for one that is a symlink or anything but a regular file, or is owned by
+  /// another uid (whoever plants the address file stands between the units and the syncer);
+  /// and for a secret file that is not the syncer's private one: a symlink (opened
   /// with O_NOFOLLOW) or anything but a regular file, a file owned by another uid than
   /// geteuid() ("it must be owned by you"), or one with any of the 077 mode bits set
   /// ("mode 0644: others can read the run's secret; chmod 600 <file>").
   static std::optional<Rendezvous> read(const std::filesystem::path& run_dir);
-  /// 32 hex digits from the system's random device.
+  /// 32 hex digits of 16 bytes from OpenSSL's RAND_bytes (the run id, and the run's secret).
   static std::string random_token();
 };
 

@@ -15,6 +15,8 @@
 // Limits on the syncer's side (what an unauthenticated peer can cost it):
 //   kMaxPending     connections in their handshake or awaiting a verdict; one more is
 //                   closed at once and counted ("over the pending-connection cap")
+//   kMaxPendingPerSource  the same, from one source address: one stranger alone cannot
+//                   hold every place
 //   kMaxHello       bytes of a unit's hello
 //   kHandshakeS     seconds from accept to an authenticated answer
 #pragma once
@@ -29,6 +31,7 @@
 namespace ddiloco::comm {
 
 constexpr int kMaxPending = 64;
+constexpr int kMaxPendingPerSource = 8;
 constexpr size_t kMaxHello = size_t{256} << 10;
 constexpr double kHandshakeS = 5;
 

@@ -1,6 +1,7 @@
 // The secure link's syncer side (stream_link.hpp): an acceptor that authenticates connections
 // under a cap and a deadline, and one thread per admitted unit that carries the syncer's reads
 // and writes to it as requests.
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -82,9 +83,18 @@ struct Conn {
 // A handshake in progress: its thread, and the socket close() shuts down to end it.
 struct Shake {
   std::thread thread;
-  int fd = -1;  // −1 once the thread is done with the stream
+  int fd = -1;         // a duplicate of the socket's descriptor, ours until the Shake is reaped
+  std::string source;  // the peer's address without the port
   bool done = false;
+  ~Shake() {
+    if (fd >= 0) ::close(fd);
+  }
 };
+
+// "ip" of "ip:port" or "[ipv6]:port".
+std::string source_of(const std::string& peer) {
+  return peer.substr(0, peer.rfind(':'));
+}
 
 class StreamSyncerLink final : public SyncerEnd {
  public:
@@ -151,6 +161,7 @@ class StreamSyncerLink final : public SyncerEnd {
 
  private:
   void accept_loop();
+  void start_handshake(std::unique_ptr<Stream> stream);
   void handshake(std::unique_ptr<Stream> stream, Shake* shake);
   void count_refusal(const std::string& why) { ++refusals_[why]; }
   void reap_shakes(bool all);
@@ -205,19 +216,62 @@ void StreamSyncerLink::accept_loop() {
   for (;;) {
     ::poll(fds, 2, 200);
     reap_shakes(false);
-    std::lock_guard lock(m_);
-    if (stopping_) return;
-    while (auto stream = listener_.accept()) {
-      int waiting = 0;
-      for (const auto& [id, c] : conns_) waiting += c->state != Conn::State::admitted;
-      if (static_cast<int>(shakes_.size()) + waiting >= kMaxPending) {
-        count_refusal(fmt::format("over the pending-connection cap ({})", kMaxPending));
-        continue;  // closed at once: nothing of it is kept
-      }
-      Shake& s = shakes_.emplace_back();
-      s.fd = stream->fd();
-      s.thread = std::thread([this, &s, st = std::move(stream)]() mutable { handshake(std::move(st), &s); });
+    {
+      std::lock_guard lock(m_);
+      if (stopping_) return;
     }
+    for (int batch = 0; batch < 256; ++batch) {
+      std::unique_ptr<Stream> stream;
+      try {
+        stream = listener_.accept();
+      } catch (const std::exception& e) {
+        // Out of descriptors or buffers: the connection stays queued and the listener
+        // readable, so count it and wait a little instead of polling at once again.
+        {
+          std::lock_guard lock(m_);
+          count_refusal(fmt::format("cannot accept ({})", e.what()));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        break;
+      }
+      if (!stream) break;
+      start_handshake(std::move(stream));
+    }
+  }
+}
+
+// A handshake thread for one accepted connection, within the caps; otherwise the connection is
+// counted and closed at once (after the lock is released: `refused` outlives it).
+void StreamSyncerLink::start_handshake(std::unique_ptr<Stream> stream) {
+  std::unique_ptr<Stream> refused;
+  const std::string source = source_of(stream->peer());
+  std::lock_guard lock(m_);
+  int waiting = static_cast<int>(shakes_.size()), from_source = 0;
+  for (const Shake& s : shakes_) from_source += s.source == source;
+  for (const auto& [id, c] : conns_) {
+    if (c->state == Conn::State::admitted) continue;
+    ++waiting;
+    from_source += source_of(c->peer) == source;
+  }
+  std::string why;
+  if (waiting >= kMaxPending) why = fmt::format("over the pending-connection cap ({})", kMaxPending);
+  else if (from_source >= kMaxPendingPerSource)
+    why = fmt::format("over the pending-connection cap of one address ({})", kMaxPendingPerSource);
+  const int fd = why.empty() ? ::fcntl(stream->fd(), F_DUPFD_CLOEXEC, 0) : -1;
+  if (why.empty() && fd < 0) why = fmt::format("cannot accept ({})", std::strerror(errno));
+  if (!why.empty()) {
+    count_refusal(why);
+    refused = std::move(stream);
+    return;
+  }
+  Shake& s = shakes_.emplace_back();
+  s.fd = fd;
+  s.source = source;
+  try {
+    s.thread = std::thread([this, &s, st = std::move(stream)]() mutable { handshake(std::move(st), &s); });
+  } catch (const std::system_error& e) {
+    shakes_.pop_back();
+    count_refusal(fmt::format("cannot start a handshake thread ({})", e.what()));
   }
 }
 
@@ -237,7 +291,6 @@ void StreamSyncerLink::handshake(std::unique_ptr<Stream> stream, Shake* shake) {
       c->hello = a.payload.substr(8);
       c->answer = std::move(a);
       std::lock_guard lock(m_);
-      shake->fd = -1;
       shake->done = true;
       c->id = next_id_++;
       c->stream = std::move(stream);
@@ -252,7 +305,6 @@ void StreamSyncerLink::handshake(std::unique_ptr<Stream> stream, Shake* shake) {
   }
   std::lock_guard lock(m_);
   count_refusal(failure);
-  shake->fd = -1;
   shake->done = true;
   // The stream closes as this thread ends, outside the lock.
 }
@@ -263,7 +315,7 @@ void StreamSyncerLink::reap_shakes(bool all) {
     std::lock_guard lock(m_);
     for (auto it = shakes_.begin(); it != shakes_.end();) {
       if (it->done || all) {
-        if (all && it->fd >= 0) ::shutdown(it->fd, SHUT_RDWR);
+        if (all && !it->done) ::shutdown(it->fd, SHUT_RDWR);  // our duplicate: never a reused number
         finished.splice(finished.end(), shakes_, it++);
       } else {
         ++it;

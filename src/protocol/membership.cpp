@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include <openssl/crypto.h>
+#include <openssl/rand.h>
 
 #include "ddiloco/checksum.hpp"
 #include "ddiloco/link_auth.hpp"
@@ -37,39 +38,45 @@ T field(const nlohmann::json& j, const char* key, const std::string& source) {
   }
 }
 
-// The run's secret, refused unless it is a regular file of ours that nobody else can read:
-// opened without following a symlink, then checked on the descriptor (the name may change).
-std::string read_secret(const std::filesystem::path& file) {
+// A rendezvous file (`what`), refused unless it is a regular file of ours, and with `secret`
+// one that nobody else can read: opened without following a symlink, then checked on the
+// descriptor (the name may change meanwhile). Whoever plants the address could put itself
+// between the units and the syncer; whoever plants the secret, admit itself. At most `limit`
+// bytes are read.
+std::string read_own_file(const std::filesystem::path& file, const char* what, bool secret, size_t limit) {
   const std::string dir = file.has_parent_path() ? file.parent_path().string() : ".";
   // O_NONBLOCK: a named pipe planted there is refused below instead of blocking the open.
   UniqueFd fd(::open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
   if (!fd && errno == ELOOP)
-    fail("{}: is a symbolic link; the run's secret must be the file the syncer wrote (remove it, "
-         "and check who can write to {})",
-         file.string(), dir);
-  if (!fd) fail("{}: cannot read the run's secret: {}", file.string(), std::strerror(errno));
+    fail("{}: is a symbolic link; {} must be the file the syncer wrote (remove it, and check who "
+         "can write to {})", file.string(), what, dir);
+  if (!fd) fail("{}: cannot read {}: {}", file.string(), what, std::strerror(errno));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) fail("{}: cannot stat: {}", file.string(), std::strerror(errno));
   if (!S_ISREG(st.st_mode))
-    fail("{}: not a regular file; the run's secret must be the file the syncer wrote (remove it, "
-         "and check who can write to {})",
-         file.string(), dir);
+    fail("{}: not a regular file; {} must be the file the syncer wrote (remove it, and check who "
+         "can write to {})", file.string(), what, dir);
   if (st.st_uid != ::geteuid())
     fail("{}: owned by uid {}, not by you (uid {}): it must be owned by you, as the syncer "
          "writes it (remove it, and check who can write to {})",
          file.string(), st.st_uid, ::geteuid(), dir);
-  if ((st.st_mode & 077) != 0)
+  if (secret && (st.st_mode & 077) != 0)
     fail("{}: mode {:04o}: others can read the run's secret; chmod 600 {}", file.string(),
          st.st_mode & 07777, file.string());
   std::string text;
-  char buf[256];
-  while (text.size() < 4096 && text.find('\n') == std::string::npos) {
+  char buf[4096];
+  while (text.size() < limit) {
     const ssize_t n = ::read(fd.get(), buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail("{}: cannot read the run's secret: {}", file.string(), std::strerror(errno));
+    if (n < 0) fail("{}: cannot read {}: {}", file.string(), what, std::strerror(errno));
     if (n == 0) break;
     text.append(buf, static_cast<size_t>(n));
   }
+  return text;
+}
+
+std::string read_secret(const std::filesystem::path& file) {
+  const std::string text = read_own_file(file, "the run's secret", true, 4096);
   std::string secret = text.substr(0, text.find('\n'));
   if (secret.empty())
     fail("{}: empty or unreadable (expected the run's secret on one line)", file.string());
@@ -157,10 +164,10 @@ std::optional<Rendezvous> Rendezvous::read(const std::filesystem::path& run_dir)
       !std::filesystem::exists(std::filesystem::symlink_status(secret)))
     return std::nullopt;
   Rendezvous r;
-  std::ifstream in(addr);
+  const std::string text = read_own_file(addr, "the syncer's rendezvous file", false, 65536);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("{}: not the syncer's rendezvous file (JSON: {})", addr.string(), e.what());
   }
@@ -175,9 +182,10 @@ std::optional<Rendezvous> Rendezvous::read(const std::filesystem::path& run_dir)
 }
 
 std::string Rendezvous::random_token() {
-  std::random_device rd;
+  unsigned char bytes[16];
+  if (RAND_bytes(bytes, sizeof bytes) != 1) fail("cannot draw a random token: OpenSSL's RAND_bytes failed");
   std::string out;
-  for (int i = 0; i < 4; ++i) out += fmt::format("{:08x}", rd());
+  for (unsigned char b : bytes) out += fmt::format("{:02x}", b);
   return out;
 }
 

@@ -190,7 +190,7 @@ void Syncer::check_stop() {
 // index), and units whose process or link died.
 void Syncer::admit_units() {
   for (const comm::UnitListener::Lost& l : door_->take_lost()) unit_lost(l.unit, l.reason);
-  for (const auto& [reason, n] : door_->take_refusals()) refused("", -1, reason, n);
+  take_link_refusals();
   for (const comm::UnitListener::Pending& c : door_->accept_pending()) {
     std::string reason;
     protocol::Hello hello;
@@ -211,6 +211,11 @@ void Syncer::admit_units() {
     unit_joined(hello.unit, hello);
   }
   log_refusals(false);
+}
+
+// What the link refused on its own (caps, deadlines, failed handshakes) since the last call.
+void Syncer::take_link_refusals() {
+  for (const auto& [reason, n] : door_->take_refusals()) refused("", -1, reason, n);
 }
 
 // A refusal's line, unless this interval has had its share: then it waits for the summary.

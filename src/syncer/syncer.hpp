@@ -48,6 +48,7 @@ class Syncer {
   int idle_poll_us() const;
   void check_stop();
   void admit_units();
+  void take_link_refusals();
   void refused(const std::string& peer, int unit, const std::string& reason, int64_t n);
   void log_refusals(bool force);
   void unit_joined(int u, const protocol::Hello& hello);

@@ -32,7 +32,10 @@ struct Syncer::Outcome {
 
 void Syncer::finish() {
   bar_.finish();
-  if (door_) log_refusals(true);
+  if (door_) {  // what the link counted since the last poll, then the last summary
+    take_link_refusals();
+    log_refusals(true);
+  }
   if (checkpoints_.on() && (config_.checkpoint.at_stop || checkpoints_.wanted())) {
     core_.poll();  // every unit's last kCheckpointDone
     checkpoints_.try_complete(true, resumed_.elapsed_s + now(), eval_.next);

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """A flood of connections to the syncer (docs/security.md, "Tests").
 
-    flood.py ADDR PID [--connections 500] [--hold 8]
+    flood.py ADDR PID [--connections 500] [--hold 8] [--sources 1]
 
-Opens CONNECTIONS TCP connections to ADDR at once: the even ones send nothing, the odd ones
-1 KiB of random bytes. Holds them HOLD seconds, sampling the syncer's (PID) resident memory and
+Opens CONNECTIONS TCP connections to ADDR at once, from SOURCES loopback addresses in turn
+(127.0.0.10 on; 1: the system's choice), so that both the per-address and the global
+pending-connection caps are met: the even ones send nothing, the odd ones 1 KiB of random bytes. Holds them HOLD seconds, sampling the syncer's (PID) resident memory and
 open files every 0.2 s, then closes them all. Prints one JSON line: connections opened, the
 syncer's VmRSS (KiB) and open files before, at most during, and after.
 """
@@ -30,12 +31,15 @@ def main():
     p.add_argument("pid", type=int)
     p.add_argument("--connections", type=int, default=500)
     p.add_argument("--hold", type=float, default=8)
+    p.add_argument("--sources", type=int, default=1)
     a = p.parse_args()
     host, port = a.addr.rsplit(":", 1)
     rss0, fds0 = sample(a.pid)
     socks = []
     for i in range(a.connections):
         s = socket.socket()
+        if a.sources > 1:
+            s.bind((f"127.0.0.{10 + i % a.sources}", 0))
         s.setblocking(False)
         try:
             s.connect((host, int(port)))

@@ -180,16 +180,20 @@ protocol::Rendezvous written_rendezvous(const std::filesystem::path& dir) {
   return r;
 }
 
-void expect_secret_refused(const std::filesystem::path& dir, const std::string& words) {
-  const auto file = protocol::Rendezvous::secret_file(dir);
+void expect_refused(const std::filesystem::path& dir, const std::filesystem::path& file,
+                    const std::string& words) {
   try {
     protocol::Rendezvous::read(dir);
-    ADD_FAILURE() << "the secret file was read";
+    ADD_FAILURE() << file << " was read";
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find(file.string()), std::string::npos) << m;
     EXPECT_NE(m.find(words), std::string::npos) << m;
   }
+}
+
+void expect_secret_refused(const std::filesystem::path& dir, const std::string& words) {
+  expect_refused(dir, protocol::Rendezvous::secret_file(dir), words);
 }
 
 TEST(Membership, SecretReadableByOthersIsRefusedAndA0600OneIsRead) {
@@ -224,6 +228,24 @@ TEST(Membership, SecretOwnedByAnotherUserIsRefused) {
   ASSERT_EQ(::chown(file.c_str(), 65534, 65534), 0);
   expect_secret_refused(dir.path(), "owned by uid 65534");
   expect_secret_refused(dir.path(), "it must be owned by you");
+}
+
+// Whoever plants the address file stands between the units and the syncer: a symlink, or one
+// of another user, is refused as the secret is (its mode may be 0644: it holds no secret).
+TEST(Membership, AddressFileThatIsASymlinkOrAnotherUsersIsRefused) {
+  test::TempDir dir;
+  written_rendezvous(dir.path());
+  const auto file = protocol::Rendezvous::addr_file(dir.path());
+  std::filesystem::rename(file, dir / "elsewhere");
+  std::filesystem::create_symlink(dir / "elsewhere", file);
+  expect_refused(dir.path(), file, "symbolic link");
+  std::filesystem::remove(file);
+  std::filesystem::rename(dir / "elsewhere", file);
+  ASSERT_EQ(::chmod(file.c_str(), 0644), 0);
+  EXPECT_EQ(protocol::Rendezvous::read(dir.path())->address, "127.0.0.1:4567");
+  if (::geteuid() != 0) return;  // giving a file to another user needs root
+  ASSERT_EQ(::chown(file.c_str(), 65534, 65534), 0);
+  expect_refused(dir.path(), file, "owned by uid 65534");
 }
 
 TEST(Membership, SecretWriteNeverFollowsASymlinkAtItsTemporaryName) {

@@ -3,6 +3,8 @@
 // the pending-connection cap, and the unit's own check of every request against its window
 // (a fake syncer that holds the secret sends requests outside it).
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <chrono>
@@ -13,6 +15,7 @@
 #include "comm/stream_link.hpp"
 #include "ddiloco/link.hpp"
 #include "ddiloco/link_auth.hpp"
+#include "ddiloco/run_dir.hpp"
 #include "ddiloco/secure_stream.hpp"
 
 namespace {
@@ -246,22 +249,51 @@ TEST(StreamLinkPeers, UnitRefusesARequestOutsideItsWindow) {
 
 // Connections that send nothing hold at most kMaxPending places; the rest are closed at once
 // and counted, and an honest unit still gets in once the deadline frees the places.
+// A silent TCP connection to `address` from the loopback address `source` (127.0.0.x): a
+// stranger that connects and never speaks. Blocking connect; the listener's backlog takes it.
+UniqueFd silent_from(const std::string& source, const std::string& address) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in from{}, to{};
+  from.sin_family = to.sin_family = AF_INET;
+  ::inet_pton(AF_INET, source.c_str(), &from.sin_addr);
+  const size_t colon = address.rfind(':');
+  ::inet_pton(AF_INET, address.substr(0, colon).c_str(), &to.sin_addr);
+  to.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+  if (!fd || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&from), sizeof from) != 0 ||
+      ::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof to) != 0)
+    throw std::runtime_error("silent connection from " + source + ": " + std::strerror(errno));
+  return fd;
+}
+
+// Ten strangers, ten connections each, in order: the first eight of each source wait, the
+// last two of each of the first seven are over the per-source cap, and from the eighth
+// source's ninth connection on the global cap (checked first) is full. Every silent one is dropped at the deadline, and an honest unit then joins.
 TEST(StreamLinkPeers, SilentConnectionsAreCappedCountedAndDropped) {
+  static_assert(kMaxPending == 8 * kMaxPendingPerSource, "the counts below assume it");
   auto s = make_stream_syncer_link(false, kSecret, "127.0.0.1", 0, 1);
-  std::vector<std::unique_ptr<Stream>> silent;
-  for (int i = 0; i < kMaxPending + 36; ++i) silent.push_back(tcp_connect(s->address(), in(5)));
+  constexpr int kSources = 10, kEach = 10, kAll = kSources * kEach;
+  std::vector<UniqueFd> silent;
+  for (int src = 0; src < kSources; ++src)
+    for (int i = 0; i < kEach; ++i) {
+      silent.push_back(silent_from(fmt::format("127.0.0.{}", 10 + src), s->address()));
+      // One at a time into the acceptor, so the order of arrival is the order above.
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   std::map<std::string, int64_t> counts;
   const Deadline end = in(kHandshakeS + 5);
   int64_t total = 0;
-  while (total < kMaxPending + 36 && Clock::now() < end) {
+  while (total < kAll && Clock::now() < end) {
     for (const auto& [reason, n] : s->take_refusals()) {
       counts[reason] += n;
       total += n;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  EXPECT_EQ(total, kMaxPending + 36);
-  EXPECT_EQ(counts[fmt::format("over the pending-connection cap ({})", kMaxPending)], 36);
+  EXPECT_EQ(total, kAll);
+  EXPECT_EQ(counts[fmt::format("over the pending-connection cap of one address ({})", kMaxPendingPerSource)],
+            7 * (kEach - kMaxPendingPerSource));
+  EXPECT_EQ(counts[fmt::format("over the pending-connection cap ({})", kMaxPending)],
+            kAll - kMaxPending - 7 * (kEach - kMaxPendingPerSource));
   auto u = make_stream_unit_link(false, 64);
   Joining j;
   j.start(*u, s->address(), kSecret, "hi");
