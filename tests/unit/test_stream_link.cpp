@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -294,6 +296,48 @@ TEST(StreamLinkPeers, SilentConnectionsAreCappedCountedAndDropped) {
             7 * (kEach - kMaxPendingPerSource));
   EXPECT_EQ(counts[fmt::format("over the pending-connection cap ({})", kMaxPending)],
             kAll - kMaxPending - 7 * (kEach - kMaxPendingPerSource));
+  auto u = make_stream_unit_link(false, 64);
+  Joining j;
+  j.start(*u, s->address(), kSecret, "hi");
+  const auto p = next_pending(*s);
+  ASSERT_TRUE(p.has_value());
+  s->admit(p->id, 0);
+  j.join();
+  EXPECT_EQ(j.error, "");
+}
+
+// Out of descriptors, accept() fails while the connection stays queued: the acceptor counts
+// it, waits instead of spinning, and once descriptors are free takes the queued connection and
+// admits an honest unit. (It once threw out of the acceptor thread and ended the process.)
+TEST(StreamLinkPeers, OutOfDescriptorsIsCountedAndTheAcceptorLivesOn) {
+  auto s = make_stream_syncer_link(false, kSecret, "127.0.0.1", 0, 1);
+  UniqueFd client(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));  // made while we can
+  ASSERT_TRUE(client);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  const std::string addr = s->address();
+  ::inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  to.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(addr.rfind(':') + 1))));
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  const int lowest_free = ::dup(0);  // the number the next descriptor would get
+  ASSERT_GE(lowest_free, 0);
+  ::close(lowest_free);
+  rlimit low = old;
+  low.rlim_cur = static_cast<rlim_t>(lowest_free);  // every number below it is taken
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  const int connected = ::connect(client.get(), reinterpret_cast<sockaddr*>(&to), sizeof to);
+  const int connect_errno = errno;
+  std::map<std::string, int64_t> counts;
+  for (int i = 0; i < 20 && counts.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (const auto& [reason, n] : s->take_refusals()) counts[reason] += n;
+  }
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+  ASSERT_EQ(connected, 0) << std::strerror(connect_errno);
+  ASSERT_EQ(counts.size(), 1u);
+  EXPECT_EQ(counts.begin()->first.rfind("cannot accept (", 0), 0u) << counts.begin()->first;
+  client = UniqueFd();  // the queued connection is accepted now, and ends at once
   auto u = make_stream_unit_link(false, 64);
   Joining j;
   j.start(*u, s->address(), kSecret, "hi");
