@@ -10,28 +10,11 @@
 #   - SIGTERM then stops the job; every process the test started has ended.
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
+source "$(dirname "$0")/lib/link_job.sh"
 cd "$WORK"
 make_text_shards text
-cat > c.yaml <<'YAML'
-mode: decoupled
-run: {dir: run, log_every: 20, progress: false, threads: 1}
-model: {n_layer: 2, n_head: 2, n_embd: 64, seq_len: 64}
-data: {train: text/train_*.bin, val: text/val_*.bin}
-train: {batch_size: 8, steps: 1000000, warmup_steps: 5}
-eval: {val_tokens: 512, sample_tokens: 0}
-units: {count: 2, ranks: [1, 1]}
-outer: {fragments: 2, h: 4}
-syncer: {quorum: 1, eval_every: 1000, heartbeat_timeout_s: 5, connect_wait_s: 60}
-wan: {security: encrypted}
-checkpoint: {at_stop: false}
-YAML
-"$DDILOCO" syncer --config c.yaml > syncer.log 2>&1 &
-syncer=$!
-wait_for syncer.log "listening on .*link encrypted" $syncer 60
-for u in 0 1; do
-  "${DDILOCO_MPIRUN[@]}" -np 1 "$DDILOCO" unit --config c.yaml --unit $u > unit$u.log 2>&1 &
-  eval "unit$u=\$!"
-done
+write_link_config c.yaml encrypted run
+start_link_job c.yaml encrypted flood
 merged() { echo "sum(1 for e in ev if e['event'] == 'merge' and $1 in e['units'])"; }
 wait_event run/metrics.jsonl $syncer 120 "$(merged 0) >= 2 and $(merged 1) >= 2" || fail "the units were not merged"
 addr=$(/usr/bin/python3 -c "import json; print(json.load(open('run/syncer.addr'))['address'])")
@@ -56,9 +39,9 @@ sys.exit(0 if ok else 1)
 PY
 kill -TERM $syncer
 rc=0; wait $syncer || rc=$?
-((rc == 143)) || { tail -20 syncer.log; fail "the syncer exited $rc after SIGTERM, expected 143"; }
+((rc == 143)) || { tail -20 syncer_flood.log; fail "the syncer exited $rc after SIGTERM, expected 143"; }
 for p in $unit0 $unit1; do wait $p || true; done
-/usr/bin/python3 - run/metrics.jsonl syncer.log <<'PY' || fail "refusals were lost or the log was flooded"
+/usr/bin/python3 - run/metrics.jsonl syncer_flood.log <<'PY' || fail "refusals were lost or the log was flooded"
 import json, re, sys
 ev = [json.loads(l) for l in open(sys.argv[1]) if l.endswith("\n")]
 single = sum(1 for e in ev if e["event"] == "unit_refused")

@@ -14,38 +14,14 @@
 # Every process the test starts ends with it.
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
+source "$(dirname "$0")/lib/link_job.sh"
 HOSTILE="$(dirname "$DDILOCO")/tests/hostile_ucx_client"
 [[ -x $HOSTILE ]] || fail "$HOSTILE is not built"
 cd "$WORK"
 make_text_shards text
-write_config() {  # write_config FILE MODE
-  cat > "$1" <<YAML
-mode: decoupled
-run: {dir: run_$2, log_every: 20, progress: false, threads: 1}
-model: {n_layer: 2, n_head: 2, n_embd: 64, seq_len: 64}
-data: {train: text/train_*.bin, val: text/val_*.bin}
-train: {batch_size: 8, steps: 1000000, warmup_steps: 5}
-eval: {val_tokens: 512, sample_tokens: 0}
-units: {count: 2, ranks: [1, 1]}
-outer: {fragments: 2, h: 4}
-syncer: {quorum: 1, eval_every: 1000, heartbeat_timeout_s: 5, connect_wait_s: 60}
-wan: {security: $2}
-checkpoint: {at_stop: false}
-YAML
-}
-merges_of() {  # merges_of RUN_DIR UNIT: merges that included UNIT so far
-  /usr/bin/python3 -c "import json,sys; print(sum(1 for l in open(sys.argv[1]) if l.endswith('\n') and (e:=json.loads(l))['event']=='merge' and int(sys.argv[2]) in e['units']))" "$1/metrics.jsonl" "$2"
-}
-
 for mode in trusted authenticated encrypted; do
-  write_config $mode.yaml $mode
-  "$DDILOCO" syncer --config $mode.yaml > syncer_$mode.log 2>&1 &
-  syncer=$!
-  wait_for syncer_$mode.log "listening on .*link $mode" $syncer 60
-  for u in 0 1; do
-    "${DDILOCO_MPIRUN[@]}" -np 1 "$DDILOCO" unit --config $mode.yaml --unit $u > unit${u}_$mode.log 2>&1 &
-    eval "unit$u=\$!"
-  done
+  write_link_config $mode.yaml $mode run_$mode
+  start_link_job $mode.yaml $mode $mode
   wait_event run_$mode/metrics.jsonl $syncer 120 \
     "all(sum(1 for e in ev if e['event'] == 'merge' and u in e['units']) >= 2 for u in (0, 1))" ||
     fail "$mode: the units were not merged"

@@ -251,16 +251,33 @@ TEST(StreamLinkPeers, UnitRefusesARequestOutsideItsWindow) {
 
 // Connections that send nothing hold at most kMaxPending places; the rest are closed at once
 // and counted, and an honest unit still gets in once the deadline frees the places.
+// After whatever a test did to the syncer's door: an honest unit still joins and is admitted.
+void expect_an_honest_unit_joins(SyncerEnd& s) {
+  auto u = make_stream_unit_link(false, 64);
+  Joining j;
+  j.start(*u, s.address(), kSecret, "hi");
+  const auto p = next_pending(s);
+  ASSERT_TRUE(p.has_value());
+  s.admit(p->id, 0);
+  j.join();
+  EXPECT_EQ(j.error, "");
+}
+
+// The IPv4 socket address of "ip:port".
+sockaddr_in ipv4(const std::string& address) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  const size_t colon = address.rfind(':');
+  ::inet_pton(AF_INET, address.substr(0, colon).c_str(), &a.sin_addr);
+  a.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+  return a;
+}
+
 // A silent TCP connection to `address` from the loopback address `source` (127.0.0.x): a
 // stranger that connects and never speaks. Blocking connect; the listener's backlog takes it.
 UniqueFd silent_from(const std::string& source, const std::string& address) {
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in from{}, to{};
-  from.sin_family = to.sin_family = AF_INET;
-  ::inet_pton(AF_INET, source.c_str(), &from.sin_addr);
-  const size_t colon = address.rfind(':');
-  ::inet_pton(AF_INET, address.substr(0, colon).c_str(), &to.sin_addr);
-  to.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+  sockaddr_in from = ipv4(source + ":0"), to = ipv4(address);
   if (!fd || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&from), sizeof from) != 0 ||
       ::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof to) != 0)
     throw std::runtime_error("silent connection from " + source + ": " + std::strerror(errno));
@@ -296,14 +313,7 @@ TEST(StreamLinkPeers, SilentConnectionsAreCappedCountedAndDropped) {
             7 * (kEach - kMaxPendingPerSource));
   EXPECT_EQ(counts[fmt::format("over the pending-connection cap ({})", kMaxPending)],
             kAll - kMaxPending - 7 * (kEach - kMaxPendingPerSource));
-  auto u = make_stream_unit_link(false, 64);
-  Joining j;
-  j.start(*u, s->address(), kSecret, "hi");
-  const auto p = next_pending(*s);
-  ASSERT_TRUE(p.has_value());
-  s->admit(p->id, 0);
-  j.join();
-  EXPECT_EQ(j.error, "");
+  expect_an_honest_unit_joins(*s);
 }
 
 // Out of descriptors, accept() fails while the connection stays queued: the acceptor counts
@@ -313,11 +323,7 @@ TEST(StreamLinkPeers, OutOfDescriptorsIsCountedAndTheAcceptorLivesOn) {
   auto s = make_stream_syncer_link(false, kSecret, "127.0.0.1", 0, 1);
   UniqueFd client(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));  // made while we can
   ASSERT_TRUE(client);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  const std::string addr = s->address();
-  ::inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
-  to.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(addr.rfind(':') + 1))));
+  sockaddr_in to = ipv4(s->address());
   rlimit old{};
   ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
   const int lowest_free = ::dup(0);  // the number the next descriptor would get
@@ -338,14 +344,7 @@ TEST(StreamLinkPeers, OutOfDescriptorsIsCountedAndTheAcceptorLivesOn) {
   ASSERT_EQ(counts.size(), 1u);
   EXPECT_EQ(counts.begin()->first.rfind("cannot accept (", 0), 0u) << counts.begin()->first;
   client = UniqueFd();  // the queued connection is accepted now, and ends at once
-  auto u = make_stream_unit_link(false, 64);
-  Joining j;
-  j.start(*u, s->address(), kSecret, "hi");
-  const auto p = next_pending(*s);
-  ASSERT_TRUE(p.has_value());
-  s->admit(p->id, 0);
-  j.join();
-  EXPECT_EQ(j.error, "");
+  expect_an_honest_unit_joins(*s);
 }
 
 }  // namespace
