@@ -110,9 +110,12 @@ class UnitListener {
     size_t bytes;         ///< bytes of memory it exposes
     std::string peer;     ///< its address, "ip:port"
   };
-  /// Connections whose handshake arrived since the last call.
+  /// Connections whose handshake arrived since the last call. (The secure link drops, and
+  /// counts as refused, one whose peer hung up while it waited: a unit that gave up retries.)
   virtual std::vector<Pending> accept_pending() = 0;
   /// Binds connection `id` to unit index u (u must be absent) and tells the unit it is in.
+  /// Throws Error when it cannot (a malformed remote key, out of threads or descriptors); the
+  /// connection is then refused, or still awaits refuse(), and the unit stays absent.
   virtual void admit(int64_t id, int unit) = 0;
   /// Tells the unit why it is refused and closes the connection; nothing of it is kept.
   virtual void refuse(int64_t id, const std::string& reason) = 0;

@@ -325,14 +325,32 @@ void StreamSyncerLink::reap_shakes(bool all) {
   for (Shake& s : finished) s.thread.join();
 }
 
+// Has the peer of this authenticated, unjudged connection hung up? A unit that gave up waiting
+// for its verdict retries on a new connection; admitting the old one would make the retry
+// look like a second process of the unit.
+bool peer_hung_up(const Stream& stream) {
+  pollfd p{stream.fd(), POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 std::vector<UnitListener::Pending> StreamSyncerLink::accept_pending() {
   std::vector<Pending> out;
+  std::vector<std::unique_ptr<Conn>> gone;  // closed after the lock is released
   std::lock_guard lock(m_);
   if (closed_) return out;
-  for (auto& [id, c] : conns_) {
-    if (c->state != Conn::State::pending) continue;
-    c->state = Conn::State::reported;
-    out.push_back(Pending{id, c->hello, c->bytes, c->peer});
+  for (auto it = conns_.begin(); it != conns_.end();) {
+    Conn& c = *it->second;
+    if (c.state == Conn::State::pending && peer_hung_up(*c.stream)) {
+      count_refusal("gone before its verdict");
+      gone.push_back(std::move(it->second));
+      it = conns_.erase(it);
+      continue;
+    }
+    if (c.state == Conn::State::pending) {
+      c.state = Conn::State::reported;
+      out.push_back(Pending{it->first, c.hello, c.bytes, c.peer});
+    }
+    ++it;
   }
   return out;
 }
@@ -364,11 +382,18 @@ void StreamSyncerLink::admit(int64_t id, int unit) {
   if (usable(unit) != nullptr) fail("secure link: admit: unit {} is connected (disconnect it first)", unit);
   std::erase_if(lost_, [&](const Lost& l) { return l.unit == unit; });
   Conn& c = *it->second;
+  c.wake = make_eventfd();  // may throw: the connection is still pending, to be refused
   c.state = Conn::State::admitted;
   c.unit = unit;
-  c.wake = make_eventfd();
   unit_conn_[static_cast<size_t>(unit)] = &c;
-  c.io = std::thread([this, &c] { serve(c); });
+  try {
+    c.io = std::thread([this, &c] { serve(c); });
+  } catch (const std::system_error& e) {  // out of threads: back to pending, nothing half-admitted
+    unit_conn_[static_cast<size_t>(unit)] = nullptr;
+    c.state = Conn::State::reported;
+    c.unit = -1;
+    fail("secure link: admit: cannot start a thread for unit {} ({}): {}", unit, c.peer, e.what());
+  }
 }
 
 // ---------------------------------------------------------------- a unit's thread

@@ -102,7 +102,13 @@ class StreamUnitLink final : public UnitEnd {
     (void)!::read(wake_, &drain, sizeof drain);
     stream_ = std::move(stream);
     connected_ = true;
-    server_ = std::thread([this] { serve(); });
+    try {
+      server_ = std::thread([this] { serve(); });
+    } catch (const std::system_error& e) {  // out of threads: not connected, and it says why
+      connected_ = false;
+      stream_.reset();
+      fail("secure link: cannot start the thread that serves the syncer: {}", e.what());
+    }
   }
 
   bool connected() const override { return connected_.load(); }

@@ -88,7 +88,11 @@ Admission connect_once(comm::UnitEnd& link, const Config& config, protocol::Hell
     a.error = e.what();
     // A stale rendezvous file (an earlier run's syncer) names another run: read it again.
     // Any other refusal names what differs, which trying again does not change.
-    if (e.reason().find("run id") == std::string::npos) a.refusal = std::current_exception();
+    // "Already held": the holder may be this unit's previous process, whose death the syncer
+    // notices within syncer.heartbeat_timeout_s, or this process's own connection that timed out
+    // waiting for its verdict: trying again until syncer.connect_wait_s settles it.
+    if (e.reason().find("run id") == std::string::npos && e.reason().find("already held") == std::string::npos)
+      a.refusal = std::current_exception();
   } catch (const Error& e) {
     a.error = e.what();
   }
@@ -96,8 +100,8 @@ Admission connect_once(comm::UnitEnd& link, const Config& config, protocol::Hell
 }
 
 // Connects to the syncer and is admitted, retrying with backoff (0.1 s doubling to 5 s) while
-// the syncer is not there yet or does not answer, for up to syncer.connect_wait_s. A refusal
-// is final: it names what differs.
+// the syncer is not there yet, does not answer, or finds the unit still held, for up to
+// syncer.connect_wait_s. Any other refusal is final: it names what differs.
 void join_syncer(comm::UnitEnd& link, const Config& config, protocol::Hello hello) {
   const auto deadline = Clock::now() + std::chrono::duration<double>(config.syncer.connect_wait_s);
   double pause = 0.1;
@@ -250,6 +254,11 @@ int run_syncer_process(const Config& config, bool overwrite, const std::string& 
                 "this port can read and write the memory of this syncer and of its units, the run's "
                 "secret included (docs/security.md). Use encrypted (the default) unless only this job's "
                 "own processes can reach the port.\n", rv.address.c_str());
+  if (mode == comm::LinkMode::authenticated && !is_loopback_listen(config.syncer.listen))
+    std::printf("syncer: WARNING: wan.security = authenticated on %s, beyond loopback: peers must prove the "
+                "secret, but Θ and the snapshots travel in clear, and whoever is on the path can read "
+                "them or take over a connection once it is admitted (docs/security.md). Use encrypted "
+                "(the default) across networks you do not control.\n", rv.address.c_str());
   std::fflush(stdout);
   const int signal = syncer::run_syncer(config, plan, topology, *setup.val, resume,
                                 setup.state ? &*setup.state : nullptr,
@@ -263,6 +272,26 @@ int run_syncer_process(const Config& config, bool overwrite, const std::string& 
   }
   return signal;
 }
+
+// The window memory the learner owns: the link, and the watch over it, which stops before
+// the link goes on every path out of the learner (an error's included), so that it never
+// touches a destroyed link.
+class WatchedMemory final : public comm::ExposedMemory {
+ public:
+  WatchedMemory(std::unique_ptr<comm::UnitEnd> link, Reconnector& watch) : link_(std::move(link)), watch_(watch) {}
+  ~WatchedMemory() override { watch_.stop(); }
+  std::byte* base() override { return link_->base(); }
+  size_t bytes() const override { return link_->bytes(); }
+  void sync() override { link_->sync(); }
+  void close() override {
+    watch_.stop();
+    link_->close();
+  }
+
+ private:
+  std::unique_ptr<comm::UnitEnd> link_;
+  Reconnector& watch_;
+};
 
 int run_unit_process(const Config& config, int unit) {
   require_outer_mode(config, "unit");
@@ -293,7 +322,7 @@ int run_unit_process(const Config& config, int unit) {
     join_syncer(*memory, config, hello);
     end = memory.get();
     reconnector = std::make_unique<Reconnector>(*end, config, hello);
-    return std::unique_ptr<comm::ExposedMemory>(std::move(memory));
+    return std::unique_ptr<comm::ExposedMemory>(std::make_unique<WatchedMemory>(std::move(memory), *reconnector));
   };
   // The syncer reads our last snapshots after kDone; it says when it is through. A syncer that
   // is gone, or silent for a minute, releases us too.

@@ -207,7 +207,16 @@ void Syncer::admit_units() {
       refused(c.peer, hello.unit, reason, 1);
       continue;
     }
-    door_->admit(c.id, hello.unit);
+    try {
+      door_->admit(c.id, hello.unit);
+    } catch (const std::exception& e) {  // the link could not take it (out of threads, a bad key)
+      try {
+        door_->refuse(c.id, e.what());
+      } catch (const std::exception&) {  // the link has refused or dropped it itself
+      }
+      refused(c.peer, hello.unit, e.what(), 1);
+      continue;
+    }
     unit_joined(hello.unit, hello);
   }
   log_refusals(false);

@@ -49,10 +49,11 @@ struct Joining {
   std::string error;
   bool refused = false;
   std::string reason;
-  void start(UnitEnd& unit, const std::string& addr, const std::string& secret, const std::string& hello) {
-    thread = std::thread([&, addr, secret, hello] {
+  void start(UnitEnd& unit, const std::string& addr, const std::string& secret, const std::string& hello,
+             double timeout_s = 5) {
+    thread = std::thread([&, addr, secret, hello, timeout_s] {
       try {
-        unit.connect(addr, secret, hello, 5);
+        unit.connect(addr, secret, hello, timeout_s);
       } catch (const LinkRefused& e) {
         refused = true;
         reason = e.reason();
@@ -345,6 +346,56 @@ TEST(StreamLinkPeers, OutOfDescriptorsIsCountedAndTheAcceptorLivesOn) {
   EXPECT_EQ(counts.begin()->first.rfind("cannot accept (", 0), 0u) << counts.begin()->first;
   client = UniqueFd();  // the queued connection is accepted now, and ends at once
   expect_an_honest_unit_joins(*s);
+}
+
+// A unit that gives up waiting for its verdict hangs up and retries on a new connection. The
+// old one is dropped and counted, not admitted, so the retry is not taken for a second process.
+TEST(StreamLinkPeers, ConnectionWhoseUnitGaveUpIsDroppedNotAdmitted) {
+  auto s = make_stream_syncer_link(false, kSecret, "127.0.0.1", 0, 1);
+  auto u = make_stream_unit_link(false, 64);
+  Joining first;
+  first.start(*u, s->address(), kSecret, "hi", 0.5);  // nobody judges it in time
+  first.join();
+  EXPECT_NE(first.error, "");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its FIN arrives
+  EXPECT_TRUE(s->accept_pending().empty());
+  const auto refusals = s->take_refusals();
+  ASSERT_EQ(refusals.size(), 1u);
+  EXPECT_EQ(refusals[0].first, "gone before its verdict");
+  expect_an_honest_unit_joins(*s);
+}
+
+// Out of descriptors at admission: admit() throws and leaves nothing half-admitted. The
+// connection can still be refused, the unit hears why, and the unit is absent.
+TEST(StreamLinkPeers, AdmissionThatFailsLeavesTheConnectionToRefuse) {
+  auto s = make_stream_syncer_link(false, kSecret, "127.0.0.1", 0, 1);
+  auto u = make_stream_unit_link(false, 64);
+  Joining j;
+  j.start(*u, s->address(), kSecret, "hi");
+  const auto p = next_pending(*s);
+  ASSERT_TRUE(p.has_value());
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  const int lowest_free = ::dup(0);
+  ASSERT_GE(lowest_free, 0);
+  ::close(lowest_free);
+  rlimit low = old;
+  low.rlim_cur = static_cast<rlim_t>(lowest_free);  // admit's eventfd cannot be made
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::string error;
+  try {
+    s->admit(p->id, 0);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+  EXPECT_NE(error.find("eventfd"), std::string::npos) << error;
+  EXPECT_FALSE(s->connected(0));
+  s->refuse(p->id, "the syncer could not take it");
+  j.join();
+  EXPECT_TRUE(j.refused) << j.error;
+  EXPECT_EQ(j.reason, "the syncer could not take it");
+  EXPECT_FALSE(u->connected());
 }
 
 }  // namespace
