@@ -64,6 +64,7 @@ struct Admission {
   std::string address;         // admitted: the syncer's address
   std::string error;           // not admitted: why (empty: no rendezvous file to try yet)
   std::exception_ptr refusal;  // the syncer refused us on anything but the run id
+  bool held = false;           // ... because a live process holds the unit's index
 };
 
 Admission connect_once(comm::UnitEnd& link, const Config& config, protocol::Hello& hello, double timeout_s) {
@@ -88,11 +89,8 @@ Admission connect_once(comm::UnitEnd& link, const Config& config, protocol::Hell
     a.error = e.what();
     // A stale rendezvous file (an earlier run's syncer) names another run: read it again.
     // Any other refusal names what differs, which trying again does not change.
-    // "Already held": the holder may be this unit's previous process, whose death the syncer
-    // notices within syncer.heartbeat_timeout_s, or this process's own connection that timed out
-    // waiting for its verdict: trying again until syncer.connect_wait_s settles it.
-    if (e.reason().find("run id") == std::string::npos && e.reason().find("already held") == std::string::npos)
-      a.refusal = std::current_exception();
+    if (e.reason().find("run id") == std::string::npos) a.refusal = std::current_exception();
+    a.held = e.reason().find("already held") != std::string::npos;
   } catch (const Error& e) {
     a.error = e.what();
   }
@@ -100,17 +98,24 @@ Admission connect_once(comm::UnitEnd& link, const Config& config, protocol::Hell
 }
 
 // Connects to the syncer and is admitted, retrying with backoff (0.1 s doubling to 5 s) while
-// the syncer is not there yet, does not answer, or finds the unit still held, for up to
-// syncer.connect_wait_s. Any other refusal is final: it names what differs.
+// the syncer is not there yet or does not answer, for up to syncer.connect_wait_s. A refusal is
+// final: it names what differs. Except "already held" for a while: the holder may be this
+// unit's previous process, whose death the syncer notices within syncer.heartbeat_timeout_s,
+// so that refusal becomes final only once it has lasted longer than that (and 5 s).
 void join_syncer(comm::UnitEnd& link, const Config& config, protocol::Hello hello) {
   const auto deadline = Clock::now() + std::chrono::duration<double>(config.syncer.connect_wait_s);
   double pause = 0.1;
   std::string last = "no rendezvous file " + protocol::Rendezvous::addr_file(config.run.dir).string() + " yet";
+  std::optional<Clock::time_point> held_since;  // refused as "already held" since then
   for (int attempt = 1;; ++attempt) {
     if (stop_signal() != 0) fail("unit {}: stopped by signal {} while waiting for the syncer", hello.unit, stop_signal());
     const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
     const Admission a = connect_once(link, config, hello, std::clamp(left, 0.5, 10.0));
-    if (a.refusal) std::rethrow_exception(a.refusal);
+    if (a.held && !held_since) held_since = Clock::now();
+    if (!a.held) held_since.reset();
+    const double held_s = held_since ? std::chrono::duration<double>(Clock::now() - *held_since).count() : 0;
+    if (a.refusal && (!a.held || held_s > std::max(config.syncer.heartbeat_timeout_s, 5.0)))
+      std::rethrow_exception(a.refusal);
     if (a.admitted) {
       if (attempt > 1) std::printf("unit %d: connected to the syncer at %s after %d attempts\n", hello.unit,
                                    a.address.c_str(), attempt);

@@ -53,10 +53,13 @@ grep -q "warning: skipping checkpoint $root/ckpt_00000002: .*no manifest.json" k
 tokens=$(json_field K/metrics.jsonl done tokens)
 # The budget, counted once: this run made what the checkpoint lacked, not the whole budget
 # again; units stop some of their (fast) steps after the syncer sees the budget reached (more
-# on a loaded machine, where the syncer waits for a core).
+# on a loaded machine, where the syncer waits for a core). That overshoot can exceed what
+# checkpoint 1 holds (10 merges), so "made less than the budget itself" is no test of a
+# start from scratch; one that kept the counter ends near from + budget, beyond the 110 %
+# bound whenever the checkpoint holds more than a tenth of the budget.
 from=$(json_field K/metrics.jsonl resume tokens)
+((from > 0)) || fail "checkpoint 1 recorded no tokens"
 ((tokens >= budget && tokens <= budget * 110 / 100)) || fail "resumed job made $tokens tokens, budget $budget"
-((tokens - from < budget)) || fail "the resumed run made $((tokens - from)) tokens itself: a start from scratch?"
 echo "ok: killed mid-write, resumed from ckpt 1, completed with $tokens tokens (budget $budget)"
 
 # 2. Truncated newest file, then a missing manifest: each skipped, with its reason.

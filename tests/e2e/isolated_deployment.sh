@@ -3,7 +3,8 @@
 # nobody, and a new process of it rejoins. Checked, with real processes and signals:
 #   - a unit started before the syncer waits for it, then joins;
 #   - a unit with another model shape, and a second live process of a unit, are refused with
-#     one line naming both sides' values, and the syncer goes on;
+#     one line naming both sides' values (the duplicate after retrying while the holder
+#     might be a dead process not yet noticed), and the syncer goes on;
 #   - kill -9 of unit 0's leader mid-round: the syncer logs unit_lost and merges on with unit 1
 #     (no gap between merges longer than twice the nominal fragment period); a new process of
 #     unit 0 joins (unit_connected, restart 1), is merged again (unit_joined with heal_s);
@@ -50,7 +51,10 @@ rc=0
 "${DDILOCO_MPIRUN[@]}" -np 1 "$DDILOCO" unit --config c.yaml --unit 0 > dup.log 2>&1 || rc=$?
 ((rc != 0)) || fail "a second live process of unit 0 was not refused"
 grep -q "already held by a live process" dup.log || { cat dup.log; fail "duplicate refusal unclear"; }
-[[ $(grep -c '"event":"unit_refused"' run/metrics.jsonl) == 2 ]] || fail "expected 2 unit_refused events"
+# The duplicate tries again while the holder might be a dead process not yet noticed (longer
+# than syncer.heartbeat_timeout_s, and 5 s), then gives up: one shape refusal, several of it.
+n=$(grep -c '"event":"unit_refused"' run/metrics.jsonl)
+((n >= 3)) || fail "expected the shape refusal and repeated duplicate refusals, got $n unit_refused events"
 kill -0 $syncer || fail "the syncer died after refusing units"
 
 # kill -9 of unit 0's leader once it has been merged a few times.
