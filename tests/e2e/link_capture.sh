@@ -1,7 +1,8 @@
 # What an eavesdropper on the link sees (docs/security.md): a tap (tests/tools/tap.py) between
 # the units and the syncer records every byte of a short training run with raw fp32 snapshots
 # (wan.format: fp32), once per secure mode; tests/tools/find_in_capture.py then looks in the
-# capture for every 16-byte run of the final Θ (model.h5) and for the run's secret.
+# capture for every 16-byte run of Θ (model.h5 and the checkpoints taken every 4 merges) and
+# for the run's secret.
 #   - authenticated: Θ is there in clear (the proof that the search sees what crosses the
 #     link); the secret is not (the handshake sends HMACs, never the secret);
 #   - encrypted: no 16-byte run of Θ and no secret.
@@ -21,7 +22,7 @@ units: {count: 2, ranks: [1, 1]}
 outer: {fragments: 2, h: 4}
 syncer: {quorum: 1, eval_every: 1000, connect_wait_s: 60}
 wan: {security: $mode, format: fp32}
-checkpoint: {at_stop: false}
+checkpoint: {every: 4, keep: 1000, every_s: 0, at_stop: false}
 YAML
   "$DDILOCO" syncer --config $mode.yaml > syncer_$mode.log 2>&1 &
   syncer=$!
@@ -42,7 +43,8 @@ YAML
   for p in "${units[@]}"; do wait $p || fail "$mode: a unit failed"; done
   kill -TERM $tap; wait $tap || true
   grep -q '"event":"merge"' run_$mode/metrics.jsonl || fail "$mode: nothing was merged"
-  found=$(/usr/bin/python3 "$SRC/tests/tools/find_in_capture.py" run_$mode/model.h5 run_$mode/syncer.secret cap_$mode/*)
+  found=$(/usr/bin/python3 "$SRC/tests/tools/find_in_capture.py" --secret run_$mode/syncer.secret \
+    --theta run_$mode/model.h5 run_$mode/checkpoints/*/*.h5 --capture cap_$mode/*)
   echo "$mode: $found"
   /usr/bin/python3 - "$mode" "$found" <<'PY' || fail "$mode: the capture shows what it must not (or the search is blind)"
 import json, sys

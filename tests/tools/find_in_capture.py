@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Looks for the run's secrets in a capture of the link (docs/security.md, "Tests").
 
-    find_in_capture.py MODEL_H5 SECRET_FILE CAPTURE_FILE...
+    find_in_capture.py --secret SECRET_FILE --theta H5... --capture CAPTURE_FILE...
 
-Prints one JSON line: how many 16-byte runs of Θ (every float32 dataset of MODEL_H5, each
-16-byte window at a 4-byte step) occur anywhere in the captures, and whether the secret (its
-text, or the bytes its hex digits spell) does.
+Prints one JSON line: how many 16-byte runs of Θ (every float32 dataset of the H5 files: the
+final model and the run's checkpoints, each 16-byte window at a 4-byte step) occur anywhere in
+the captures, and whether the secret (its text, or the bytes its hex digits spell) does. The
+checkpoints matter: the final Θ alone may never have crossed (its last merges may come after
+the units stopped listening), while a checkpoint's merged fragments were sent.
 """
+import argparse
 import json
-import sys
 
 import h5py
 import numpy as np
@@ -29,12 +31,16 @@ def theta_windows(path):
 
 
 def main():
-    model, secret_file, captures = sys.argv[1], sys.argv[2], sys.argv[3:]
-    windows = theta_windows(model)
-    secret = open(secret_file).read().strip()
+    p = argparse.ArgumentParser()
+    p.add_argument("--secret", required=True)
+    p.add_argument("--theta", nargs="+", required=True)
+    p.add_argument("--capture", nargs="+", required=True)
+    a = p.parse_args()
+    windows = set().union(*(theta_windows(t) for t in a.theta))
+    secret = open(a.secret).read().strip()
     needles = [secret.encode(), bytes.fromhex(secret)]
     found, secret_seen, scanned = set(), False, 0
-    for c in captures:
+    for c in a.capture:
         data = open(c, "rb").read()
         scanned += len(data)
         secret_seen = secret_seen or any(n in data for n in needles)
