@@ -39,11 +39,16 @@ void write_attr_scalar(hid_t obj, const std::string& name, hid_t file_type, hid_
     fail("HDF5: cannot write attribute '{}'", name);
 }
 
+// A scalar attribute: one element. Every attribute ddiloco writes is one, and a reader that
+// trusted the file would let an array overflow the single value it reads into.
 Handle open_attr(hid_t obj, const std::string& name, const std::string& label) {
   silence();
   if (H5Aexists(obj, name.c_str()) <= 0) fail("{}: missing attribute '{}'", label, name);
   Handle attr(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose);
   if (attr.get() < 0) fail("{}: cannot open attribute '{}'", label, name);
+  Handle space(H5Aget_space(attr), H5Sclose);
+  const hssize_t n = space.get() < 0 ? -1 : H5Sget_simple_extent_npoints(space);
+  if (n != 1) fail("{}: attribute '{}' has {} elements, expected a scalar", label, name, static_cast<int64_t>(n));
   return attr;
 }
 
@@ -209,6 +214,9 @@ int64_t read_attr_int(hid_t obj, const std::string& name, const std::string& lab
 
 double read_attr_double(hid_t obj, const std::string& name, const std::string& label) {
   Handle attr = open_attr(obj, name, label);
+  Handle type(H5Aget_type(attr), H5Tclose);
+  if (H5Tget_class(type) != H5T_FLOAT && H5Tget_class(type) != H5T_INTEGER)
+    fail("{}: attribute '{}' must be a number", label, name);
   double v = 0;
   if (H5Aread(attr, H5T_NATIVE_DOUBLE, &v) < 0)
     fail("{}: attribute '{}' is not a number", label, name);

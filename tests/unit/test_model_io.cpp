@@ -3,6 +3,9 @@
 
 #include <cmath>
 #include <fstream>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "ddiloco/error.hpp"
 #include "ddiloco/model_io.hpp"
@@ -61,6 +64,36 @@ TEST(ModelIo, RefusesNonHdf5WrongFormatAndWrongShapes) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Issue 34: a model.h5 whose format_version is an array of 64 int64 overflowed the one value
+// read_attr_int reads into; every scalar attribute is now checked to hold one element.
+TEST(ModelIo, AttributeThatIsAnArrayIsRefusedNotReadIntoAScalar) {
+  test::TempDir dir;
+  {
+    h5::Handle f = h5::create_file(dir / "array.h5");
+    h5::write_attr(f, "format", std::string("ddiloco-model"));
+    const hsize_t n = 64;
+    h5::Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+    h5::Handle attr(H5Acreate2(f, "format_version", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+    std::vector<int64_t> values(n, 0x4141414141414141);
+    ASSERT_GE(H5Awrite(attr, H5T_NATIVE_INT64, values.data()), 0);
+    h5::Handle d(H5Acreate2(f, "ratio", H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+    std::vector<double> doubles(n, 1.0);
+    ASSERT_GE(H5Awrite(d, H5T_NATIVE_DOUBLE, doubles.data()), 0);
+  }
+  h5::Handle f = h5::open_file(dir / "array.h5");
+  for (const char* name : {"format_version", "ratio"}) {
+    try {
+      if (std::string(name) == "ratio") h5::read_attr_double(f, name, "array.h5");
+      else h5::read_attr_int(f, name, "array.h5");
+      ADD_FAILURE() << name << ": an array was read as a scalar";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("attribute '{}' has 64 elements, expected a scalar", name)),
+                std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(load_model(dir / "array.h5"), Error);
 }
 
 TEST(ModelIo, DetectsCorruptionNonFiniteValuesAndExtraTensors) {
