@@ -93,6 +93,14 @@ void TrainStream::next(int32_t* inputs, int32_t* targets) {
     if (!open_ || open_->path() != files_[shard]) {
       open_.reset();  // unmap the previous shard first: GPT-2 shards are 200 MB each
       open_.emplace(Shard::open(files_[shard], vocab_size_));
+      // The shard may have been replaced since it was counted (a shorter valid one): its
+      // chunks are where the counts of the first open put them, or the run stops here.
+      const int64_t n = static_cast<int64_t>(open_->tokens().size());
+      const int64_t chunks = n > T_ ? (n - 1) / T_ : 0;
+      if (chunks != chunks_[shard])
+        fail("{}: holds {} sequences of T+1 = {} tokens now, {} when the run started: the shard was "
+             "replaced during the run (put it back, or start a new run)",
+             files_[shard].string(), chunks, T_ + 1, chunks_[shard]);
     }
     const uint16_t* src = open_->tokens().data() + sequence * T_;
     for (int i = 0; i < T_; ++i) {

@@ -124,6 +124,19 @@ TEST(TrainStream, StreamsAreDisjointAndCoverTheEpoch) {
                                             116, 120, 124, 128}));
 }
 
+// Issue 34: a shard swapped for a shorter valid one after the stream counted it was read with
+// the old count, past the end of its mapping. The count is checked again at every open.
+TEST(TrainStream, ShardReplacedByAShorterOneDuringTheRunIsRefusedNamingIt) {
+  TempDir dir;
+  write_shard(dir / "train_0.bin", iota_tokens(41, 256));  // 10 sequences of T+1 = 5
+  const auto files = expand_shard_pattern((dir / "train_*.bin").string(), "data.train");
+  TrainStream stream(files, 256, 2, 4, 0, 1, 7, true);
+  write_shard(dir / "train_0.bin", iota_tokens(9, 256));  // 2 sequences: valid, and shorter
+  std::vector<int32_t> in(8), tgt(8);
+  expect_error([&] { stream.next(in.data(), tgt.data()); },
+               {(dir / "train_0.bin").string(), "holds 2 sequences", "10 when the run started", "replaced"});
+}
+
 // A batch is B independent draws of the epoch's shuffled order, not one span of B·T+1 tokens:
 // its rows come from all over the shard, and over an epoch every sequence is drawn once.
 TEST(TrainStream, ABatchIsBIndependentSequences) {
