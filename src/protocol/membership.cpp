@@ -9,6 +9,9 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <type_traits>
+#include <utility>
+#include <limits>
 
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
@@ -27,10 +30,24 @@ std::string shape_text(const GptConfig& m) {
                      m.n_head, m.n_embd, m.vocab_size, m.seq_len);
 }
 
+// An integer field must be a JSON integer within T's range: nlohmann's get<int>() converts a
+// float such as 1e20 by a cast whose result is undefined, and truncates a large integer.
+template <typename T>
+T integer_field(const nlohmann::json& v, const char* key, const std::string& source) {
+  const bool fits = v.is_number_unsigned()
+                        ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                        : v.is_number_integer() && std::in_range<T>(v.get<int64_t>());
+  if (!fits)
+    fail("{}: handshake field '{}' must be an integer in {}..{}, got {}", source, key,
+         std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), v.dump());
+  return v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>()) : static_cast<T>(v.get<int64_t>());
+}
+
 template <typename T>
 T field(const nlohmann::json& j, const char* key, const std::string& source) {
   if (!j.is_object() || !j.contains(key))
     fail("{}: handshake field '{}' is missing", source, key);
+  if constexpr (std::is_integral_v<T>) return integer_field<T>(j.at(key), key, source);
   try {
     return j.at(key).get<T>();
   } catch (const nlohmann::json::exception&) {

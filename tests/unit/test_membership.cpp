@@ -135,6 +135,29 @@ TEST(Membership, HelloRoundTripsAndNamesAMissingField) {
   EXPECT_THROW(protocol::Hello::from_json(j, "x"), Error);
 }
 
+// Issue 34: nlohmann's get<int>() on 1e20 is a cast whose result is undefined, and on 2^40 a
+// truncation: an integer field out of its type's range, or not an integer, is refused.
+TEST(Membership, HelloIntegerFieldsOutOfRangeOrNotIntegersAreRefused) {
+  const auto h = hello_for(job(), 1);
+  const std::vector<std::pair<const char*, nlohmann::json>> bad = {
+      {"unit", 1e20}, {"unit", 1.5}, {"unit", int64_t{1} << 40}, {"ranks", -1e300},
+      {"pid", 18446744073709551615ULL}, {"window_bytes", -1}, {"restart", true}};
+  for (const auto& [key, value] : bad) {
+    auto j = h.to_json();
+    j[key] = value;
+    try {
+      protocol::Hello::from_json(j, "hello");
+      ADD_FAILURE() << key << " = " << value.dump() << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("handshake field '{}' must be an integer in", key)),
+                std::string::npos) << e.what();
+    }
+  }
+  auto j = h.to_json();
+  j["window_bytes"] = 18446744073709551615ULL;  // in range of uint64_t: read as it is
+  EXPECT_EQ(protocol::Hello::from_json(j, "hello").window_bytes, 18446744073709551615ULL);
+}
+
 TEST(Membership, EndpointParsing) {
   const auto e = protocol::Endpoint::parse("127.0.0.1:0", "syncer.listen");
   EXPECT_EQ(e.ip, "127.0.0.1");
