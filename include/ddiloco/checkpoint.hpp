@@ -37,6 +37,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <span>
 #include <vector>
 
 #include "ddiloco/config.hpp"
@@ -112,9 +113,12 @@ std::vector<int64_t> unit_last_seq(const std::filesystem::path& file, int fragme
 bool has_reference(const UnitState& unit, int p, int64_t version);
 
 /// Read and validate a file (format, version, role, every shape against /model and the
-/// fragment count). Throw Error naming the file and what is wrong.
+/// fragment count). Throw Error naming the file and what is wrong. For a unit file,
+/// `fragment_numel` (one per fragment, protocol::FragmentPlan's numel) makes every
+/// per-fragment vector (sent_theta, wire_ref, wire_residual) exactly its fragment long, as a
+/// resume needs: without it they need only agree with each other (inspect).
 SyncerState read_syncer(const std::filesystem::path& file);
-UnitState read_unit(const std::filesystem::path& file, int fragments);
+UnitState read_unit(const std::filesystem::path& file, int fragments, std::span<const size_t> fragment_numel = {});
 
 /// Writes manifest.json last: id, the job's shape (mode, model, units and their ranks,
 /// fragments) and every file of `dir` with its size (bytes) and checksum.

@@ -40,6 +40,8 @@ class FragmentPlan {
   /// The parameter layout it splits (it must outlive the plan).
   const ParameterLayout& layout() const { return *layout_; }
   int size() const { return static_cast<int>(fragments_.size()); }
+  /// Elements of each fragment, in index order.
+  std::vector<size_t> numels() const;
   int h() const { return h_; }
   /// Is inner step t (t ≥ 1) in the warm-up, where every step is synchronised and applied at once?
   bool warm(int64_t t) const { return t <= warmup_; }

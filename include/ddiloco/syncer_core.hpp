@@ -209,6 +209,7 @@ class SyncerCore {
   // What the rest of the syncer reads.
   int units() const { return M_; }
   int fragments() const { return fragments_.size(); }
+  const protocol::FragmentPlan& fragment_plan() const { return fragments_; }
   const protocol::UnitHeaders& headers(int u) const { return headers_[u]; }
   bool unit_done(int u) const { return headers_[u].control(protocol::kState) == protocol::kDone; }
   /// Connected, not done, and heard from within its heartbeat timeout: may be in a quorum.

@@ -2,6 +2,7 @@
 // (runtime.cpp) and the isolated one (isolated.cpp) differ only in how a unit reaches the
 // syncer.
 #include "ddiloco/checkpoint.hpp"
+#include "ddiloco/fragments.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/mpi.hpp"
 #include "ddiloco/run_dir.hpp"
@@ -49,7 +50,9 @@ std::unique_ptr<UnitTrainer> make_unit_trainer(const Config& config, const Outer
 learner::LearnerResume read_learner_resume(const Config& config, const OuterPlan& plan, const Topology& topology,
                                   const std::string& resume) {
   const std::filesystem::path file = checkpoint::unit_file(resume, topology.unit);
-  learner::LearnerResume r{resume, checkpoint::read_unit(file, plan.fragments),
+  const ParameterLayout layout = ParameterLayout::gpt2(config.model);
+  const std::vector<size_t> numel = protocol::FragmentPlan(layout, plan.fragments, 1).numels();
+  learner::LearnerResume r{resume, checkpoint::read_unit(file, plan.fragments, numel),
                   checkpoint::read_syncer(checkpoint::syncer_file(resume))};
   if (r.unit.unit != topology.unit || static_cast<int>(r.unit.cursors.size()) != topology.unit_size)
     fail("{}: holds unit {} with {} ranks, expected unit {} with {}", file.string(), r.unit.unit,

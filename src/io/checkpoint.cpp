@@ -1,6 +1,7 @@
 #include "ddiloco/checkpoint.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -266,7 +267,7 @@ bool has_reference(const UnitState& unit, int p, int64_t version) {
          !unit.lost && !unit.wire_ref[p].empty();
 }
 
-UnitState read_unit(const fs::path& path, int fragments) {
+UnitState read_unit(const fs::path& path, int fragments, std::span<const size_t> fragment_numel) {
   const std::string label = path.string();
   h5::Handle file = h5::open_file(path);
   UnitState s;
@@ -301,34 +302,33 @@ UnitState read_unit(const fs::path& path, int fragments) {
   s.last_seq = read_ints(outer, "last_seq", fragments, where);
   s.sent_c_steps = read_ints(outer, "sent_c_steps", fragments, where);
   s.sent_c_tok = read_ints(outer, "sent_c_tok", fragments, where);
-  for (int p = 0; p < fragments; ++p) {
-    const std::string name = fmt::format("sent_theta_{}", p);
-    if (!h5::exists(outer, name)) break;
+  // Every per-fragment vector is exactly its fragment long (given fragment_numel; else as long
+  // as the others of its fragment): the resume mixes and packs them against the fragment.
+  if (!fragment_numel.empty() && fragment_numel.size() != static_cast<size_t>(fragments))
+    fail("{}: read_unit: {} fragment sizes for {} fragments", label, fragment_numel.size(), fragments);
+  std::vector<size_t> seen(static_cast<size_t>(fragments), 0);
+  auto fragment_vector = [&](const char* stem, int p) {
+    const std::string name = fmt::format("{}_{}", stem, p);
     const auto d = h5::dataset_dims(outer, name, where);
-    if (d.size() != 1) fail("{}: {} must be one-dimensional", where, name);
-    s.sent_theta.emplace_back(d[0]);
-    h5::read_dataset(outer, name, s.sent_theta.back().data(), d, where);
-  }
+    size_t& numel = seen[static_cast<size_t>(p)];
+    if (!fragment_numel.empty()) numel = fragment_numel[static_cast<size_t>(p)];
+    if (d.size() != 1 || (numel != 0 && d[0] != numel))
+      fail("{}: {} has shape ({}), expected ({}): fragment {} has {} parameters (outer.fragments = {})", where,
+           name, fmt::join(d, ", "), numel, p, numel, fragments);
+    numel = d[0];
+    std::vector<float> v(numel);
+    h5::read_dataset(outer, name, v.data(), d, where);
+    return v;
+  };
+  for (int p = 0; p < fragments && h5::exists(outer, fmt::format("sent_theta_{}", p)); ++p)
+    s.sent_theta.push_back(fragment_vector("sent_theta", p));
   if (h5::exists(outer, "wire_ref_version")) {
     s.wire_ref_version = read_ints(outer, "wire_ref_version", fragments, where);
     s.wire_ref.resize(fragments);
-    for (int p = 0; p < fragments; ++p) {
-      if (s.wire_ref_version[p] < 0) continue;
-      const std::string name = fmt::format("wire_ref_{}", p);
-      const auto d = h5::dataset_dims(outer, name, where);
-      if (d.size() != 1) fail("{}: {} must be one-dimensional", where, name);
-      s.wire_ref[p].resize(d[0]);
-      h5::read_dataset(outer, name, s.wire_ref[p].data(), d, where);
-    }
     s.wire_residual.resize(fragments);
     for (int p = 0; p < fragments; ++p) {
-      const std::string name = fmt::format("wire_residual_{}", p);
-      if (!h5::exists(outer, name)) continue;
-      const auto d = h5::dataset_dims(outer, name, where);
-      if (d.size() != 1 || (!s.wire_ref[p].empty() && d[0] != s.wire_ref[p].size()))
-        fail("{}: {} must be one-dimensional, as long as wire_ref_{}", where, name, p);
-      s.wire_residual[p].resize(d[0]);
-      h5::read_dataset(outer, name, s.wire_residual[p].data(), d, where);
+      if (s.wire_ref_version[p] >= 0) s.wire_ref[p] = fragment_vector("wire_ref", p);
+      if (h5::exists(outer, fmt::format("wire_residual_{}", p))) s.wire_residual[p] = fragment_vector("wire_residual", p);
     }
   }
   h5::Handle data = h5::open_group(file, "data", label);

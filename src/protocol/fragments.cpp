@@ -45,6 +45,12 @@ FragmentPlan::FragmentPlan(const ParameterLayout& layout, int fragments, int h, 
   }
 }
 
+std::vector<size_t> FragmentPlan::numels() const {
+  std::vector<size_t> out;
+  for (const Fragment& f : fragments_) out.push_back(f.numel);
+  return out;
+}
+
 bool FragmentPlan::due(int p, int64_t t) const {
   if (warm(t)) return true;
   t -= warmup_;

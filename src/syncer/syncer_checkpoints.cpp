@@ -39,7 +39,7 @@ void SyncerCheckpoints::restore(SyncerCore& core, const Config& config, const ch
     if (!wire_refs) continue;
     // The unit's own reference when its file holds one at the checkpoint's version (the unit
     // applies the same rule, checkpoint::has_reference).
-    const checkpoint::UnitState unit = checkpoint::read_unit(file, P);
+    const checkpoint::UnitState unit = checkpoint::read_unit(file, P, core.fragment_plan().numels());
     refs[u].resize(P);
     for (int p = 0; p < P; ++p)
       if (checkpoint::has_reference(unit, p, state.versions[p])) refs[u][p] = unit.wire_ref[p];

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "ddiloco/checkpoint.hpp"
+#include "ddiloco/fragments.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/rng.hpp"
 #include "io/h5.hpp"
@@ -87,10 +88,14 @@ UnitState unit_state(const Config& c, int unit, int64_t id) {
   s.last_seq = {4, 6};
   s.sent_c_steps = {0, 3};
   s.sent_c_tok = {0, 96};
-  s.sent_theta = {values(10, 1), values(12, 2)};
+  // Per-fragment vectors are as long as their fragment (the reader checks it).
+  const ParameterLayout layout = ParameterLayout::gpt2(c.model);
+  const protocol::FragmentPlan plan(layout, 2, 1);
+  const size_t n0 = plan.fragments()[0].numel, n1 = plan.fragments()[1].numel;
+  s.sent_theta = {values(n0, 1), values(n1, 2)};
   s.wire_ref_version = {3, 4};
-  s.wire_ref = {values(10, 3), values(12, 4)};
-  s.wire_residual = {values(10, 5), {}};  // fragment 1 has no residual
+  s.wire_ref = {values(n0, 3), values(n1, 4)};
+  s.wire_residual = {values(n0, 5), {}};  // fragment 1 has no residual
   s.cursors = {{0, 40}, {1, 2}};
   return s;
 }
@@ -190,6 +195,34 @@ TEST(Checkpoint, AFragmentWithoutAWireReferenceComesBackWithoutOne) {
   EXPECT_TRUE(checkpoint::has_reference(back, 0, 3));
   EXPECT_FALSE(checkpoint::has_reference(back, 0, 4));
   EXPECT_FALSE(checkpoint::has_reference(back, 1, -1));
+}
+
+// Issue 34: a sent_theta_<p> shorter than its fragment was read as it was, and the resume then
+// mixed past its end. Every per-fragment vector must be exactly its fragment long.
+TEST(Checkpoint, PerFragmentVectorOfTheWrongLengthIsRefusedNamingIt) {
+  for (const char* stem : {"sent_theta", "wire_ref", "wire_residual"}) {
+    test::TempDir tmp;
+    checkpoint::write_unit(tmp.path(), unit_state(job(), 0, 1));
+    const auto file = checkpoint::unit_file(tmp.path(), 0);
+    {
+      h5::Handle f(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+      ASSERT_GE(f.get(), 0);
+      h5::Handle outer = h5::open_group(f, "outer", "test");
+      const std::string name = fmt::format("{}_0", stem);
+      ASSERT_GE(H5Ldelete(outer, name.c_str(), H5P_DEFAULT), 0);
+      const std::vector<float> shorter(3, 1.0f);
+      h5::write_dataset(outer, name, shorter.data(), {3});
+    }
+    const ParameterLayout layout = ParameterLayout::gpt2(job().model);
+    try {
+      checkpoint::read_unit(file, 2, protocol::FragmentPlan(layout, 2, 1).numels());
+      ADD_FAILURE() << stem << "_0 of 3 values was read";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("{}_0 has shape (3), expected (", stem)), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(file.string()), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(Checkpoint, LostUnitHasNoParameters) {
