@@ -41,6 +41,14 @@ namespace ddiloco::syncer {
 /// w = c_tok² / c_steps (tokens² per step); 0 when c_steps or c_tok is 0.
 double token_weight(int64_t c_tok, int64_t c_steps);
 
+/// The bound on one unit's influence on a merge (issue 34): with n ≥ 2 weights and κ > 0, each
+/// w_u becomes min(w_u, κ · median of the other n − 1 weights) (the lower median for an even
+/// count), all computed from the weights as given. A unit then holds at most κ/(κ + n − 1) of
+/// the merge's total whatever its counters claim, while honest units, whose weights differ by
+/// their steps since their last merge, are rarely touched at κ = 4. Returns the indices capped.
+/// n < 2 or κ = 0: unchanged.
+std::vector<size_t> cap_weights(std::span<double> w, double kappa);
+
 enum class MergeRule { rda, mean };
 /// "rda" or "mean"; throws Error otherwise.
 MergeRule parse_merge_rule(const std::string& name);

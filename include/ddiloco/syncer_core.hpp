@@ -217,7 +217,9 @@ class SyncerCore {
   bool silent(int u) const { return unit_[u].silent; }
   /// When unit u's heartbeat last moved, seconds.
   double heard_at(int u) const { return unit_[u].heard_at; }
-  /// Tokens (steps) of every unit, its earlier processes' included.
+  /// Tokens (steps) of every unit, its earlier processes' included. Each unit's count is taken
+  /// as at least 0, and the sum saturates at INT64_MAX: a unit's header word cannot make it
+  /// wrap (it can still claim tokens it never made; issue 34).
   int64_t tokens_total() const;
   int64_t steps_total() const;
   int64_t total_merges() const;
@@ -248,8 +250,8 @@ class SyncerCore {
   bool serve(int u);
   void hear(int u, int64_t beat);
   double silence_after_s(int u) const;
-  std::string check_snapshot(int p, const protocol::SnapshotMeta& meta, const protocol::SyncerWindow::Fetched& got,
-                             int64_t seq) const;
+  std::string check_snapshot(int u, int p, const protocol::SnapshotMeta& meta,
+                             const protocol::SyncerWindow::Fetched& got, int64_t seq) const;
   void accept_snapshot(int u, int p, int64_t seq, const protocol::SnapshotMeta& meta, size_t wire_bytes, int64_t ref);
   void ack_arrived(int u, int p);
   std::vector<int> ready_units(int p) const;

@@ -13,6 +13,26 @@ double token_weight(int64_t c_tok, int64_t c_steps) {
   return tok * (tok / static_cast<double>(c_steps));
 }
 
+std::vector<size_t> cap_weights(std::span<double> w, double kappa) {
+  std::vector<size_t> capped;
+  if (w.size() < 2 || kappa <= 0) return capped;
+  const std::vector<double> given(w.begin(), w.end());
+  std::vector<double> others(given.size() - 1);
+  for (size_t u = 0; u < given.size(); ++u) {
+    others.clear();
+    for (size_t v = 0; v < given.size(); ++v)
+      if (v != u) others.push_back(given[v]);
+    auto mid = others.begin() + static_cast<std::ptrdiff_t>((others.size() - 1) / 2);  // lower median
+    std::nth_element(others.begin(), mid, others.end());
+    const double cap = kappa * *mid;
+    if (given[u] > cap) {
+      w[u] = cap;
+      capped.push_back(u);
+    }
+  }
+  return capped;
+}
+
 MergeRule parse_merge_rule(const std::string& name) {
   if (name == "rda") return MergeRule::rda;
   if (name == "mean") return MergeRule::mean;

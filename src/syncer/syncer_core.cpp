@@ -3,6 +3,7 @@
 #include "ddiloco/syncer_core.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -67,17 +68,25 @@ bool SyncerCore::unit_live(int u) const {
   return window_.remote().connected(u) && !unit_done(u) && !unit_[u].silent;
 }
 
+namespace {
+// a + max(b, 0), saturating at INT64_MAX: the counts come from the units' header words.
+int64_t add_count(int64_t a, int64_t b) {
+  b = std::max<int64_t>(b, 0);
+  return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max() : a + b;
+}
+}  // namespace
+
 int64_t SyncerCore::tokens_total() const {
   int64_t t = 0;
-  for (const Unit& unit : unit_) t += unit.tokens_before;
-  for (const auto& h : headers_) t += h.control(protocol::kTokensDone);
+  for (const Unit& unit : unit_) t = add_count(t, unit.tokens_before);
+  for (const auto& h : headers_) t = add_count(t, h.control(protocol::kTokensDone));
   return t;
 }
 
 int64_t SyncerCore::steps_total() const {
   int64_t s = 0;
-  for (const Unit& unit : unit_) s += unit.steps_before;
-  for (const auto& h : headers_) s += h.control(protocol::kStepsDone);
+  for (const Unit& unit : unit_) s = add_count(s, unit.steps_before);
+  for (const auto& h : headers_) s = add_count(s, h.control(protocol::kStepsDone));
   return s;
 }
 
@@ -362,10 +371,18 @@ void SyncerCore::drop_stale(int p) {
 }
 
 // Why a snapshot just read is refused ("" = it is accepted).
-std::string SyncerCore::check_snapshot(int p, const protocol::SnapshotMeta& meta, const protocol::SyncerWindow::Fetched& got,
-                                       int64_t seq) const {
+std::string SyncerCore::check_snapshot(int u, int p, const protocol::SnapshotMeta& meta,
+                                       const protocol::SyncerWindow::Fetched& got, int64_t seq) const {
   if (got.seq_after != seq) return fmt::format("torn: sequence {} became {} during the read", seq, got.seq_after);
   if (!got.problem.empty()) return got.problem;
+  // Its token weight c_tok²/c_steps (merge.hpp) is then at most c_steps · tps²: as much as the
+  // steps it claims could have earned at its configured batch, never more.
+  const int64_t tps = tokens_per_step(u);
+  if (meta.c_steps < 0 || meta.c_tok < 0 ||
+      static_cast<__int128>(meta.c_tok) > static_cast<__int128>(meta.c_steps) * tps)
+    return fmt::format("token counters c_steps = {}, c_tok = {}: a unit of {} tokens per step makes "
+                       "0..c_steps·{} tokens in c_steps ≥ 0 steps",
+                       meta.c_steps, meta.c_tok, tps, tps);
   const std::vector<float>& x = incoming_[p];
   if (!std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); })) return "non-finite values";
   if (meta.base_version < 0 || meta.base_version > version_[p])
@@ -466,7 +483,7 @@ bool SyncerCore::end_read(int u) {
   const std::optional<protocol::SyncerWindow::Fetched> got = window_.end_fetch(u, incoming_[r.p]);
   if (!got || got->unreachable || !window_.remote().connected(u)) return false;
   Slot& s = slots_[u][r.p];
-  if (const std::string problem = check_snapshot(r.p, r.meta, *got, r.seq); !problem.empty()) {
+  if (const std::string problem = check_snapshot(u, r.p, r.meta, *got, r.seq); !problem.empty()) {
     ++rejected_;
     hooks_.log({{"event", "snapshot_rejected"}, {"unit", u}, {"fragment", r.p}, {"seq", r.seq},
                 {"reason", problem}, {"elapsed_s", now()}, {"tokens", tokens_total()}});
@@ -566,9 +583,14 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
                  steps = nlohmann::json::array(), tokens = nlohmann::json::array(),
                  at_steps = nlohmann::json::array();
   uint64_t bytes_in = 0;
-  for (int u : units) {
+  std::vector<double> weight;  // the merge's units in order, capped (merge.hpp: cap_weights)
+  for (int u : units) weight.push_back(token_weight(slots_[u][p].meta.c_tok, slots_[u][p].meta.c_steps));
+  nlohmann::json capped = nlohmann::json::array();
+  for (size_t i : cap_weights(weight, config_.syncer.max_weight_ratio)) capped.push_back(units[i]);
+  for (size_t i = 0; i < units.size(); ++i) {
+    const int u = units[i];
     const Slot& s = slots_[u][p];
-    w[u] = token_weight(s.meta.c_tok, s.meta.c_steps);
+    w[u] = weight[i];
     contributions.push_back({s.data, w[u], history_.anchor_of(p, s)});
     bytes_in += s.wire_bytes;
     staleness.push_back(version_[p] - s.meta.base_version);
@@ -606,6 +628,7 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
               {"global_version", total_merges()},
               {"units", units},
               {"weights", w},
+              {"weights_capped", capped},
               {"staleness", staleness},
               {"share", share},
               {"warm", warm_up},

@@ -108,6 +108,25 @@ TEST(Merge, TokenWeights) {
   EXPECT_DOUBLE_EQ(token_weight(2 * 512 * 10, 10) / token_weight(512 * 10, 10), 4.0);
 }
 
+TEST(Merge, CapWeightsBoundsEachAtKappaTimesTheOthersLowerMedian) {
+  std::vector<double> w = {1, 2, 1000};
+  EXPECT_EQ(cap_weights(w, 4), (std::vector<size_t>{2}));
+  EXPECT_EQ(w, (std::vector<double>{1, 2, 4}));  // median of {1, 2} taken low: 1
+  std::vector<double> two = {5, 100};
+  EXPECT_EQ(cap_weights(two, 4), (std::vector<size_t>{1}));
+  EXPECT_EQ(two, (std::vector<double>{5, 20}));
+  std::vector<double> equal = {3, 3, 3, 3};
+  EXPECT_TRUE(cap_weights(equal, 4).empty());
+  std::vector<double> one = {1e300};
+  EXPECT_TRUE(cap_weights(one, 4).empty()) << "a merge of one: its share is 1 whatever its weight";
+  std::vector<double> off = {1, 1e300};
+  EXPECT_TRUE(cap_weights(off, 0).empty());
+  // The stated bound: the capped unit's share of n weights is at most κ/(κ + n − 1).
+  std::vector<double> many = {1, 1, 1, 1, 1e300};
+  cap_weights(many, 4);
+  EXPECT_NEAR(many[4] / (many[0] + many[1] + many[2] + many[3] + many[4]), 4.0 / 8.0, 1e-12);
+}
+
 TEST(Merge, WeightedMeanAndRdaByHand) {
   // Θ = 0; θ_1 = −(3, 0), θ_2 = −(0, 4): Δ_1 = (3, 0), Δ_2 = (0, 4); weights 1 and 3.
   const std::vector<float> global = {0, 0};

@@ -27,7 +27,7 @@ Config small_config(Mode mode, int units, int quorum) {
   c.mode = mode;
   c.model = GptConfig{16, 4, 1, 2, 8};
   c.units.count = units;
-  c.train.batch_size = 2;
+  c.train.batch_size = 25;  // B·T = 100 tokens per step: the snapshots below claim 400 in 4
   c.outer.fragments = 2;
   c.outer.h = 4;
   c.outer.overlap = 1;
@@ -756,6 +756,68 @@ TEST(SyncerCore, ANonFiniteSnapshotIsRefusedAndNeverMerged) {
   EXPECT_TRUE(h.merges(0).empty());
   EXPECT_TRUE(h.unit(0).outbox_free(0)) << "a refused snapshot frees the outbox";
   for (float x : h.core.theta(0)) ASSERT_TRUE(std::isfinite(x));
+}
+
+// Issue 34, a unit that lies about its counters: a snapshot claiming more tokens than its steps
+// could make at its batch (here 100 tokens per step), negative counts, or 2^62 tokens against
+// one step (a weight c_tok²/c_steps that would outweigh everyone) is refused with one line, and
+// the honest unit's snapshots merge on with their own weight. (Claiming 2^62 steps as well is
+// consistent at its batch: the weight cap below bounds that one.)
+TEST(SyncerCore, ASnapshotWhoseTokenCountersLieIsRefusedAndTheOthersMergeOn) {
+  Harness h(small_config(Mode::decoupled, 2, 1));
+  const std::vector<std::pair<int64_t, int64_t>> lies = {
+      {4, 401}, {-1, 0}, {4, -400}, {1, int64_t{1} << 62}};
+  for (size_t i = 0; i < lies.size(); ++i) {
+    const std::vector<float> theta(h.layout.numel(0), 100.0f);
+    h.unit(1).publish(0, theta, {lies[i].first, lies[i].second, 4, 0});
+    h.publish(0, 0, 1.0f, 4, 400, static_cast<int64_t>(i));
+    h.tick();
+    const auto refused = h.named("snapshot_rejected");
+    ASSERT_EQ(refused.size(), i + 1) << "lie " << i;
+    EXPECT_EQ(refused.back()["unit"], 1);
+    EXPECT_NE(refused.back()["reason"].get<std::string>().find("token counters"), std::string::npos);
+    ASSERT_EQ(h.merges(0).size(), i + 1);
+    EXPECT_EQ(h.merges(0).back()["units"], json({0}));
+    EXPECT_TRUE(h.unit(1).outbox_free(0)) << "the refused snapshot frees the liar's outbox";
+    // Θ moved only toward the honest unit's 1.0 (the outer momentum may overshoot it a
+    // little), never toward the liar's 100.
+    for (float x : h.core.theta(0)) ASSERT_LE(std::abs(x), 10.0f);
+    std::vector<float> got(h.layout.numel(0));
+    ASSERT_TRUE(h.unit(0).take_inbox(0, got));
+  }
+}
+
+// The bound on one unit's influence (merge.hpp, cap_weights): a unit claiming 2^62 steps and
+// as many tokens (consistent, and a weight of 2^62) weighs at most κ = 4 times the median of
+// the others', so it holds at most 4/(4 + 2) of a merge of three.
+TEST(SyncerCore, AUnitsWeightIsCappedAtKappaTimesTheMedianOfTheOthers) {
+  Harness h(small_config(Mode::decoupled, 3, 3));
+  h.publish(0, 0, 1.0f, 4, 400);
+  h.publish(1, 0, 1.0f, 8, 800);  // an honest straggler: twice the steps, twice the weight
+  const int64_t huge = int64_t{1} << 62;
+  h.unit(2).publish(0, std::vector<float>(h.layout.numel(0), 100.0f), {huge, huge, 4, 0});
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 1u);
+  const json m = h.merges(0)[0];
+  EXPECT_EQ(m["weights_capped"], json({2}));
+  const double w0 = token_weight(400, 4), w1 = token_weight(800, 8);
+  EXPECT_DOUBLE_EQ(m["weights"][0].get<double>(), w0);
+  EXPECT_DOUBLE_EQ(m["weights"][1].get<double>(), w1);
+  EXPECT_DOUBLE_EQ(m["weights"][2].get<double>(), 4 * w0) << "κ times the lower median of {w0, w1}";
+  EXPECT_LE(4 * w0 / (w0 + w1 + 4 * w0), 4.0 / 6.0);
+}
+
+// Issue 34: kTokensDone = INT64_MAX once wrapped the syncer's signed sum of every unit's tokens
+// (negative: the budget never reached, or reached at once). The sum saturates instead.
+TEST(SyncerCore, AHugeTokensDoneWordSaturatesTheTotalInsteadOfWrapping) {
+  Harness h(small_config(Mode::decoupled, 2, 1));
+  h.unit(0).set_control(protocol::kTokensDone, 1000);
+  h.unit(1).set_control(protocol::kTokensDone, std::numeric_limits<int64_t>::max());
+  h.tick();
+  EXPECT_EQ(h.core.tokens_total(), std::numeric_limits<int64_t>::max());
+  h.unit(1).set_control(protocol::kTokensDone, std::numeric_limits<int64_t>::min());
+  h.tick();
+  EXPECT_EQ(h.core.tokens_total(), 1000) << "a negative count counts as none";
 }
 
 TEST(SyncerCore, ASnapshotCountsFromItsArrivalOverASlowLink) {
