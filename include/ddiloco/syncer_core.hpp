@@ -250,6 +250,8 @@ class SyncerCore {
   bool serve(int u);
   void hear(int u, int64_t beat);
   double silence_after_s(int u) const;
+  bool outer_step(int p, const std::vector<int>& units, const std::vector<Contribution>& contributions,
+                  double share, bool warm_up);
   std::string check_snapshot(int u, int p, const protocol::SnapshotMeta& meta,
                              const protocol::SyncerWindow::Fetched& got, int64_t seq) const;
   void accept_snapshot(int u, int p, int64_t seq, const protocol::SnapshotMeta& meta, size_t wire_bytes, int64_t ref);
@@ -285,6 +287,7 @@ class SyncerCore {
   GraceWindow grace_;
 
   std::vector<std::vector<float>> theta_;      // Θ, packed per fragment
+  std::vector<float> undo_theta_, undo_momentum_;  // a merge's fragment before it (outer_step)
   std::vector<int64_t> version_;               // merges per fragment
   std::vector<std::vector<Slot>> slots_;       // [unit][fragment]
   std::vector<Round> rounds_;                  // per fragment

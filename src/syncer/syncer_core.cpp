@@ -601,7 +601,7 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
   }
   const double share = config_.outer.share_steps ? merge_share(units) : 1.0;
   const bool warm_up = warm(p, units);
-  const bool merged = outer_.step(p, theta_[p], contributions, share, warm_up);
+  const bool merged = outer_step(p, units, contributions, share, warm_up);
   for (int u : units) slots_[u][p].fresh = false;
   rounds_[p] = Round{};
   if (!merged) return;  // every weight zero: nothing learned, nothing to send
@@ -645,6 +645,26 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
               {"bytes_out", links_.down_bytes() - bytes_out_before},  // sent now (lands later over a WAN)
               {"tokens", tokens_total()},
               {"elapsed_s", now()}});
+}
+
+// The outer step of fragment p, undone when Θ_p would not be finite after it: snapshots of
+// finite values far outside any step (3e38) pass check_snapshot, and their outer gradient can
+// overflow. Θ_p and its momentum are then as before, the round is over (its units are owed
+// the current Θ_p), and one merge_undone line names the units. False when nothing was merged.
+bool SyncerCore::outer_step(int p, const std::vector<int>& units, const std::vector<Contribution>& contributions,
+                            double share, bool warm_up) {
+  undo_theta_.assign(theta_[p].begin(), theta_[p].end());
+  const std::span<float> m = outer_.momentum(p);
+  undo_momentum_.assign(m.begin(), m.end());
+  if (!outer_.step(p, theta_[p], contributions, share, warm_up)) return false;
+  if (std::all_of(theta_[p].begin(), theta_[p].end(), [](float x) { return std::isfinite(x); })) return true;
+  std::copy(undo_theta_.begin(), undo_theta_.end(), theta_[p].begin());
+  std::copy(undo_momentum_.begin(), undo_momentum_.end(), m.begin());
+  for (int u : units) slots_[u][p].owed = true;
+  hooks_.log({{"event", "merge_undone"}, {"fragment", p}, {"units", units},
+              {"reason", "the outer step made Θ non-finite (snapshots far outside any step)"},
+              {"tokens", tokens_total()}, {"elapsed_s", now()}});
+  return false;
 }
 
 // decoupled, warm-up: every unit waits for a merge newer than the one it applied, and a unit

@@ -807,6 +807,28 @@ TEST(SyncerCore, AUnitsWeightIsCappedAtKappaTimesTheMedianOfTheOthers) {
   EXPECT_LE(4 * w0 / (w0 + w1 + 4 * w0), 4.0 / 6.0);
 }
 
+// Issue 34: finite values far outside any step (3e38, below float's 3.4e38) pass the finite
+// check, and the merge's outer step then overflowed Θ. A merge whose Θ would not be finite is
+// undone (Θ and the outer momentum as they were), logged once, and the next merges go on.
+TEST(SyncerCore, AMergeThatWouldOverflowThetaIsUndoneAndTheNextGoesOn) {
+  Harness h(small_config(Mode::decoupled, 2, 2));
+  const std::vector<float> before(h.core.theta(0).begin(), h.core.theta(0).end());
+  const std::vector<float> huge(h.layout.numel(0), 3e38f);
+  h.unit(0).publish(0, huge, {4, 400, 4, 0});
+  h.unit(1).publish(0, huge, {4, 400, 4, 0});
+  h.tick();
+  ASSERT_EQ(h.named("merge_undone").size(), 1u);
+  EXPECT_EQ(h.named("merge_undone")[0]["units"], json({0, 1}));
+  EXPECT_TRUE(h.merges(0).empty());
+  EXPECT_EQ(std::vector<float>(h.core.theta(0).begin(), h.core.theta(0).end()), before);
+  EXPECT_EQ(h.core.versions()[0], 0);
+  h.publish(0, 0, 1.0f, 4, 400);
+  h.publish(1, 0, 1.0f, 4, 400);
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 1u);
+  for (float x : h.core.theta(0)) ASSERT_TRUE(std::isfinite(x));
+}
+
 // Issue 34: kTokensDone = INT64_MAX once wrapped the syncer's signed sum of every unit's tokens
 // (negative: the budget never reached, or reached at once). The sum saturates instead.
 TEST(SyncerCore, AHugeTokensDoneWordSaturatesTheTotalInsteadOfWrapping) {
