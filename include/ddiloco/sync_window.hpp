@@ -314,6 +314,13 @@ class SyncerWindow {
   /// Unit u's reference R of fragment p at `version` (numel(p) floats: what the unit took as
   /// Θ_p then, as it decoded it), or an empty span when it is not held (fp32, or pruned).
   std::span<const float> reference(int u, int p, int64_t version) const;
+  /// How many references of unit u's fragment p are held: at most kMaxReferences.
+  size_t references_held(int u, int p) const { return refs_.at(u).at(p).size(); }
+  /// The most references held per unit and fragment. A unit names its last taken version, or
+  /// an older one in a snapshot not read yet (a few deliveries back at most); one that keeps
+  /// naming an old version (a unit that lies) would otherwise keep one fragment copy per
+  /// delivery. Beyond this the oldest go, and a snapshot naming one is refused ("not held").
+  static constexpr size_t kMaxReferences = 16;
   /// Marks snapshot `seq` of (u, p) consumed, freeing the outbox.
   void ack(int u, int p, int64_t seq);
   /// Writes merged Θ_p with `version` into unit u's inbox (the caller checked in_ack): in the

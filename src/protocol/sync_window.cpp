@@ -317,6 +317,7 @@ void SyncerWindow::prune_references(const std::vector<UnitHeaders>& headers) {
       if (headers[u].header(p, kOutSeq) > headers[u].header(p, kOutAck) && headers[u].header(p, kOutRef) >= 0)
         floor = std::min(floor, headers[u].header(p, kOutRef));
       refs.erase(refs.begin(), refs.lower_bound(floor));
+      while (refs.size() > kMaxReferences) refs.erase(refs.begin());
     }
 }
 
@@ -465,7 +466,11 @@ std::optional<size_t> SyncerWindow::end_deliver(int u) {
   ok = ok && write_word(u, h + kInVersion * 8, l.version);  // last: what makes the unit take it
   flush_words(u);
   if (!ok) return size_t{0};
-  if (layout_->format() != wire::Format::fp32) refs_[u][p][l.version] = std::move(l.next);
+  if (layout_->format() != wire::Format::fp32) {
+    auto& refs = refs_[u][p];
+    refs[l.version] = std::move(l.next);
+    while (refs.size() > kMaxReferences) refs.erase(refs.begin());
+  }
   return l.bytes.size();
 }
 

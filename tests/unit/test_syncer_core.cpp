@@ -829,6 +829,34 @@ TEST(SyncerCore, AMergeThatWouldOverflowThetaIsUndoneAndTheNextGoesOn) {
   for (float x : h.core.theta(0)) ASSERT_TRUE(std::isfinite(x));
 }
 
+// Issue 34: a unit that keeps naming reference version 0 in its snapshots (it acknowledges each
+// delivery without taking it as its reference) made the syncer keep one copy of the fragment
+// per delivery. At most kMaxReferences are held; a snapshot naming a dropped one is refused.
+TEST(SyncerCore, AUnitPinningItsReferenceAtZeroCannotMakeTheSyncerHoldMoreThanTheCap) {
+  Config c = small_config(Mode::decoupled, 1, 1);
+  c.wan.format = "int8";
+  Harness h(c);
+  const std::vector<float> theta0(h.core.theta(0).begin(), h.core.theta(0).end());
+  h.unit(0).set_reference(0, 0, theta0);
+  h.window.set_reference(0, 0, 0, theta0);
+  const size_t rounds = 3 * protocol::SyncerWindow::kMaxReferences;
+  for (size_t i = 0; i < rounds; ++i) {
+    if (h.unit(0).outbox_free(0)) {
+      std::vector<float> theta = theta0;
+      for (float& x : theta) x += 0.01f;
+      h.unit(0).publish(0, theta, {4, 400, 4, h.core.versions()[0]});  // against reference 0
+    }
+    h.tick();
+    h.unit(0).set_inbox_taken(0, h.unit(0).inbox_version(0));  // acknowledged, never taken
+    EXPECT_LE(h.window.references_held(0, 0), protocol::SyncerWindow::kMaxReferences) << "round " << i;
+  }
+  EXPECT_GE(h.core.versions()[0], static_cast<int64_t>(protocol::SyncerWindow::kMaxReferences));
+  bool not_held = false;
+  for (const json& e : h.named("snapshot_rejected"))
+    not_held = not_held || e["reason"].get<std::string>().find("reference version 0 is not held") != std::string::npos;
+  EXPECT_TRUE(not_held) << "once version 0 is dropped, a snapshot against it is refused";
+}
+
 // Issue 34: kTokensDone = INT64_MAX once wrapped the syncer's signed sum of every unit's tokens
 // (negative: the budget never reached, or reached at once). The sum saturates instead.
 TEST(SyncerCore, AHugeTokensDoneWordSaturatesTheTotalInsteadOfWrapping) {
