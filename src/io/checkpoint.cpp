@@ -18,6 +18,7 @@
 #include "ddiloco/outer_plan.hpp"
 #include "ddiloco/run_dir.hpp"
 #include "io/h5.hpp"
+#include "io/readers.hpp"
 #include "io/tensors.hpp"
 
 namespace ddiloco::checkpoint {
@@ -159,9 +160,9 @@ void write_syncer(const fs::path& dir, const SyncerState& s, int write_delay_ms)
   });
 }
 
-SyncerState read_syncer(const fs::path& path) {
-  const std::string label = path.string();
-  h5::Handle file = h5::open_file(path);
+SyncerState read_syncer(const fs::path& path) { return read_syncer(h5::open_file(path), path.string()); }
+
+SyncerState read_syncer(h5::Handle file, const std::string& label) {
   SyncerState s;
   s.model = read_header(file, "syncer", label);
   s.id = h5::read_attr_int(file, "id", label);
@@ -268,8 +269,11 @@ bool has_reference(const UnitState& unit, int p, int64_t version) {
 }
 
 UnitState read_unit(const fs::path& path, int fragments, std::span<const size_t> fragment_numel) {
-  const std::string label = path.string();
-  h5::Handle file = h5::open_file(path);
+  return read_unit(h5::open_file(path), path.string(), fragments, fragment_numel);
+}
+
+UnitState read_unit(h5::Handle file, const std::string& label, int fragments,
+                    std::span<const size_t> fragment_numel) {
   UnitState s;
   s.model = read_header(file, "unit", label);
   s.id = h5::read_attr_int(file, "id", label);
