@@ -121,7 +121,13 @@ class FaultEntry {
   FaultEntry(const YAML::Node& e, std::string where) : e_(e), where_(std::move(where)) {
     if (!e_.IsMap()) fail("{}: expected a map {{unit, kind, start_s, duration_s, factor}}", where_);
     for (const auto& kv : e_) {
-      const std::string key = kv.first.as<std::string>();
+      // A key must be a name: as<std::string>() of a list or map key would throw yaml-cpp's
+      // bad conversion, naming neither the file nor the entry.
+      if (!kv.first.IsScalar())
+        fail("{}: a key must be a name (one of unit, kind, start_s, duration_s, factor, rank), "
+             "got a {}",
+             where_, kv.first.IsMap() ? "map" : kv.first.IsSequence() ? "list" : "null");
+      const std::string key = kv.first.Scalar();
       if (key != "unit" && key != "kind" && key != "start_s" && key != "duration_s" &&
           key != "factor" && key != "rank")
         fail("{}: unknown key '{}' (expected unit, kind, start_s, duration_s, factor, rank)",
