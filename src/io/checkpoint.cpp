@@ -190,6 +190,8 @@ SyncerState read_syncer(h5::Handle file, const std::string& label) {
   h5::Handle outer = h5::open_group(file, "outer", label);
   const std::string where = label + ":/outer";
   s.versions = read_ints(outer, "versions", s.fragments, where);
+  h5::check_fits_file(outer, uint64_t{8} * static_cast<uint64_t>(s.units) * s.fragments,
+                      fmt::format("the {} × {} values of merged_seq", s.units, s.fragments), where);
   s.merged_seq.resize(static_cast<size_t>(s.units) * s.fragments);
   h5::read_dataset(outer, "merged_seq", s.merged_seq.data(),
                    {static_cast<hsize_t>(s.units), static_cast<hsize_t>(s.fragments)}, where);
@@ -320,6 +322,7 @@ UnitState read_unit(h5::Handle file, const std::string& label, int fragments,
       fail("{}: {} has shape ({}), expected ({}): fragment {} has {} parameters (outer.fragments = {})", where,
            name, fmt::join(d, ", "), numel, p, numel, fragments);
     numel = d[0];
+    h5::check_fits_file(outer, uint64_t{numel} * sizeof(float), fmt::format("the {} values of {}", numel, name), where);
     std::vector<float> v(numel);
     h5::read_dataset(outer, name, v.data(), d, where);
     return v;

@@ -173,6 +173,17 @@ Handle open_image(std::span<const std::byte> image, const std::string& label) {
   return f;
 }
 
+void check_fits_file(hid_t obj, uint64_t bytes, const std::string& what, const std::string& label) {
+  Handle file(H5Iget_file_id(obj), H5Fclose);
+  hsize_t size = 0;
+  if (file.get() < 0 || H5Fget_filesize(file, &size) < 0)
+    fail("{}: cannot get the size of the file", label);
+  if (bytes > size)
+    fail("{}: {} take {} bytes, more than the whole file ({} bytes): corrupt or not written by "
+         "ddiloco",
+         label, what, bytes, static_cast<uint64_t>(size));
+}
+
 Handle create_group(hid_t parent, const std::string& name, const std::string& label) {
   silence();
   Handle g(H5Gcreate2(parent, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
