@@ -569,7 +569,13 @@ std::string describe(const fs::path& path) {
     } else if (role == "unit") {
       h5::Handle f = h5::open_file(file);
       h5::Handle outer = h5::open_group(f, "outer", file.string());
-      const int P = static_cast<int>(h5::dataset_dims(outer, "c_steps", file.string())[0]);
+      const auto c_steps = h5::dataset_dims(outer, "c_steps", file.string());
+      // The fragment count from the file: a scalar or n-d c_steps has no first dimension.
+      if (c_steps.size() != 1 || c_steps[0] < 1 || c_steps[0] > (1 << 20))
+        fail("{}:/outer: dataset 'c_steps' has shape ({}), expected (P,) with P fragments in [1, "
+             "2^20]",
+             file.string(), fmt::join(c_steps, ", "));
+      const int P = static_cast<int>(c_steps[0]);
       outer.reset();
       f.reset();
       const UnitState s = read_unit(file, P);
