@@ -49,9 +49,12 @@ for t in "${targets[@]}"; do
   rm -rf "$corpus" && mkdir -p "$corpus" "$crashes" build-fuzz/logs
   if compgen -G "fuzz/corpus/$t/*" >/dev/null; then cp fuzz/corpus/"$t"/* "$corpus"/; fi
   before=$(ls "$crashes" | wc -l)
+  # fuzz/<target>.flags: libFuzzer flags of its own (one or more a line; see the file)
+  flags=()
+  if [[ -f fuzz/$t.flags ]]; then read -r -a flags < <(grep -v '^#' "fuzz/$t.flags" | tr '\n' ' '); fi
   rc=0
   "$bin" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
-         -artifact_prefix="$crashes/" "$corpus" > "$log" 2>&1 || rc=$?
+         -artifact_prefix="$crashes/" "${flags[@]}" "$corpus" > "$log" 2>&1 || rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
   execs=${execs:-0}
   total_execs=$((total_execs + execs))
