@@ -51,7 +51,7 @@ for t in "${targets[@]}"; do
   before=$(ls "$crashes" | wc -l)
   # fuzz/<target>.flags: libFuzzer flags of its own (one or more a line; see the file)
   flags=()
-  if [[ -f fuzz/$t.flags ]]; then read -r -a flags < <(grep -v '^#' "fuzz/$t.flags" | tr '\n' ' '); fi
+  if [[ -f fuzz/$t.flags ]]; then read -r -a flags < <(grep -v '^#' "fuzz/$t.flags" | tr '\n' ' ') || true; fi
   rc=0
   "$bin" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
          -artifact_prefix="$crashes/" "${flags[@]}" "$corpus" > "$log" 2>&1 || rc=$?
