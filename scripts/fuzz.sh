@@ -27,9 +27,18 @@ if [[ ! -x /usr/bin/clang++ ]] || ! compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/
   scripts/install_deps.sh
 fi
 
+# DDILOCO_FUZZ_EXCLUDE="a b": targets left out of a run without names (scripts/test.sh leaves
+# out h5_readers: libhdf5 1.10.8's own global-heap bugs stop it within a minute, docs/fuzzing.md).
 targets=("$@")
 if ((${#targets[@]} == 0)); then
-  for f in fuzz/*.cpp; do targets+=("$(basename "$f" .cpp)"); done
+  for f in fuzz/*.cpp; do
+    t=$(basename "$f" .cpp)
+    if [[ " ${DDILOCO_FUZZ_EXCLUDE:-} " == *" $t "* ]]; then
+      echo "fuzz.sh: $t left out (DDILOCO_FUZZ_EXCLUDE)" >&2
+      continue
+    fi
+    targets+=("$t")
+  done
 fi
 
 t0=$(date +%s)
