@@ -31,6 +31,9 @@ packages=(
   libssl-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev
+  # fuzzing (scripts/fuzz.sh, the fuzz preset): clang, libFuzzer and the sanitizers' runtimes,
+  # clang's OpenMP
+  clang libclang-rt-dev libomp-dev
   # tests: a one-node Slurm cluster (scripts/slurm_local.sh, e2e slurm_requeue)
   slurm-wlm munge
   # data: the King James Bible (default corpus); npm fetches the Brown Corpus on request

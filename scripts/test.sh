@@ -10,6 +10,11 @@
 # library, the binary and the GPU test programs, not the CPU tests a second time) and runs
 # `ctest -L gpu`, whose tests skip where there is no GPU; both suites' summary lines are
 # printed last. DDILOCO_CI_CUDA=0 leaves the cuda preset out.
+#
+# With the release preset it also runs the fuzz targets for 30 s each after the CPU suite
+# (scripts/fuzz.sh 30: builds the `fuzz` preset with clang, docs/fuzzing.md) and prints a
+# "Fuzz: ..." line beside the suites' lines; a crash fails the script. DDILOCO_CI_FUZZ=0 leaves
+# it out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=${1:-release}
@@ -27,6 +32,19 @@ logs=build/ci
 mkdir -p "$logs"
 cpu_rc=0
 ctest --preset "$preset" "$@" 2>&1 | tee "$logs/ctest_cpu.log" || cpu_rc=$?
+
+fuzz_rc=0
+with_fuzz=0
+if [[ $preset == release && ${DDILOCO_CI_FUZZ:-1} != 0 ]]; then
+  with_fuzz=1
+  echo "test.sh: fuzz targets, 30 s each (scripts/fuzz.sh 30)"
+  t0=$(date +%s)
+  # h5_readers is left out by default: it finds libhdf5 1.10.8's own global-heap bugs (an
+  # out-of-bounds read in H5HG_read, gigabyte allocations) within a minute, which ddiloco cannot
+  # fix (docs/fuzzing.md); DDILOCO_FUZZ_EXCLUDE= runs it too.
+  DDILOCO_FUZZ_EXCLUDE=${DDILOCO_FUZZ_EXCLUDE-h5_readers} scripts/fuzz.sh 30 2>&1 | tee "$logs/fuzz.log" || fuzz_rc=$?
+  echo "test.sh: fuzz build and pass took $(( $(date +%s) - t0 )) s"
+fi
 
 gpu_rc=0
 if [[ $with_cuda == 1 ]]; then
@@ -66,5 +84,13 @@ elif [[ ${DDILOCO_CI_CUDA:-1} == 0 ]]; then
 else
   echo "GPU suite: not run (no CUDA toolkit: $nvcc not found)"
 fi
+if [[ $with_fuzz == 1 ]]; then
+  fuzz_line=$(grep -E '^Fuzz: ' "$logs/fuzz.log" | tail -n 1 || true)
+  echo "${fuzz_line:-Fuzz: the fuzz preset failed to configure or build (see $logs/fuzz.log)}"
+elif [[ $preset != release ]]; then
+  echo "Fuzz: not run (only with the release preset)"
+else
+  echo "Fuzz: not run (DDILOCO_CI_FUZZ=0)"
+fi
 echo "CPU suite ($preset preset): $(counts "$logs/ctest_cpu.log") | $(summary "$logs/ctest_cpu.log")"
-((cpu_rc == 0 && gpu_rc == 0))
+((cpu_rc == 0 && gpu_rc == 0 && fuzz_rc == 0))

@@ -80,6 +80,10 @@ struct Schedule {
   static Schedule load(const std::string& path, int units,
                        const std::vector<int>& unit_ranks = {});
 
+  /// Like load(), from YAML text; `source` names it in errors (fuzz/chaos_schedule.cpp).
+  static Schedule parse(const std::string& yaml, const std::string& source, int units,
+                        const std::vector<int>& unit_ranks = {});
+
   /// The config's schedule: load(schedule_file) when given, else generate().
   static Schedule from_config(const ChaosConfig& config, int units,
                               const std::vector<int>& unit_ranks = {});

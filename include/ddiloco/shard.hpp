@@ -27,6 +27,11 @@ void write_shard(const std::filesystem::path& path, std::span<const uint16_t> to
 /// header + 2·n bytes. Returns n (tokens). Throws Error naming the file and the problem.
 int64_t read_shard_header(const std::filesystem::path& path);
 
+/// The checks of Shard::open on a shard already in memory (`image`: header and tokens, as in
+/// the file): header, size, and every token < vocab_size. Returns n (tokens). Throws Error
+/// naming `source` and the problem, as Shard::open does for a file.
+int64_t check_shard(std::span<const std::byte> image, int vocab_size, const std::string& source);
+
 /// A shard mapped read-only into memory after full validation (header as above, and every
 /// token < vocab_size).
 class Shard {

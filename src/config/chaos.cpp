@@ -93,11 +93,12 @@ Schedule Schedule::generate(const ChaosConfig& config, int units) {
 namespace {
 
 // A schedule file parsed: a map with a list 'faults'.
-YAML::Node read_schedule_file(const std::string& path) {
-  if (!std::filesystem::exists(path)) fail("{}: chaos schedule file not found", path);
+// `load` parses the text (YAML::LoadFile or YAML::Load); `path` names it in errors.
+template <typename Load>
+YAML::Node read_schedule(Load&& load, const std::string& path) {
   YAML::Node root;
   try {
-    root = YAML::LoadFile(path);
+    root = load();
   } catch (const YAML::Exception& ex) {
     fail("{}: line {}: {}", path, ex.mark.line + 1, ex.msg);
   }
@@ -108,6 +109,11 @@ YAML::Node read_schedule_file(const std::string& path) {
   return root;
 }
 
+YAML::Node read_schedule_file(const std::string& path) {
+  if (!std::filesystem::exists(path)) fail("{}: chaos schedule file not found", path);
+  return read_schedule([&] { return YAML::LoadFile(path); }, path);
+}
+
 // One entry of a schedule file's 'faults', read into a Fault: each key checked as it is read,
 // and every error named by its place in the file (`where`).
 class FaultEntry {
@@ -115,7 +121,13 @@ class FaultEntry {
   FaultEntry(const YAML::Node& e, std::string where) : e_(e), where_(std::move(where)) {
     if (!e_.IsMap()) fail("{}: expected a map {{unit, kind, start_s, duration_s, factor}}", where_);
     for (const auto& kv : e_) {
-      const std::string key = kv.first.as<std::string>();
+      // A key must be a name: as<std::string>() of a list or map key would throw yaml-cpp's
+      // bad conversion, naming neither the file nor the entry.
+      if (!kv.first.IsScalar())
+        fail("{}: a key must be a name (one of unit, kind, start_s, duration_s, factor, rank), "
+             "got a {}",
+             where_, kv.first.IsMap() ? "map" : kv.first.IsSequence() ? "list" : "null");
+      const std::string key = kv.first.Scalar();
       if (key != "unit" && key != "kind" && key != "start_s" && key != "duration_s" &&
           key != "factor" && key != "rank")
         fail("{}: unknown key '{}' (expected unit, kind, start_s, duration_s, factor, rank)",
@@ -241,14 +253,27 @@ void check_crashes_apart(const std::vector<Fault>& faults, int units, const std:
 
 }  // namespace
 
-Schedule Schedule::load(const std::string& path, int units, const std::vector<int>& unit_ranks) {
-  const YAML::Node list = read_schedule_file(path)["faults"];
+namespace {
+Schedule read_faults(const YAML::Node& root, const std::string& path, int units,
+                     const std::vector<int>& unit_ranks) {
+  const YAML::Node list = root["faults"];
   Schedule s;
   for (size_t i = 0; i < list.size(); ++i)
     s.faults.push_back(FaultEntry(list[i], fmt::format("{}: faults[{}]", path, i)).read(units, unit_ranks));
   sort_faults(s.faults);
   check_crashes_apart(s.faults, units, path);
   return s;
+}
+}  // namespace
+
+Schedule Schedule::load(const std::string& path, int units, const std::vector<int>& unit_ranks) {
+  return read_faults(read_schedule_file(path), path, units, unit_ranks);
+}
+
+Schedule Schedule::parse(const std::string& yaml, const std::string& source, int units,
+                         const std::vector<int>& unit_ranks) {
+  return read_faults(read_schedule([&] { return YAML::Load(yaml); }, source), source, units,
+                     unit_ranks);
 }
 
 void validate(const Config& c) {

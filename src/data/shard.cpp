@@ -41,33 +41,58 @@ void write_shard(const fs::path& path, std::span<const uint16_t> tokens) {
   if (ec) fail("{}: cannot rename from {}: {}", path.string(), tmp.string(), ec.message());
 }
 
+namespace {
+
+void check_size(int64_t size, const std::string& label) {
+  if (size < static_cast<int64_t>(kShardHeaderBytes))
+    fail("{}: file is {} bytes, shorter than the {}-byte shard header (truncated or not a token "
+         "shard)",
+         label, size, kShardHeaderBytes);
+}
+
+// The header's magic, version and count against the file's size (`size` bytes); returns n.
+int64_t check_header(const std::array<int32_t, kShardHeaderInts>& header, int64_t size,
+                     const std::string& label) {
+  if (header[0] != kShardMagic)
+    fail("{}: bad magic {} (expected {}: not an llm.c/ddiloco token shard)", label, header[0],
+         kShardMagic);
+  if (header[1] != kShardVersion)
+    fail("{}: unsupported shard version {} (expected {}: uint16 tokens)", label, header[1],
+         kShardVersion);
+  const int64_t count = header[2];
+  if (count < 0) fail("{}: negative token count {} in the header", label, count);
+  const int64_t expected = static_cast<int64_t>(kShardHeaderBytes) + 2 * count;
+  if (size != expected)
+    fail("{}: header says {} tokens ({} bytes with the header) but the file is {} bytes "
+         "(truncated or corrupt)",
+         label, count, expected, size);
+  return count;
+}
+
+// Every token < vocab_size; `token(i)` reads token i.
+template <typename Token>
+void check_tokens(int64_t count, Token&& token, int vocab_size, const std::string& label) {
+  for (int64_t i = 0; i < count; ++i)
+    if (const uint16_t t = token(i); t >= vocab_size)
+      fail("{}: token {} at index {} is ≥ model.vocab_size = {} (shard made for another "
+           "tokenizer?)",
+           label, t, i, vocab_size);
+}
+
+}  // namespace
+
 int64_t read_shard_header(const fs::path& path) {
   UniqueFd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (f.get() < 0) fail("{}: cannot open token shard: {}", path.string(), std::strerror(errno));
   struct stat st {};
   if (::fstat(f.get(), &st) != 0) fail("{}: cannot stat: {}", path.string(), std::strerror(errno));
   const auto size = static_cast<int64_t>(st.st_size);
-  if (size < static_cast<int64_t>(kShardHeaderBytes))
-    fail("{}: file is {} bytes, shorter than the {}-byte shard header (truncated or not a token "
-         "shard)",
-         path.string(), size, kShardHeaderBytes);
+  check_size(size, path.string());
   std::array<int32_t, kShardHeaderInts> header{};
   if (::pread(f.get(), header.data(), kShardHeaderBytes, 0) !=
       static_cast<ssize_t>(kShardHeaderBytes))
     fail("{}: cannot read the shard header", path.string());
-  if (header[0] != kShardMagic)
-    fail("{}: bad magic {} (expected {}: not an llm.c/ddiloco token shard)", path.string(),
-         header[0], kShardMagic);
-  if (header[1] != kShardVersion)
-    fail("{}: unsupported shard version {} (expected {}: uint16 tokens)", path.string(),
-         header[1], kShardVersion);
-  const int64_t count = header[2];
-  if (count < 0) fail("{}: negative token count {} in the header", path.string(), count);
-  const int64_t expected = static_cast<int64_t>(kShardHeaderBytes) + 2 * count;
-  if (size != expected)
-    fail("{}: header says {} tokens ({} bytes with the header) but the file is {} bytes "
-         "(truncated or corrupt)",
-         path.string(), count, expected, size);
+  const int64_t count = check_header(header, size, path.string());
   return count;
 }
 
@@ -84,13 +109,24 @@ Shard Shard::open(const fs::path& path, int vocab_size) {
   shard.map_ = map;
   shard.tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map) +
                                                     kShardHeaderBytes);
-  const uint16_t* bad = std::find_if(shard.tokens_, shard.tokens_ + count,
-                                     [vocab_size](uint16_t t) { return t >= vocab_size; });
-  if (bad != shard.tokens_ + count)
-    fail("{}: token {} at index {} is ≥ model.vocab_size = {} (shard made for another "
-         "tokenizer?)",
-         path.string(), *bad, bad - shard.tokens_, vocab_size);
+  const uint16_t* tokens = shard.tokens_;
+  check_tokens(count, [tokens](int64_t i) { return tokens[i]; }, vocab_size, path.string());
   return shard;
+}
+
+int64_t check_shard(std::span<const std::byte> image, int vocab_size, const std::string& source) {
+  const auto size = static_cast<int64_t>(image.size());
+  check_size(size, source);
+  std::array<int32_t, kShardHeaderInts> header{};
+  std::memcpy(header.data(), image.data(), kShardHeaderBytes);
+  const int64_t count = check_header(header, size, source);
+  const std::byte* tokens = image.data() + kShardHeaderBytes;
+  check_tokens(count, [tokens](int64_t i) {
+    uint16_t t;  // the image need not be 2-byte aligned
+    std::memcpy(&t, tokens + 2 * i, sizeof t);
+    return t;
+  }, vocab_size, source);
+  return count;
 }
 
 Shard::Shard(Shard&& other) noexcept { *this = std::move(other); }

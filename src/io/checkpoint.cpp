@@ -18,6 +18,7 @@
 #include "ddiloco/outer_plan.hpp"
 #include "ddiloco/run_dir.hpp"
 #include "io/h5.hpp"
+#include "io/readers.hpp"
 #include "io/tensors.hpp"
 
 namespace ddiloco::checkpoint {
@@ -159,9 +160,9 @@ void write_syncer(const fs::path& dir, const SyncerState& s, int write_delay_ms)
   });
 }
 
-SyncerState read_syncer(const fs::path& path) {
-  const std::string label = path.string();
-  h5::Handle file = h5::open_file(path);
+SyncerState read_syncer(const fs::path& path) { return read_syncer(h5::open_file(path), path.string()); }
+
+SyncerState read_syncer(h5::Handle file, const std::string& label) {
   SyncerState s;
   s.model = read_header(file, "syncer", label);
   s.id = h5::read_attr_int(file, "id", label);
@@ -189,6 +190,8 @@ SyncerState read_syncer(const fs::path& path) {
   h5::Handle outer = h5::open_group(file, "outer", label);
   const std::string where = label + ":/outer";
   s.versions = read_ints(outer, "versions", s.fragments, where);
+  h5::check_fits_file(outer, uint64_t{8} * static_cast<uint64_t>(s.units) * s.fragments,
+                      fmt::format("the {} × {} values of merged_seq", s.units, s.fragments), where);
   s.merged_seq.resize(static_cast<size_t>(s.units) * s.fragments);
   h5::read_dataset(outer, "merged_seq", s.merged_seq.data(),
                    {static_cast<hsize_t>(s.units), static_cast<hsize_t>(s.fragments)}, where);
@@ -268,8 +271,11 @@ bool has_reference(const UnitState& unit, int p, int64_t version) {
 }
 
 UnitState read_unit(const fs::path& path, int fragments, std::span<const size_t> fragment_numel) {
-  const std::string label = path.string();
-  h5::Handle file = h5::open_file(path);
+  return read_unit(h5::open_file(path), path.string(), fragments, fragment_numel);
+}
+
+UnitState read_unit(h5::Handle file, const std::string& label, int fragments,
+                    std::span<const size_t> fragment_numel) {
   UnitState s;
   s.model = read_header(file, "unit", label);
   s.id = h5::read_attr_int(file, "id", label);
@@ -316,6 +322,7 @@ UnitState read_unit(const fs::path& path, int fragments, std::span<const size_t>
       fail("{}: {} has shape ({}), expected ({}): fragment {} has {} parameters (outer.fragments = {})", where,
            name, fmt::join(d, ", "), numel, p, numel, fragments);
     numel = d[0];
+    h5::check_fits_file(outer, uint64_t{numel} * sizeof(float), fmt::format("the {} values of {}", numel, name), where);
     std::vector<float> v(numel);
     h5::read_dataset(outer, name, v.data(), d, where);
     return v;
@@ -562,7 +569,13 @@ std::string describe(const fs::path& path) {
     } else if (role == "unit") {
       h5::Handle f = h5::open_file(file);
       h5::Handle outer = h5::open_group(f, "outer", file.string());
-      const int P = static_cast<int>(h5::dataset_dims(outer, "c_steps", file.string())[0]);
+      const auto c_steps = h5::dataset_dims(outer, "c_steps", file.string());
+      // The fragment count from the file: a scalar or n-d c_steps has no first dimension.
+      if (c_steps.size() != 1 || c_steps[0] < 1 || c_steps[0] > (1 << 20))
+        fail("{}:/outer: dataset 'c_steps' has shape ({}), expected (P,) with P fragments in [1, "
+             "2^20]",
+             file.string(), fmt::join(c_steps, ", "));
+      const int P = static_cast<int>(c_steps[0]);
       outer.reset();
       f.reset();
       const UnitState s = read_unit(file, P);

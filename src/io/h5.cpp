@@ -160,6 +160,30 @@ Handle open_file(const std::filesystem::path& path) {
   return f;
 }
 
+Handle open_image(std::span<const std::byte> image, const std::string& label) {
+  silence();
+  if (image.empty()) fail("{}: not an HDF5 file (empty)", label);
+  Handle fapl = strong_close_access();
+  // The core driver over a copy of the image (H5Pset_file_image copies it), never written back.
+  if (H5Pset_fapl_core(fapl, 1 << 16, /*backing_store=*/false) < 0 ||
+      H5Pset_file_image(fapl, const_cast<std::byte*>(image.data()), image.size()) < 0)
+    fail("{}: cannot set up HDF5's in-memory file driver", label);
+  Handle f(H5Fopen(label.c_str(), H5F_ACC_RDONLY, fapl), H5Fclose);
+  if (f.get() < 0) fail("{}: not an HDF5 file, or truncated/corrupt", label);
+  return f;
+}
+
+void check_fits_file(hid_t obj, uint64_t bytes, const std::string& what, const std::string& label) {
+  Handle file(H5Iget_file_id(obj), H5Fclose);
+  hsize_t size = 0;
+  if (file.get() < 0 || H5Fget_filesize(file, &size) < 0)
+    fail("{}: cannot get the size of the file", label);
+  if (bytes > size)
+    fail("{}: {} take {} bytes, more than the whole file ({} bytes): corrupt or not written by "
+         "ddiloco",
+         label, what, bytes, static_cast<uint64_t>(size));
+}
+
 Handle create_group(hid_t parent, const std::string& name, const std::string& label) {
   silence();
   Handle g(H5Gcreate2(parent, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);

@@ -5,7 +5,9 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <cstddef>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,14 @@ class Handle {
 Handle create_file(const std::filesystem::path& path);
 /// Opens read-only; throws Error("<path>: not an HDF5 file or unreadable") on failure.
 Handle open_file(const std::filesystem::path& path);
+/// Opens an HDF5 file image held in memory read-only, as open_file opens a file (HDF5's core
+/// driver over a copy of `image`, no backing file); `label` names it in errors. Used by the
+/// fuzz targets (fuzz/h5_readers.cpp) to feed the readers without temporary files.
+Handle open_image(std::span<const std::byte> image, const std::string& label);
+/// Throws Error unless `bytes`, what a reader is about to allocate for `what` (a count read
+/// from the file: a shape, a dimension), fit in the file that holds `obj`: ddiloco never
+/// compresses, so a corrupt or planted count must not make it allocate more than the file holds.
+void check_fits_file(hid_t obj, uint64_t bytes, const std::string& what, const std::string& label);
 Handle create_group(hid_t parent, const std::string& name, const std::string& label);
 Handle open_group(hid_t parent, const std::string& name, const std::string& label);
 bool exists(hid_t parent, const std::string& name);

@@ -3,6 +3,7 @@
 
 #include "ddiloco/error.hpp"
 #include "io/h5.hpp"
+#include "io/readers.hpp"
 #include "io/tensors.hpp"
 
 namespace ddiloco {
@@ -23,9 +24,9 @@ void save_model(const fs::path& path, const GptConfig& config, std::span<const f
   });
 }
 
-LoadedModel load_model(const fs::path& path) {
-  const std::string label = path.string();
-  h5::Handle file = h5::open_file(path);
+LoadedModel load_model(const fs::path& path) { return load_model(h5::open_file(path), path.string()); }
+
+LoadedModel load_model(h5::Handle file, const std::string& label) {
   const std::string format = h5::read_attr_string(file, "format", label);
   if (format != "ddiloco-model")
     fail("{}: format is '{}', expected 'ddiloco-model' (a checkpoint? pass its directory or its "

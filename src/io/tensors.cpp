@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ddiloco/error.hpp"
+#include <fmt/format.h>
 
 namespace ddiloco::h5 {
 
@@ -55,6 +56,14 @@ GptConfig read_model_shape(hid_t file, const std::string& label) {
   } catch (const Error& e) {
     fail("{}: invalid model shape: {}", label, e.what());
   }
+  // Before any reader allocates the parameters: a 64 KiB file whose /model says n_embd 131072
+  // made load_model ask for 48 TB (found by fuzz/h5_readers.cpp).
+  const size_t n = ParameterLayout::gpt2(config).size();
+  check_fits_file(file, uint64_t{n} * sizeof(float),
+                  fmt::format("the {} float32 parameters of the shape in /model (n_layer {}, "
+                              "n_embd {}, vocab_size {}, seq_len {})",
+                              n, config.n_layer, config.n_embd, config.vocab_size, config.seq_len),
+                  label);
   return config;
 }
 

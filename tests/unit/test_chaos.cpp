@@ -197,6 +197,14 @@ TEST(ChaosSchedule, BadFilesRefusedWithEntryAndField) {
   EXPECT_THROW(Schedule::load("/nonexistent/chaos.yaml", 4), Error);
 }
 
+// Found by fuzz/chaos_schedule.cpp: a key that is no name (a map, a list, null) let yaml-cpp's
+// bad-conversion exception through, naming neither the file nor the entry.
+TEST(ChaosSchedule, KeyThatIsNoNameRefusedWithEntry) {
+  expect_error("faults:\n  - {{unit: 1}: 1}\n", "faults[0]: a key must be a name");
+  expect_error("faults:\n  - {unit: 0, [kind]: crash}\n", "faults[0]: a key must be a name");
+  expect_error("faults:\n  - {unit: 0, ? : crash}\n", "faults[0]: a key must be a name");
+}
+
 TEST(ChaosKills, ParsedWithAndWithoutRankAndKillSyncerWithoutUnit) {
   const std::string path = write_file("kills.yaml",
                                       "faults:\n"

@@ -225,6 +225,43 @@ TEST(Checkpoint, PerFragmentVectorOfTheWrongLengthIsRefusedNamingIt) {
   }
 }
 
+// Found by fuzz/h5_readers.cpp (the model-file twin of this): a unit file whose /model
+// describes a model far larger than the file made read_unit allocate three copies of it.
+TEST(Checkpoint, ShapeLargerThanTheFileIsRefusedBeforeAllocating) {
+  test::TempDir tmp;
+  checkpoint::write_unit(tmp.path(), unit_state(job(), 0, 1));
+  const auto file = checkpoint::unit_file(tmp.path(), 0);
+  {
+    h5::Handle f(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    ASSERT_GE(f.get(), 0);
+    h5::Handle m = h5::open_group(f, "model", "test");
+    h5::write_attr(m, "n_embd", int64_t{1} << 17);
+    h5::write_attr(m, "n_layer", int64_t{64});
+    h5::write_attr(m, "n_head", int64_t{1});
+  }
+  const std::string e = error_of([&] { checkpoint::read_unit(file, 2); });
+  EXPECT_NE(e.find("more than the whole file"), std::string::npos) << e;
+  EXPECT_NE(e.find(file.string()), std::string::npos) << e;
+}
+
+// `ddiloco inspect` of a unit file took the fragment count as c_steps' first dimension
+// without checking there is one: a scalar c_steps read past an empty vector.
+TEST(Checkpoint, InspectRefusesAUnitFileWhoseCStepsIsNoList) {
+  test::TempDir tmp;
+  checkpoint::write_unit(tmp.path(), unit_state(job(), 0, 1));
+  const auto file = checkpoint::unit_file(tmp.path(), 0);
+  {
+    h5::Handle f(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    ASSERT_GE(f.get(), 0);
+    h5::Handle outer = h5::open_group(f, "outer", "test");
+    ASSERT_GE(H5Ldelete(outer, "c_steps", H5P_DEFAULT), 0);
+    const int64_t one = 1;
+    h5::write_dataset(outer, "c_steps", &one, {});
+  }
+  const std::string e = error_of([&] { checkpoint::describe(file); });
+  EXPECT_NE(e.find("dataset 'c_steps' has shape (), expected (P,)"), std::string::npos) << e;
+}
+
 TEST(Checkpoint, LostUnitHasNoParameters) {
   test::TempDir tmp;
   UnitState s = unit_state(job(), 1, 1);

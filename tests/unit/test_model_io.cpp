@@ -144,6 +144,29 @@ TEST(ModelIo, DetectsCorruptionNonFiniteValuesAndExtraTensors) {
   }
 }
 
+// Found by fuzz/h5_readers.cpp: /model attributes that pass GptConfig::validate but describe
+// a model far larger than the file made load_model allocate it first (48 TB here: bad_alloc,
+// or gigabytes actually allocated for a smaller lie) before reading a tensor.
+TEST(ModelIo, ShapeLargerThanTheFileIsRefusedBeforeAllocating) {
+  test::TempDir dir;
+  const GptConfig c{256, 8, 1, 2, 8};
+  Gpt<float> model(c);
+  save_model(dir / "m.h5", c, model.parameters(), {});
+  {
+    h5::Handle f(H5Fopen((dir / "m.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    h5::Handle m(H5Gopen2(f, "model", H5P_DEFAULT), H5Gclose);
+    h5::write_attr(m, "n_embd", int64_t{131072});
+    h5::write_attr(m, "n_layer", int64_t{64});
+  }
+  try {
+    load_model(dir / "m.h5");
+    ADD_FAILURE() << "a 48 TB shape was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than the whole file"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("n_embd 131072"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Sampler, GreedyIsDeterministicAndRespectsTheWindow) {
   Gpt<float> model(GptConfig{256, 8, 1, 2, 16});
   model.init_weights(3);
