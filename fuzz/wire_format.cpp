@@ -36,11 +36,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const size_t need = wire::encoded_bytes(codec, n);
     if (in.size() > need) in = in.first(need);
-    // Known finding, not yet fixed (src/comm/wire_format.cpp is being changed elsewhere):
-    // decode() of 0 fp32 values memcpy's into out.data(), which an empty std::vector leaves
-    // null: UBSan "null pointer passed as argument 1" (input: 8 zero bytes). The buffer is kept
-    // non-null here so that the target goes on finding anything else; drop the +1 once fixed.
-    std::vector<float> buffer(n + 1);
+    // An empty vector's data() is null: decode() of 0 values must not pass it to memcpy
+    // (found here: UBSan "null pointer passed as argument 1"; the 8 zero bytes are a seed).
+    std::vector<float> buffer(n);
     const std::span<float> out(buffer.data(), n);
     wire::decode(codec, in, out);
     for (size_t i = 0; i < n; ++i)

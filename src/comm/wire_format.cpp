@@ -320,7 +320,7 @@ void decode(const Codec& c, std::span<const std::byte> in, std::span<float> out)
   const auto* bytes = reinterpret_cast<const unsigned char*>(in.data());
   const size_t n = out.size();
   if (c.format == Format::fp32) {
-    std::memcpy(out.data(), bytes, n * 4);
+    if (n > 0) std::memcpy(out.data(), bytes, n * 4);  // an empty span's data() may be null
     check_finite(out);
   } else if (c.format == Format::bf16) {
     for (size_t i = 0; i < n; ++i) {
