@@ -197,6 +197,15 @@ TEST(Checkpoint, AFragmentWithoutAWireReferenceComesBackWithoutOne) {
   EXPECT_FALSE(checkpoint::has_reference(back, 1, -1));
 }
 
+// Rewrites group `group` of an HDF5 file in place, as a damaged or hostile file would have it.
+template <typename Edit>
+void edit_group(const std::filesystem::path& file, const char* group, Edit edit) {
+  h5::Handle f(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+  ASSERT_GE(f.get(), 0);
+  h5::Handle g = h5::open_group(f, group, "test");
+  edit(g.get());
+}
+
 // Issue 34: a sent_theta_<p> shorter than its fragment was read as it was, and the resume then
 // mixed past its end. Every per-fragment vector must be exactly its fragment long.
 TEST(Checkpoint, PerFragmentVectorOfTheWrongLengthIsRefusedNamingIt) {
@@ -204,15 +213,12 @@ TEST(Checkpoint, PerFragmentVectorOfTheWrongLengthIsRefusedNamingIt) {
     test::TempDir tmp;
     checkpoint::write_unit(tmp.path(), unit_state(job(), 0, 1));
     const auto file = checkpoint::unit_file(tmp.path(), 0);
-    {
-      h5::Handle f(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
-      ASSERT_GE(f.get(), 0);
-      h5::Handle outer = h5::open_group(f, "outer", "test");
+    edit_group(file, "outer", [&](hid_t outer) {
       const std::string name = fmt::format("{}_0", stem);
       ASSERT_GE(H5Ldelete(outer, name.c_str(), H5P_DEFAULT), 0);
       const std::vector<float> shorter(3, 1.0f);
       h5::write_dataset(outer, name, shorter.data(), {3});
-    }
+    });
     const ParameterLayout layout = ParameterLayout::gpt2(job().model);
     try {
       checkpoint::read_unit(file, 2, protocol::FragmentPlan(layout, 2, 1).numels());
@@ -231,14 +237,11 @@ TEST(Checkpoint, ShapeLargerThanTheFileIsRefusedBeforeAllocating) {
   test::TempDir tmp;
   checkpoint::write_unit(tmp.path(), unit_state(job(), 0, 1));
   const auto file = checkpoint::unit_file(tmp.path(), 0);
-  {
-    h5::Handle f(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
-    ASSERT_GE(f.get(), 0);
-    h5::Handle m = h5::open_group(f, "model", "test");
+  edit_group(file, "model", [](hid_t m) {
     h5::write_attr(m, "n_embd", int64_t{1} << 17);
     h5::write_attr(m, "n_layer", int64_t{64});
     h5::write_attr(m, "n_head", int64_t{1});
-  }
+  });
   const std::string e = error_of([&] { checkpoint::read_unit(file, 2); });
   EXPECT_NE(e.find("more than the whole file"), std::string::npos) << e;
   EXPECT_NE(e.find(file.string()), std::string::npos) << e;
@@ -250,14 +253,11 @@ TEST(Checkpoint, InspectRefusesAUnitFileWhoseCStepsIsNoList) {
   test::TempDir tmp;
   checkpoint::write_unit(tmp.path(), unit_state(job(), 0, 1));
   const auto file = checkpoint::unit_file(tmp.path(), 0);
-  {
-    h5::Handle f(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
-    ASSERT_GE(f.get(), 0);
-    h5::Handle outer = h5::open_group(f, "outer", "test");
+  edit_group(file, "outer", [](hid_t outer) {
     ASSERT_GE(H5Ldelete(outer, "c_steps", H5P_DEFAULT), 0);
     const int64_t one = 1;
     h5::write_dataset(outer, "c_steps", &one, {});
-  }
+  });
   const std::string e = error_of([&] { checkpoint::describe(file); });
   EXPECT_NE(e.find("dataset 'c_steps' has shape (), expected (P,)"), std::string::npos) << e;
 }
