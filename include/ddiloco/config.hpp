@@ -140,8 +140,9 @@ struct SyncerConfig {
   double heartbeat_timeout_s = 5;  ///< silent this long (or 3 of its steps) → out of quorums
   /// A snapshot more than this many versions of its fragment behind is refused (0: any).
   int max_staleness = 0;
-  /// In a merge of n ≥ 2 units, a unit's token weight is capped at this many times the median
-  /// of the others' (0: no cap). Bounds one unit's share of a merge at κ/(κ + n − 1).
+  /// In a merge of n ≥ 2 units, a unit weighs at most as if it had made this many times the
+  /// others' median inner steps (0: no cap; merge.hpp cap_weights). Bounds one unit's share of
+  /// a merge of equal-batch units at κ/(κ + n − 1).
   double max_weight_ratio = 4;
   /// Isolated deployment (`ddiloco syncer` / `ddiloco unit`, README "Fault isolation"):
   std::string listen = "127.0.0.1:0";  ///< syncer: IPv4 address:port to listen on (0 = any port)

@@ -41,13 +41,14 @@ namespace ddiloco::syncer {
 /// w = c_tok² / c_steps (tokens² per step); 0 when c_steps or c_tok is 0.
 double token_weight(int64_t c_tok, int64_t c_steps);
 
-/// The bound on one unit's influence on a merge (issue 34): with n ≥ 2 weights and κ > 0, each
-/// w_u becomes min(w_u, κ · median of the other n − 1 weights) (the lower median for an even
-/// count), all computed from the weights as given. A unit then holds at most κ/(κ + n − 1) of
-/// the merge's total whatever its counters claim, while honest units, whose weights differ by
-/// their steps since their last merge, are rarely touched at κ = 4. Returns the indices capped.
-/// n < 2 or κ = 0: unchanged.
-std::vector<size_t> cap_weights(std::span<double> w, double kappa);
+/// The bound on one unit's influence on a merge (issue 34). Steps cannot be checked, and an
+/// honest weight c_tok²/c_steps = c_steps·tps² grows with them (tps: the unit's tokens per step,
+/// B·T·ranks): so the steps are what is capped. With κ > 0, a unit whose c_steps exceed κ × the
+/// lower median of the others' positive c_steps weighs as if it had made that many (w scaled
+/// by cap/c_steps); units of more ranks keep their larger weight per step. With equal tps a
+/// unit holds at most κ/(κ + n − 1) of a merge of n. No cap with no other positive c_steps, or
+/// κ = 0. `steps` and `w` are the merge's units in order; returns the indices capped.
+std::vector<size_t> cap_weights(std::span<const int64_t> steps, std::span<double> w, double kappa);
 
 enum class MergeRule { rda, mean };
 /// "rda" or "mean"; throws Error otherwise.

@@ -251,7 +251,7 @@ class SyncerCore {
   void hear(int u, int64_t beat);
   double silence_after_s(int u) const;
   bool outer_step(int p, const std::vector<int>& units, const std::vector<Contribution>& contributions,
-                  double share, bool warm_up);
+                  double share, bool warm_up, bool& undone);
   std::string check_snapshot(int u, int p, const protocol::SnapshotMeta& meta,
                              const protocol::SyncerWindow::Fetched& got, int64_t seq) const;
   void accept_snapshot(int u, int p, int64_t seq, const protocol::SnapshotMeta& meta, size_t wire_bytes, int64_t ref);

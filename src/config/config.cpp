@@ -208,9 +208,10 @@ const std::vector<Entry<Config>>& entries() {
                     "current fragment; 0 = merge at any staleness, weighted by its tokens as any other",
                     at_least(0)),
       DDILOCO_FIELD(double, "syncer.max_weight_ratio", syncer.max_weight_ratio,
-                    "in a merge of two units or more, a unit's token weight is capped at this many "
-                    "times the median of the others' weights, so that no unit (one whose counters "
-                    "lie included) takes more than κ/(κ + n − 1) of a merge of n; 0 = no cap",
+                    "in a merge of two units or more, a unit weighs at most as if it had made this "
+                    "many times the (lower) median of the others' inner steps since their last "
+                    "merge, so that no unit (one whose step count lies included) takes more than "
+                    "κ/(κ + n − 1) of a merge of n units of equal batches; 0 = no cap",
                     at_least(0.0)),
       DDILOCO_FIELD(std::string, "syncer.listen", syncer.listen,
                     "isolated deployment: where `ddiloco syncer` listens, IPv4 address:port (port "

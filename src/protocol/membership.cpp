@@ -155,6 +155,7 @@ std::string config_digest(const Config& config) {
   c.syncer.link_min_mbit_s = syncer_defaults.link_min_mbit_s;
   c.syncer.signal_stops_units = syncer_defaults.signal_stops_units;
   c.syncer.max_staleness = syncer_defaults.max_staleness;
+  c.syncer.max_weight_ratio = syncer_defaults.max_weight_ratio;
   const std::string yaml = to_yaml(c);
   return fmt::format("{:016x}", checksum(std::as_bytes(std::span<const char>(yaml.data(), yaml.size()))));
 }

@@ -584,9 +584,13 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
                  at_steps = nlohmann::json::array();
   uint64_t bytes_in = 0;
   std::vector<double> weight;  // the merge's units in order, capped (merge.hpp: cap_weights)
-  for (int u : units) weight.push_back(token_weight(slots_[u][p].meta.c_tok, slots_[u][p].meta.c_steps));
+  std::vector<int64_t> unit_steps;
+  for (int u : units) {
+    weight.push_back(token_weight(slots_[u][p].meta.c_tok, slots_[u][p].meta.c_steps));
+    unit_steps.push_back(slots_[u][p].meta.c_steps);
+  }
   nlohmann::json capped = nlohmann::json::array();
-  for (size_t i : cap_weights(weight, config_.syncer.max_weight_ratio)) capped.push_back(units[i]);
+  for (size_t i : cap_weights(unit_steps, weight, config_.syncer.max_weight_ratio)) capped.push_back(units[i]);
   for (size_t i = 0; i < units.size(); ++i) {
     const int u = units[i];
     const Slot& s = slots_[u][p];
@@ -601,7 +605,8 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
   }
   const double share = config_.outer.share_steps ? merge_share(units) : 1.0;
   const bool warm_up = warm(p, units);
-  const bool merged = outer_step(p, units, contributions, share, warm_up);
+  bool undone = false;
+  const bool merged = outer_step(p, units, contributions, share, warm_up, undone);
   for (int u : units) slots_[u][p].fresh = false;
   rounds_[p] = Round{};
   if (!merged) return;  // every weight zero: nothing learned, nothing to send
@@ -629,6 +634,7 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
               {"units", units},
               {"weights", w},
               {"weights_capped", capped},
+              {"undone", undone},
               {"staleness", staleness},
               {"share", share},
               {"warm", warm_up},
@@ -647,24 +653,28 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
               {"elapsed_s", now()}});
 }
 
-// The outer step of fragment p, undone when Θ_p would not be finite after it: snapshots of
-// finite values far outside any step (3e38) pass check_snapshot, and their outer gradient can
-// overflow. Θ_p and its momentum are then as before, the round is over (its units are owed
-// the current Θ_p), and one merge_undone line names the units. False when nothing was merged.
+// The outer step of fragment p, undone when Θ_p or its momentum would not be finite after it:
+// snapshots of finite values far outside any step (3e38) pass check_snapshot, and their outer
+// gradient can overflow (the momentum alone, too, and it would then poison every later step).
+// Θ_p and its momentum are then as before, and one merge_undone line names the units; the
+// merge still goes out as a new version of the same Θ_p, so that units that wait for a merge
+// (every synchronous mode, the warm-up) go on from it. False when nothing was merged.
 bool SyncerCore::outer_step(int p, const std::vector<int>& units, const std::vector<Contribution>& contributions,
-                            double share, bool warm_up) {
+                            double share, bool warm_up, bool& undone) {
   undo_theta_.assign(theta_[p].begin(), theta_[p].end());
   const std::span<float> m = outer_.momentum(p);
   undo_momentum_.assign(m.begin(), m.end());
+  undone = false;
   if (!outer_.step(p, theta_[p], contributions, share, warm_up)) return false;
-  if (std::all_of(theta_[p].begin(), theta_[p].end(), [](float x) { return std::isfinite(x); })) return true;
+  const auto finite = [](float x) { return std::isfinite(x); };
+  if (std::all_of(theta_[p].begin(), theta_[p].end(), finite) && std::all_of(m.begin(), m.end(), finite)) return true;
   std::copy(undo_theta_.begin(), undo_theta_.end(), theta_[p].begin());
   std::copy(undo_momentum_.begin(), undo_momentum_.end(), m.begin());
-  for (int u : units) slots_[u][p].owed = true;
+  undone = true;
   hooks_.log({{"event", "merge_undone"}, {"fragment", p}, {"units", units},
-              {"reason", "the outer step made Θ non-finite (snapshots far outside any step)"},
+              {"reason", "the outer step made Θ or its momentum non-finite (snapshots far outside any step)"},
               {"tokens", tokens_total()}, {"elapsed_s", now()}});
-  return false;
+  return true;
 }
 
 // decoupled, warm-up: every unit waits for a merge newer than the one it applied, and a unit

@@ -108,23 +108,31 @@ TEST(Merge, TokenWeights) {
   EXPECT_DOUBLE_EQ(token_weight(2 * 512 * 10, 10) / token_weight(512 * 10, 10), 4.0);
 }
 
-TEST(Merge, CapWeightsBoundsEachAtKappaTimesTheOthersLowerMedian) {
-  std::vector<double> w = {1, 2, 1000};
-  EXPECT_EQ(cap_weights(w, 4), (std::vector<size_t>{2}));
-  EXPECT_EQ(w, (std::vector<double>{1, 2, 4}));  // median of {1, 2} taken low: 1
-  std::vector<double> two = {5, 100};
-  EXPECT_EQ(cap_weights(two, 4), (std::vector<size_t>{1}));
-  EXPECT_EQ(two, (std::vector<double>{5, 20}));
-  std::vector<double> equal = {3, 3, 3, 3};
-  EXPECT_TRUE(cap_weights(equal, 4).empty());
-  std::vector<double> one = {1e300};
-  EXPECT_TRUE(cap_weights(one, 4).empty()) << "a merge of one: its share is 1 whatever its weight";
-  std::vector<double> off = {1, 1e300};
-  EXPECT_TRUE(cap_weights(off, 0).empty());
-  // The stated bound: the capped unit's share of n weights is at most κ/(κ + n − 1).
-  std::vector<double> many = {1, 1, 1, 1, 1e300};
-  cap_weights(many, 4);
-  EXPECT_NEAR(many[4] / (many[0] + many[1] + many[2] + many[3] + many[4]), 4.0 / 8.0, 1e-12);
+TEST(Merge, CapWeightsCapsStepsAtKappaTimesTheOthersLowerMedian) {
+  // Weights of c_steps·tps²: units 0 and 1 at tps 10, unit 2 at tps 30 (three times the ranks).
+  std::vector<int64_t> steps = {4, 8, 4};
+  std::vector<double> w = {400, 800, 3600};
+  EXPECT_TRUE(cap_weights(steps, w, 4).empty()) << "more ranks weigh more per step: not capped";
+  std::vector<int64_t> liar = {4, 8, int64_t{1} << 40};
+  std::vector<double> wl = {400, 800, 100.0 * static_cast<double>(int64_t{1} << 40)};
+  EXPECT_EQ(cap_weights(liar, wl, 4), (std::vector<size_t>{2}));
+  EXPECT_DOUBLE_EQ(wl[2], 100.0 * 16) << "as if it had made 4 × 4 steps (median of {4, 8} taken low)";
+  // Others with no steps give no median: a unit beside a zero-step one is never capped to 0.
+  std::vector<int64_t> zero = {0, 4};
+  std::vector<double> wz = {0, 400};
+  EXPECT_TRUE(cap_weights(zero, wz, 4).empty());
+  EXPECT_EQ(wz, (std::vector<double>{0, 400}));
+  std::vector<int64_t> one = {int64_t{1} << 62};
+  std::vector<double> w1 = {1e300};
+  EXPECT_TRUE(cap_weights(one, w1, 4).empty()) << "a merge of one: its share is 1 whatever its weight";
+  std::vector<int64_t> off = {1, int64_t{1} << 62};
+  std::vector<double> woff = {1, 1e300};
+  EXPECT_TRUE(cap_weights(off, woff, 0).empty());
+  // The stated bound at equal tps: a capped unit's share of n is at most κ/(κ + n − 1).
+  std::vector<int64_t> many = {4, 4, 4, 4, int64_t{1} << 50};
+  std::vector<double> wm = {4, 4, 4, 4, static_cast<double>(int64_t{1} << 50)};
+  cap_weights(many, wm, 4);
+  EXPECT_NEAR(wm[4] / (wm[0] + wm[1] + wm[2] + wm[3] + wm[4]), 4.0 / 8.0, 1e-12);
 }
 
 TEST(Merge, WeightedMeanAndRdaByHand) {
