@@ -15,6 +15,12 @@ template <typename T>
 void shuffle(std::vector<T>& v, Rng& rng) {  // Fisher-Yates with our own generator
   for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[rng.below(i)]);
 }
+
+// Sequences of T+1 tokens, at stride T, in a shard of n tokens.
+int64_t sequences_in(const Shard& shard, int T) {
+  const auto n = static_cast<int64_t>(shard.tokens().size());
+  return n > T ? (n - 1) / T : 0;
+}
 }  // namespace
 
 TrainStream::TrainStream(std::vector<fs::path> shards, int vocab_size, int B, int T,
@@ -33,8 +39,7 @@ TrainStream::TrainStream(std::vector<fs::path> shards, int vocab_size, int B, in
   for (const auto& f : files_) {
     // Full validation (every token < vocab) now, so that bad data stops the job before it
     // writes anything, not hours in when the shard is first read.
-    const int64_t n = static_cast<int64_t>(Shard::open(f, vocab_size).tokens().size());
-    chunks_.push_back(n > T ? (n - 1) / T : 0);
+    chunks_.push_back(sequences_in(Shard::open(f, vocab_size), T));
     total_chunks_ += chunks_.back();
   }
   // Positions stream_index, stream_index + stream_count, ... of the epoch's order.
@@ -95,9 +100,7 @@ void TrainStream::next(int32_t* inputs, int32_t* targets) {
       open_.emplace(Shard::open(files_[shard], vocab_size_));
       // The shard may have been replaced since it was counted (a shorter valid one): its
       // chunks are where the counts of the first open put them, or the run stops here.
-      const int64_t n = static_cast<int64_t>(open_->tokens().size());
-      const int64_t chunks = n > T_ ? (n - 1) / T_ : 0;
-      if (chunks != chunks_[shard])
+      if (const int64_t chunks = sequences_in(*open_, T_); chunks != chunks_[shard])
         fail("{}: holds {} sequences of T+1 = {} tokens now, {} when the run started: the shard was "
              "replaced during the run (put it back, or start a new run)",
              files_[shard].string(), chunks, T_ + 1, chunks_[shard]);

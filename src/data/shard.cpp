@@ -92,8 +92,7 @@ int64_t read_shard_header(const fs::path& path) {
   if (::pread(f.get(), header.data(), kShardHeaderBytes, 0) !=
       static_cast<ssize_t>(kShardHeaderBytes))
     fail("{}: cannot read the shard header", path.string());
-  const int64_t count = check_header(header, size, path.string());
-  return count;
+  return check_header(header, size, path.string());
 }
 
 Shard Shard::open(const fs::path& path, int vocab_size) {
