@@ -51,7 +51,7 @@ std::string hello_proof(std::string_view secret);
 /// A digest of everything in a configuration that the syncer and every unit must agree on:
 /// the effective YAML with the keys that may differ per process (run.threads, run.progress,
 /// run.log_every, syncer.address, and the syncer-only syncer.link_timeout_s, link_min_mbit_s,
-/// signal_stops_units, max_staleness) set to their defaults; checksum.hpp of it, 16 hex digits.
+/// signal_stops_units, max_staleness, max_weight_ratio, max_outer_grad_ratio) set to their defaults; checksum.hpp of it, 16 hex digits.
 std::string config_digest(const Config& config);
 
 /// The rendezvous of the isolated deployment, in run.dir: `syncer.addr` (JSON: address,

@@ -41,14 +41,68 @@ namespace ddiloco::syncer {
 /// w = c_tok² / c_steps (tokens² per step); 0 when c_steps or c_tok is 0.
 double token_weight(int64_t c_tok, int64_t c_steps);
 
-/// The bound on one unit's influence on a merge (issue 34). Steps cannot be checked, and an
-/// honest weight c_tok²/c_steps = c_steps·tps² grows with them (tps: the unit's tokens per step,
-/// B·T·ranks): so the steps are what is capped. With κ > 0, a unit whose c_steps exceed κ × the
-/// lower median of the others' positive c_steps weighs as if it had made that many (w scaled
-/// by cap/c_steps); units of more ranks keep their larger weight per step. With equal tps a
-/// unit holds at most κ/(κ + n − 1) of a merge of n. No cap with no other positive c_steps, or
-/// κ = 0. `steps` and `w` are the merge's units in order; returns the indices capped.
+/// The bound on one unit's influence on a merge (issue 34), part 1: its weight. Steps cannot be
+/// checked, and an honest weight c_tok²/c_steps = c_steps·tps² grows with them (tps: the unit's
+/// tokens per step, B·T·ranks): so the steps are what is capped. With κ > 0, a unit whose
+/// c_steps exceed step_cap() weighs as if it had made that many (w scaled by cap/c_steps);
+/// units of more ranks keep their larger weight per step. With equal tps a unit holds at most
+/// κ/(κ + n − 1) of a merge of n. `steps` and `w` are the merge's units in order; returns the
+/// indices capped.
 std::vector<size_t> cap_weights(std::span<const int64_t> steps, std::span<double> w, double kappa);
+
+/// κ × the lower median of the positive steps of the merge's units other than `u`; +∞ when
+/// there are none or κ ≤ 0.
+double step_cap(std::span<const int64_t> steps, size_t u, double kappa);
+
+/// ‖anchor − θ‖₂ over one fragment (both `numel` fp32), in double. Throws Error for sizes that
+/// differ.
+double outer_gradient_norm(std::span<const float> theta, std::span<const float> anchor);
+
+/// The bound on one unit's influence on a merge, part 2: the size of its outer gradient,
+/// relative to the other units'. Inner steps of AdamW have a size set by the learning rate, not
+/// by the gradient, so honest units of one run take outer gradients of about the same size per
+/// inner step; a unit that sends values far outside any step it could have taken does not.
+///
+/// Per fragment and unit it keeps the last `keep` contributions merged, each with its steps s,
+/// per-step norm ρ = ‖Δ‖₂ / s and the merge it went into (the fragment's version then); the
+/// others' entries count for `max_age` merges of the fragment. A contribution's s is its c_steps, at least 1 and at most κ_s × the lower
+/// median of the other units' s (in this merge and in the record): a count that lies is no
+/// larger allowance. A contribution whose ρ exceeds κ × ν, ν the lower median of the other
+/// units' ρ (this merge and the record), is scaled down to ρ = κ·ν, Δ keeping its direction:
+/// its effect on Θ is then at most that of κ times a typical honest step, for at most κ_s times
+/// a typical count of steps. Contributions enter the record as capped and scaled, so that a
+/// liar among units that are mostly honest cannot raise ν (or the step allowance) beyond what
+/// the medians let through, and a liar merging alone again and again cannot push the others'
+/// entries out (each unit keeps its own). Nothing bounds a unit when no other unit contributed
+/// to the fragment within max_age merges (no ν), or ν = 0.
+class OuterGradientBound {
+ public:
+  /// One contribution to a merge: its unit, ‖Δ‖₂ (outer_gradient_norm) and claimed c_steps.
+  struct Sized {
+    int unit = 0;
+    double norm = 0;
+    int64_t steps = 0;
+  };
+  /// κ ≥ 0 (`syncer.max_outer_grad_ratio`; 0: no bound), κ_s ≥ 0 (`syncer.max_weight_ratio`;
+  /// 0: steps uncapped), `keep` ≥ 1 contributions per unit, `max_age` ≥ 1 merges. Throws Error
+  /// otherwise.
+  OuterGradientBound(int fragments, double kappa, double kappa_steps, size_t keep = 4, int64_t max_age = 64);
+
+  /// The scale (0, 1] of each contribution to the merge of fragment p that makes `version`, in
+  /// order (1: untouched), and records them.
+  std::vector<double> clip(int p, int64_t version, std::span<const Sized> merge);
+
+ private:
+  struct Kept {
+    int unit;
+    int64_t version;
+    double steps, per_step;
+  };
+  double kappa_, kappa_steps_;
+  size_t keep_;
+  int64_t max_age_;
+  std::vector<std::vector<Kept>> record_;  // per fragment, oldest first
+};
 
 enum class MergeRule { rda, mean };
 /// "rda" or "mean"; throws Error otherwise.

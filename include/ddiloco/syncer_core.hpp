@@ -44,6 +44,7 @@ namespace ddiloco::syncer {
 /// What the syncer holds for one unit and fragment.
 struct Slot {
   int64_t acked = 0;        ///< last sequence number consumed (the unit's outbox is free)
+  int64_t refused_seq = -1; ///< a sequence number refused unread (backwards, or a jump): logged once
   bool fresh = false;       ///< a snapshot waits to be merged ...
   protocol::SnapshotMeta meta;        ///< ... its counters (c_steps, c_tok), step and base version
   int64_t seq = 0;          ///< ... its sequence number
@@ -250,6 +251,8 @@ class SyncerCore {
   bool serve(int u);
   void hear(int u, int64_t beat);
   double silence_after_s(int u) const;
+  nlohmann::json bound_outer_gradients(int p, const std::vector<int>& units);
+  bool sequence_plausible(int u, int p, int64_t seq);
   bool outer_step(int p, const std::vector<int>& units, const std::vector<Contribution>& contributions,
                   double share, bool warm_up, bool& undone);
   std::string check_snapshot(int u, int p, const protocol::SnapshotMeta& meta,
@@ -285,6 +288,7 @@ class SyncerCore {
   Hooks hooks_;
   OuterOptimizer outer_;
   GraceWindow grace_;
+  OuterGradientBound bound_;
 
   std::vector<std::vector<float>> theta_;      // Θ, packed per fragment
   std::vector<float> undo_theta_, undo_momentum_;  // a merge's fragment before it (outer_step)

@@ -213,6 +213,13 @@ const std::vector<Entry<Config>>& entries() {
                     "merge, so that no unit (one whose step count lies included) takes more than "
                     "κ/(κ + n − 1) of a merge of n units of equal batches; 0 = no cap",
                     at_least(0.0)),
+      DDILOCO_FIELD(double, "syncer.max_outer_grad_ratio", syncer.max_outer_grad_ratio,
+                    "a unit's outer gradient per inner step (‖Δ‖ over its c_steps, the steps capped "
+                    "as for max_weight_ratio) is scaled down, keeping its direction, to at most this "
+                    "many times the lower median of the other units' in the merge and the fragment's "
+                    "last 16 contributions: values far outside any step a unit could have taken "
+                    "move Θ no more than this many typical steps; 0 = no bound",
+                    at_least(0.0)),
       DDILOCO_FIELD(std::string, "syncer.listen", syncer.listen,
                     "isolated deployment: where `ddiloco syncer` listens, IPv4 address:port (port "
                     "0: any free port); the address taken is written to run.dir/syncer.addr"),

@@ -156,6 +156,7 @@ std::string config_digest(const Config& config) {
   c.syncer.signal_stops_units = syncer_defaults.signal_stops_units;
   c.syncer.max_staleness = syncer_defaults.max_staleness;
   c.syncer.max_weight_ratio = syncer_defaults.max_weight_ratio;
+  c.syncer.max_outer_grad_ratio = syncer_defaults.max_outer_grad_ratio;
   const std::string yaml = to_yaml(c);
   return fmt::format("{:016x}", checksum(std::as_bytes(std::span<const char>(yaml.data(), yaml.size()))));
 }

@@ -13,26 +13,6 @@ double token_weight(int64_t c_tok, int64_t c_steps) {
   return tok * (tok / static_cast<double>(c_steps));
 }
 
-std::vector<size_t> cap_weights(std::span<const int64_t> steps, std::span<double> w, double kappa) {
-  std::vector<size_t> capped;
-  if (kappa <= 0 || steps.size() != w.size()) return capped;
-  std::vector<int64_t> others;
-  for (size_t u = 0; u < steps.size(); ++u) {
-    others.clear();
-    for (size_t v = 0; v < steps.size(); ++v)
-      if (v != u && steps[v] > 0) others.push_back(steps[v]);
-    if (others.empty()) continue;
-    auto mid = others.begin() + static_cast<std::ptrdiff_t>((others.size() - 1) / 2);  // lower median
-    std::nth_element(others.begin(), mid, others.end());
-    const double cap = kappa * static_cast<double>(*mid);
-    if (static_cast<double>(steps[u]) > cap) {
-      w[u] *= cap / static_cast<double>(steps[u]);
-      capped.push_back(u);
-    }
-  }
-  return capped;
-}
-
 MergeRule parse_merge_rule(const std::string& name) {
   if (name == "rda") return MergeRule::rda;
   if (name == "mean") return MergeRule::mean;

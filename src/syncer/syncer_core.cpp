@@ -33,6 +33,7 @@ SyncerCore::SyncerCore(const Config& config, const OuterPlan& plan, protocol::Sy
       hooks_{std::move(clock), std::move(sink), {}, {}},
       outer_(fragments, config.outer.lr, config.outer.momentum, parse_merge_rule(config.outer.merge)),
       grace_(config.syncer.grace_gamma, config.syncer.grace_cap_steps, plan.overlap),
+      bound_(fragments.size(), config.syncer.max_outer_grad_ratio, config.syncer.max_weight_ratio),
       history_(config.outer.anchor, fragments.size()),
       lineage_{random_epoch(), {}} {
   const int P = fragments_.size();
@@ -124,10 +125,11 @@ int64_t SyncerCore::rejoins_served() const {
 }
 
 // Unit u has a snapshot of fragment p the syncer has not merged: read (or on its way), or
-// still unread in its outbox.
+// still unread in its outbox (not one refused unread: sequence_plausible).
 bool SyncerCore::snapshot_pending(int u, int p) const {
   const Slot& s = slots_[u][p];
-  return s.fresh || headers_[u].header(p, protocol::kOutSeq) > std::max(s.acked, s.unacked);
+  const int64_t seq = headers_[u].header(p, protocol::kOutSeq);
+  return s.fresh || (seq > std::max(s.acked, s.unacked) && seq != s.refused_seq);
 }
 
 void SyncerCore::poll() {
@@ -378,8 +380,9 @@ std::string SyncerCore::check_snapshot(int u, int p, const protocol::SnapshotMet
   // Its token weight c_tok²/c_steps (merge.hpp) is then at most c_steps · tps²: as much as the
   // steps it claims could have earned at its configured batch, never more.
   const int64_t tps = tokens_per_step(u);
-  if (meta.c_steps < 0 || meta.c_tok < 0 ||
-      static_cast<__int128>(meta.c_tok) > static_cast<__int128>(meta.c_steps) * tps)
+  int64_t most = 0;  // c_steps · tps; an overflow is a limit no int64 c_tok exceeds
+  const bool huge = __builtin_mul_overflow(meta.c_steps, tps, &most);
+  if (meta.c_steps < 0 || meta.c_tok < 0 || (!huge && meta.c_tok > most))
     return fmt::format("token counters c_steps = {}, c_tok = {}: a unit of {} tokens per step makes "
                        "0..c_steps·{} tokens in c_steps ≥ 0 steps",
                        meta.c_steps, meta.c_tok, tps, tps);
@@ -461,7 +464,7 @@ bool SyncerCore::collect_unit(int u) {
     }
     if (window_.lane(u) != protocol::SyncerWindow::Lane::idle) continue;  // a delivery on its way: acks only
     const int64_t seq = headers_[u].header(p, protocol::kOutSeq);
-    if (seq <= s.acked) continue;
+    if (seq == s.acked || !sequence_plausible(u, p, seq)) continue;
     const protocol::SnapshotMeta meta{headers_[u].header(p, protocol::kOutSteps), headers_[u].header(p, protocol::kOutTokens),
                             headers_[u].header(p, protocol::kOutStep), headers_[u].header(p, protocol::kOutBaseVersion)};
     if (hooks_.before_read) hooks_.before_read(u);  // test hooks (read_hooks.hpp)
@@ -472,6 +475,25 @@ bool SyncerCore::collect_unit(int u) {
     if (!end_read(u) || unit_[u].torn) break;  // on its way: taken in at a later poll
   }
   return any;
+}
+
+// A unit numbers its snapshots 1, 2, ... and publishes only into an outbox the syncer consumed,
+// so a new one is the last consumed + 1 (more after a torn read, never billions more: the
+// numbering of a unit's processes adds them up). One that goes backwards or jumps is refused
+// unread, with one line, and its outbox left busy: the unit holds up only itself.
+bool SyncerCore::sequence_plausible(int u, int p, int64_t seq) {
+  constexpr int64_t kMaxJump = int64_t{1} << 32;
+  Slot& s = slots_[u][p];
+  if (seq > s.acked && seq - s.acked <= kMaxJump) return true;
+  if (seq != s.refused_seq) {
+    s.refused_seq = seq;
+    ++rejected_;
+    hooks_.log({{"event", "snapshot_rejected"}, {"unit", u}, {"fragment", p}, {"seq", seq},
+                {"reason", fmt::format("sequence number {} {} the last consumed, {}", seq,
+                                       seq < s.acked ? "is below" : "jumps too far past", s.acked)},
+                {"elapsed_s", now()}, {"tokens", tokens_total()}});
+  }
+  return false;
 }
 
 // The read on unit u's lane, once over: checked, then accepted or refused. False while it is on
@@ -591,6 +613,7 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
   }
   nlohmann::json capped = nlohmann::json::array();
   for (size_t i : cap_weights(unit_steps, weight, config_.syncer.max_weight_ratio)) capped.push_back(units[i]);
+  const nlohmann::json clipped = bound_outer_gradients(p, units);
   for (size_t i = 0; i < units.size(); ++i) {
     const int u = units[i];
     const Slot& s = slots_[u][p];
@@ -634,6 +657,7 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
               {"units", units},
               {"weights", w},
               {"weights_capped", capped},
+              {"outer_grads_clipped", clipped},
               {"undone", undone},
               {"staleness", staleness},
               {"share", share},
@@ -651,6 +675,31 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
               {"bytes_out", links_.down_bytes() - bytes_out_before},  // sent now (lands later over a WAN)
               {"tokens", tokens_total()},
               {"elapsed_s", now()}});
+}
+
+// syncer.max_outer_grad_ratio (merge.hpp, OuterGradientBound): each unit's snapshot of fragment
+// p is scaled towards its anchor where its outer gradient is too large for the steps it could
+// have taken, relative to the others'. Returns the units scaled.
+nlohmann::json SyncerCore::bound_outer_gradients(int p, const std::vector<int>& units) {
+  std::vector<OuterGradientBound::Sized> sized;
+  for (int u : units) {
+    const Slot& s = slots_[u][p];
+    const std::span<const float> anchor = history_.anchor_of(p, s);
+    sized.push_back({u, outer_gradient_norm(s.data, anchor.empty() ? std::span<const float>(theta_[p]) : anchor),
+                     s.meta.c_steps});
+  }
+  const std::vector<double> scale = bound_.clip(p, version_[p] + 1, sized);
+  nlohmann::json clipped = nlohmann::json::array();
+  for (size_t i = 0; i < units.size(); ++i) {
+    if (scale[i] >= 1.0) continue;
+    Slot& s = slots_[units[i]][p];
+    const std::span<const float> a = history_.anchor_of(p, s);
+    const std::span<const float> anchor = a.empty() ? std::span<const float>(theta_[p]) : a;
+    for (size_t k = 0; k < s.data.size(); ++k)  // θ ← A − scale·(A − θ)
+      s.data[k] = static_cast<float>(anchor[k] - scale[i] * (static_cast<double>(anchor[k]) - s.data[k]));
+    clipped.push_back(units[i]);
+  }
+  return clipped;
 }
 
 // The outer step of fragment p, undone when Θ_p or its momentum would not be finite after it:

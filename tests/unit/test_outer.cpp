@@ -135,6 +135,53 @@ TEST(Merge, CapWeightsCapsStepsAtKappaTimesTheOthersLowerMedian) {
   EXPECT_NEAR(wm[4] / (wm[0] + wm[1] + wm[2] + wm[3] + wm[4]), 4.0 / 8.0, 1e-12);
 }
 
+using Sized = OuterGradientBound::Sized;
+
+// ‖Δ‖₂ of values near FLT_MAX (a lying unit) stays finite: it is computed scaled.
+TEST(Merge, OuterGradientNormOfHugeValuesDoesNotOverflow) {
+  const std::vector<float> anchor(1000, 0.0f), theta(1000, 3e38f);
+  EXPECT_NEAR(outer_gradient_norm(theta, anchor) / (static_cast<double>(3e38f) * std::sqrt(1000.0)), 1.0, 1e-12);
+  EXPECT_DOUBLE_EQ(outer_gradient_norm(std::vector<float>{3, 0}, std::vector<float>{0, 4}), 5.0);
+  EXPECT_THROW(outer_gradient_norm(theta, std::vector<float>(3)), Error);
+}
+
+// The rule (merge.hpp): ρ = ‖Δ‖/s above κ × the lower median of the others' ρ is scaled down to
+// it; honest units within κ of each other are untouched; a unit alone with nothing known of
+// the others is not bounded.
+TEST(Merge, AnOuterGradientFarAboveTheOthersIsScaledToKappaTimesTheirMedian) {
+  OuterGradientBound bound(1, 8.0, 4.0);
+  EXPECT_EQ(bound.clip(0, 1, std::vector<Sized>{{0, 1e6, 4}}), std::vector<double>{1.0}) << "nothing to compare with";
+  OuterGradientBound b2(1, 8.0, 4.0);
+  const std::vector<double> s = b2.clip(0, 1, std::vector<Sized>{{0, 1.0, 4}, {1, 3.0, 4}, {2, 1e6, 4}});
+  EXPECT_DOUBLE_EQ(s[0], 1.0);
+  EXPECT_DOUBLE_EQ(s[1], 1.0) << "3× the other honest unit: within κ = 8";
+  // ν for unit 2 = lower median of {0.25, 0.75} per step = 0.25; bound 8 · 0.25 = 2 per step.
+  EXPECT_DOUBLE_EQ(s[2], 8.0 * 0.25 / (1e6 / 4));
+}
+
+// The record: a liar alone in a later merge is measured against the last honest contributions;
+// its own clipped entries never count for itself, so merging alone again and again it cannot
+// raise its allowance; claiming more steps does not raise it past κ_s × the others' steps.
+TEST(Merge, ALiarAloneIsBoundedByTheRecordAndCannotRaiseItsOwnAllowance) {
+  OuterGradientBound bound(2, 8.0, 4.0, 4, 64);
+  bound.clip(1, 1, std::vector<Sized>{{0, 1.0, 4}, {1, 1.0, 4}});  // ρ 0.25 each, fragment 1
+  for (int round = 0; round < 40; ++round) {
+    const std::vector<double> s = bound.clip(1, 2 + round, std::vector<Sized>{{2, 1e30, int64_t{1} << 62}});
+    // steps capped at 4 × 4 = 16; allowed ρ = 8 · 0.25 = 2 → ‖Δ‖ ≤ 32.
+    ASSERT_NEAR(s[0] * 1e30, 32.0, 1e-9) << "round " << round;
+  }
+  // The fragments keep separate records: fragment 0 knows nothing yet.
+  EXPECT_EQ(bound.clip(0, 1, std::vector<Sized>{{2, 1e30, 4}}), std::vector<double>{1.0});
+  // The others' entries age out after max_age merges: then nothing is known to compare with.
+  EXPECT_EQ(bound.clip(1, 66, std::vector<Sized>{{2, 1e30, 4}}), std::vector<double>{1.0});
+  OuterGradientBound off(1, 0.0, 4.0);
+  off.clip(0, 1, std::vector<Sized>{{0, 1.0, 4}});
+  EXPECT_EQ(off.clip(0, 2, std::vector<Sized>{{2, 1e30, 4}}), std::vector<double>{1.0}) << "κ = 0: no bound";
+  EXPECT_THROW(OuterGradientBound(1, -1.0, 4.0), Error);
+  EXPECT_THROW(OuterGradientBound(1, 8.0, 4.0, 0), Error);
+  EXPECT_THROW(OuterGradientBound(1, 8.0, 4.0, 4, 0), Error);
+}
+
 TEST(Merge, WeightedMeanAndRdaByHand) {
   // Θ = 0; θ_1 = −(3, 0), θ_2 = −(0, 4): Δ_1 = (3, 0), Δ_2 = (0, 4); weights 1 and 3.
   const std::vector<float> global = {0, 0};

@@ -846,6 +846,67 @@ TEST(SyncerCore, AMergeThatWouldOverflowThetaIsUndoneAndTheNextGoesOn) {
   for (float x : h.core.theta(0)) ASSERT_TRUE(std::isfinite(x));
 }
 
+// Issue 34: finite values far outside any step (1e30) passed every check and pulled Θ as far as
+// the liar's weight allowed. Its outer gradient is scaled to κ = 8 times the honest units' per
+// step (merge.hpp, OuterGradientBound), in a merge with them and, from the record, alone.
+TEST(SyncerCore, AnOuterGradientFarOutsideAnyStepIsScaledDownWithTheOthersAndAlone) {
+  Harness h(small_config(Mode::decoupled, 3, 1));
+  const std::vector<float> huge(h.layout.numel(0), 1e30f);
+  h.publish(0, 0, 1.0f, 4, 400);
+  h.publish(1, 0, 1.0f, 4, 400);
+  h.unit(2).publish(0, huge, {4, 400, 4, 0});
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 1u);
+  EXPECT_EQ(h.merges(0)[0]["units"], json({0, 1, 2}));
+  EXPECT_EQ(h.merges(0)[0]["outer_grads_clipped"], json({2}));
+  EXPECT_EQ(h.merges(0)[0]["undone"], false);
+  // Honest Δ ≈ 1 per element; the liar's is cut to ≤ 8 × theirs: Θ moves by a few units, not 1e30.
+  for (float x : h.core.theta(0)) ASSERT_LE(std::abs(x), 20.0f);
+  for (int round = 1; round <= 5; ++round) {  // alone: bounded by the record of the honest units
+    std::vector<float> got(h.layout.numel(0));
+    if (h.unit(2).inbox_version(0) > 0) {
+      ASSERT_TRUE(h.unit(2).take_inbox(0, got));
+    }
+    h.unit(2).publish(0, huge, {int64_t{1} << 40, 400, 4, h.core.versions()[0]});
+    h.tick();
+    ASSERT_EQ(h.merges(0).size(), 1u + round);
+    EXPECT_EQ(h.merges(0).back()["outer_grads_clipped"], json({2})) << "round " << round;
+  }
+  for (float x : h.core.theta(0)) ASSERT_LE(std::abs(x), 200.0f);
+}
+
+// Issue 34: a sequence number below the last consumed (or billions past it) is refused unread,
+// with one line however often the syncer polls it, and the honest unit merges on.
+TEST(SyncerCore, ASequenceNumberThatGoesBackOrJumpsIsRefusedUnreadWithOneLine) {
+  Harness h(small_config(Mode::decoupled, 2, 1));
+  auto seq_word = [&](int u, int p) -> int64_t& {
+    return reinterpret_cast<int64_t*>(h.memory[u]->base() + h.layout.header_offset(p))[protocol::kOutSeq];
+  };
+  h.publish(1, 0, 1.0f, 4, 400);
+  h.tick();
+  h.publish(1, 0, 1.0f, 4, 400, 1);
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 2u);
+  ASSERT_EQ(seq_word(1, 0), 2);
+  seq_word(1, 0) = 1;  // backwards
+  for (int i = 0; i < 5; ++i) {
+    h.publish(0, 0, 1.0f, 4, 400, h.core.versions()[0]);
+    h.tick();
+    std::vector<float> got(h.layout.numel(0));
+    ASSERT_TRUE(h.unit(0).take_inbox(0, got));
+  }
+  ASSERT_EQ(h.named("snapshot_rejected").size(), 1u);
+  EXPECT_EQ(h.named("snapshot_rejected")[0]["unit"], 1);
+  EXPECT_NE(h.named("snapshot_rejected")[0]["reason"].get<std::string>().find("is below the last consumed"),
+            std::string::npos);
+  EXPECT_EQ(h.merges(0).size(), 7u) << "unit 0 merged at every round";
+  seq_word(1, 0) = 2 + (int64_t{1} << 40);  // a jump
+  for (int i = 0; i < 3; ++i) h.tick();
+  ASSERT_EQ(h.named("snapshot_rejected").size(), 2u);
+  EXPECT_NE(h.named("snapshot_rejected")[1]["reason"].get<std::string>().find("jumps too far"), std::string::npos);
+  EXPECT_EQ(h.merges(0).size(), 7u) << "nothing of unit 1 was read";
+}
+
 // Issue 34: a unit that keeps naming reference version 0 in its snapshots (it acknowledges each
 // delivery without taking it as its reference) made the syncer keep one copy of the fragment
 // per delivery. At most kMaxReferences are held; a snapshot naming a dropped one is refused.
