@@ -74,6 +74,14 @@ struct FragmentState {
       c_steps = c_tok = 0;
     }
   }
+
+  /// Counters restored under another batch (a job resumed with a smaller train.batch_size)
+  /// can claim more tokens than c_steps steps make now, which the syncer refuses (a unit can
+  /// report at most c_steps × its tokens per step, `tps`): c_steps becomes the steps those
+  /// tokens take at the new batch, so the snapshot is merged with the weight of its tokens.
+  void fit_counters(int64_t tps) {
+    if (tps > 0 && c_tok > 0 && c_tok / tps + (c_tok % tps != 0) > c_steps) c_steps = c_tok / tps + (c_tok % tps != 0);
+  }
 };
 
 /// Why a unit starts over from Θ (the `cause` of its crash event).

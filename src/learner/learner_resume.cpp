@@ -63,6 +63,7 @@ void Learner::resume_fragment(int p, std::span<float> params) {
     fragments_.unpack(p, theta, params);
     f.count_from_merge(core_->settings().carry, st.sent_c_steps[p], st.sent_c_tok[p]);
   }
+  f.fit_counters(config_.unit_tokens_per_step(set_.unit));
   f.applied = f.pending_version = f.sends = sy.versions[p];
   // The leader holds Θ_p at that version, as if taken from its inbox (what it offers a
   // restarted syncer).

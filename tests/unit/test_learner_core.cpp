@@ -216,6 +216,24 @@ TEST(LearnerCore, CountersReportStepsAndTokensAndCarryKeepsTheStepsSinceTheSend)
   }
 }
 
+// A job resumed with a smaller batch restored counters claiming more tokens than their steps
+// make at the new batch; the syncer refuses those (c_tok ≤ c_steps × tps). The steps are
+// refitted to the tokens, rounded up, and counters that fit are left as they are.
+TEST(LearnerCore, CountersRestoredUnderALargerBatchAreRefittedToTheSyncersCheck) {
+  FragmentState f;
+  f.c_steps = 4;
+  f.c_tok = 400;  // 100 tokens per step before
+  f.fit_counters(30);
+  EXPECT_EQ(f.c_steps, 14) << "400 tokens at 30 per step take 13.3 steps";
+  EXPECT_LE(f.c_tok, f.c_steps * 30);
+  f.fit_counters(200);  // a larger batch: they fit as they are
+  EXPECT_EQ(f.c_steps, 14);
+  EXPECT_EQ(f.c_tok, 400);
+  FragmentState none;
+  none.fit_counters(30);
+  EXPECT_EQ(none.c_steps, 0);
+}
+
 TEST(LearnerCore, SynchronousModesWaitForTheMergeOfTheirOwnSnapshot) {
   Rig r(diloco(2));
   Actions a(1);
