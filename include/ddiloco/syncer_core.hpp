@@ -253,6 +253,7 @@ class SyncerCore {
   double silence_after_s(int u) const;
   nlohmann::json bound_outer_gradients(int p, const std::vector<int>& units);
   bool sequence_plausible(int u, int p, int64_t seq);
+  void stand_in(int u, int p, int64_t seq);
   bool outer_step(int p, const std::vector<int>& units, const std::vector<Contribution>& contributions,
                   double share, bool warm_up, bool& undone);
   std::string check_snapshot(int u, int p, const protocol::SnapshotMeta& meta,

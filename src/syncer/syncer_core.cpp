@@ -517,10 +517,26 @@ bool SyncerCore::end_read(int u) {
     window_.ack(u, r.p, r.seq);
     s.acked = r.seq;
     s.owed = true;  // a unit waiting for a merge gets the current one
+    if (plan_.every_merge_has_all) stand_in(u, r.p, r.seq);
     return true;
   }
   accept_snapshot(u, r.p, r.seq, r.meta, got->wire_bytes, got->ref);
   return true;
+}
+
+// The synchronous modes: every merge waits for every unit, and each unit for the merge of its
+// own snapshot. A refused snapshot stands in its round as Θ_p itself with weight 0 (it moves
+// nothing), so the round is merged from the others and its merge goes to every unit.
+void SyncerCore::stand_in(int u, int p, int64_t seq) {
+  Slot& s = slots_[u][p];
+  s.data.assign(theta_[p].begin(), theta_[p].end());
+  s.meta = protocol::SnapshotMeta{0, 0, 0, version_[p]};
+  s.seq = seq;
+  s.fresh = true;
+  s.wire_bytes = 0;
+  s.anchor.clear();
+  s.arrives_at = now();
+  if (rounds_[p].first_at < 0) rounds_[p].first_at = now();
 }
 
 bool SyncerCore::transfers_in_flight() const {
@@ -632,7 +648,9 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
   const bool merged = outer_step(p, units, contributions, share, warm_up, undone);
   for (int u : units) slots_[u][p].fresh = false;
   rounds_[p] = Round{};
-  if (!merged) return;  // every weight zero: nothing learned, nothing to send
+  // Every weight zero: nothing learned. Decoupled sends nothing; the synchronous modes' units
+  // wait for the round's merge, which goes out as a new version of the same Θ.
+  if (!merged && !plan_.every_merge_has_all) return;
   ++version_[p];
   for (int u : units) {
     numbering_.merged[u][p] = numbering_.base[u][p] + slots_[u][p].seq;
@@ -682,22 +700,25 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
 // have taken, relative to the others'. Returns the units scaled.
 nlohmann::json SyncerCore::bound_outer_gradients(int p, const std::vector<int>& units) {
   std::vector<OuterGradientBound::Sized> sized;
+  std::vector<int> weighed;  // a contribution of weight 0 (a stand-in) moves nothing: not sized
   for (int u : units) {
     const Slot& s = slots_[u][p];
+    if (token_weight(s.meta.c_tok, s.meta.c_steps) <= 0) continue;
+    weighed.push_back(u);
     const std::span<const float> anchor = history_.anchor_of(p, s);
     sized.push_back({u, outer_gradient_norm(s.data, anchor.empty() ? std::span<const float>(theta_[p]) : anchor),
                      s.meta.c_steps});
   }
   const std::vector<double> scale = bound_.clip(p, version_[p] + 1, sized);
   nlohmann::json clipped = nlohmann::json::array();
-  for (size_t i = 0; i < units.size(); ++i) {
+  for (size_t i = 0; i < weighed.size(); ++i) {
     if (scale[i] >= 1.0) continue;
-    Slot& s = slots_[units[i]][p];
+    Slot& s = slots_[weighed[i]][p];
     const std::span<const float> a = history_.anchor_of(p, s);
     const std::span<const float> anchor = a.empty() ? std::span<const float>(theta_[p]) : a;
     for (size_t k = 0; k < s.data.size(); ++k)  // θ ← A − scale·(A − θ)
       s.data[k] = static_cast<float>(anchor[k] - scale[i] * (static_cast<double>(anchor[k]) - s.data[k]));
-    clipped.push_back(units[i]);
+    clipped.push_back(weighed[i]);
   }
   return clipped;
 }

@@ -758,6 +758,38 @@ TEST(SyncerCore, ANonFiniteSnapshotIsRefusedAndNeverMerged) {
   for (float x : h.core.theta(0)) ASSERT_TRUE(std::isfinite(x));
 }
 
+// In the synchronous modes every merge waits for every unit, and each unit waits for the merge
+// of its own snapshot: a refused snapshot left both waiting for good. It now stands in the
+// round with weight 0, so the merge is made of the others and goes to every unit.
+TEST(SyncerCore, ARefusedSnapshotInASynchronousRoundStandsInWithNoWeight) {
+  Harness h(small_config(Mode::diloco, 2, 2));
+  std::vector<float> bad(h.layout.numel(0), 1.0f);
+  bad[3] = std::numeric_limits<float>::quiet_NaN();
+  h.publish(0, 0, 1.0f, 4, 400);
+  h.unit(1).publish(0, bad, {4, 400, 4, 0});
+  h.tick();
+  ASSERT_EQ(h.named("snapshot_rejected").size(), 1u);
+  ASSERT_EQ(h.merges(0).size(), 1u) << "the round went on without the refused snapshot";
+  EXPECT_EQ(h.merges(0)[0]["units"], json({0, 1}));
+  EXPECT_EQ(h.merges(0)[0]["weights"][1], 0.0);
+  h.tick();
+  EXPECT_EQ(h.unit(0).inbox_version(0), 1);
+  EXPECT_EQ(h.unit(1).inbox_version(0), 1) << "the refused unit gets the round's merge too";
+  // Every unit refused: the round still ends, as a new version of the same Θ.
+  const std::vector<float> before(h.core.theta(0).begin(), h.core.theta(0).end());
+  std::vector<float> got(h.layout.numel(0));
+  for (int u = 0; u < 2; ++u) {
+    ASSERT_TRUE(h.unit(u).take_inbox(0, got));
+    h.unit(u).publish(0, bad, {4, 400, 4, 1});
+  }
+  h.tick();
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 2u);
+  EXPECT_EQ(std::vector<float>(h.core.theta(0).begin(), h.core.theta(0).end()), before);
+  EXPECT_EQ(h.unit(0).inbox_version(0), 2);
+  EXPECT_EQ(h.unit(1).inbox_version(0), 2);
+}
+
 // Issue 34, a unit that lies about its counters: a snapshot claiming more tokens than its steps
 // could make at its batch (here 100 tokens per step), negative counts, or 2^62 tokens against
 // one step (a weight c_tok²/c_steps that would outweigh everyone) is refused with one line, and
