@@ -62,7 +62,7 @@ run_job() {
     sleep 0.2
   done
   wait $syncer || { tail -20 syncer_$tag.log; fail "$tag: the syncer failed"; }
-  for p in "${pids[@]}"; do wait $p || { tail -5 unit*_$tag.log liar_$tag.log 2>/dev/null; fail "$tag: a unit failed"; }; done
+  for p in "${pids[@]}"; do wait $p || { tail -n 5 unit*_$tag.log liar_$tag.log 2>/dev/null || true; fail "$tag: a unit failed"; }; done
   echo $peak > peak_$tag
 }
 
