@@ -145,7 +145,7 @@ struct SyncerConfig {
   /// a merge of equal-batch units at κ/(κ + n − 1).
   double max_weight_ratio = 4;
   /// A unit's outer gradient per inner step is scaled down to at most this many times the
-  /// others' median (0: no bound; merge.hpp OuterGradientBound).
+  /// units' median vote (0: no bound; merge.hpp OuterGradientBound).
   double max_outer_grad_ratio = 8;
   /// Isolated deployment (`ddiloco syncer` / `ddiloco unit`, README "Fault isolation"):
   std::string listen = "127.0.0.1:0";  ///< syncer: IPv4 address:port to listen on (0 = any port)

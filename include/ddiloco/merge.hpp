@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <vector>
@@ -63,18 +64,21 @@ double outer_gradient_norm(std::span<const float> theta, std::span<const float> 
 /// by the gradient, so honest units of one run take outer gradients of about the same size per
 /// inner step; a unit that sends values far outside any step it could have taken does not.
 ///
-/// Per fragment and unit it keeps the last `keep` contributions merged, each with its steps s,
-/// per-step norm ρ = ‖Δ‖₂ / s and the merge it went into (the fragment's version then); the
-/// others' entries count for `max_age` merges of the fragment. A contribution's s is its c_steps, at least 1 and at most κ_s × the lower
-/// median of the other units' s (in this merge and in the record): a count that lies is no
-/// larger allowance. A contribution whose ρ exceeds κ × ν, ν the lower median of the other
-/// units' ρ (this merge and the record), is scaled down to ρ = κ·ν, Δ keeping its direction:
-/// its effect on Θ is then at most that of κ times a typical honest step, for at most κ_s times
-/// a typical count of steps. Contributions enter the record as capped and scaled, so that a
-/// liar among units that are mostly honest cannot raise ν (or the step allowance) beyond what
-/// the medians let through, and a liar merging alone again and again cannot push the others'
-/// entries out (each unit keeps its own). Nothing bounds a unit when no other unit contributed
-/// to the fragment within max_age merges (no ν), or ν = 0.
+/// Each contribution has steps s (its c_steps, at least 1) and a per-step norm ρ = ‖Δ‖₂ / s.
+/// Every unit that contributed to the fragment has one vote: the median of its last `keep`
+/// contributions (this merge's included), as claimed, never scaled. Warm-up merges (rounds of
+/// one step) and the others are kept apart. Then:
+///   - s is capped at κ_s × max(S, h): S the lower median of the units' steps votes, h the
+///     steps of an honest round now (1 in the warm-up, outer.h after), so that no count, too
+///     large or too small, moves the allowance below an honest round's;
+///   - a contribution whose ρ exceeds κ × ν, ν the lower median of the units' ρ votes (its own
+///     unit's included), is scaled down to ρ = κ·ν, Δ keeping its direction.
+/// With more honest units than lying ones among those voting, ν and S are honest values: a liar
+/// moves Θ at most as κ typical honest steps would, for κ_s rounds' worth of steps, however
+/// often it merges alone, and it cannot scale the honest units down. With two voting units
+/// (one of them lying) the lower median is the smaller vote: a liar whose Δ is tiny can then
+/// scale the honest unit down (slow training), not push Θ. One unit alone is not bounded.
+/// The votes live in this process: a restarted syncer starts with none.
 class OuterGradientBound {
  public:
   /// One contribution to a merge: its unit, ‖Δ‖₂ (outer_gradient_norm) and claimed c_steps.
@@ -84,24 +88,20 @@ class OuterGradientBound {
     int64_t steps = 0;
   };
   /// κ ≥ 0 (`syncer.max_outer_grad_ratio`; 0: no bound), κ_s ≥ 0 (`syncer.max_weight_ratio`;
-  /// 0: steps uncapped), `keep` ≥ 1 contributions per unit, `max_age` ≥ 1 merges. Throws Error
-  /// otherwise.
-  OuterGradientBound(int fragments, double kappa, double kappa_steps, size_t keep = 4, int64_t max_age = 64);
+  /// 0: steps uncapped), `keep` ≥ 1 contributions per unit. Throws Error otherwise.
+  OuterGradientBound(int fragments, double kappa, double kappa_steps, size_t keep = 4);
 
-  /// The scale (0, 1] of each contribution to the merge of fragment p that makes `version`, in
-  /// order (1: untouched), and records them.
-  std::vector<double> clip(int p, int64_t version, std::span<const Sized> merge);
+  /// The scale (0, 1] of each contribution to a merge of fragment p, in order (1: untouched),
+  /// and records them. `warm`: a warm-up merge; `h` ≥ 1: the steps of an honest round now.
+  std::vector<double> clip(int p, bool warm, int64_t h, std::span<const Sized> merge);
 
  private:
-  struct Kept {
-    int unit;
-    int64_t version;
-    double steps, per_step;
+  struct Votes {
+    std::vector<double> steps, per_step;  // the unit's last `keep` contributions, oldest first
   };
   double kappa_, kappa_steps_;
   size_t keep_;
-  int64_t max_age_;
-  std::vector<std::vector<Kept>> record_;  // per fragment, oldest first
+  std::vector<std::map<int, Votes>> record_;  // per fragment × {not warm, warm}: by unit
 };
 
 enum class MergeRule { rda, mean };

@@ -44,7 +44,7 @@ namespace ddiloco::syncer {
 /// What the syncer holds for one unit and fragment.
 struct Slot {
   int64_t acked = 0;        ///< last sequence number consumed (the unit's outbox is free)
-  int64_t refused_seq = -1; ///< a sequence number refused unread (backwards, or a jump): logged once
+  bool seq_refused = false;  ///< a sequence number refused unread was logged (until the next read)
   bool fresh = false;       ///< a snapshot waits to be merged ...
   protocol::SnapshotMeta meta;        ///< ... its counters (c_steps, c_tok), step and base version
   int64_t seq = 0;          ///< ... its sequence number

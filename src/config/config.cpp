@@ -214,11 +214,12 @@ const std::vector<Entry<Config>>& entries() {
                     "κ/(κ + n − 1) of a merge of n units of equal batches; 0 = no cap",
                     at_least(0.0)),
       DDILOCO_FIELD(double, "syncer.max_outer_grad_ratio", syncer.max_outer_grad_ratio,
-                    "a unit's outer gradient per inner step (‖Δ‖ over its c_steps, the steps capped "
-                    "as for max_weight_ratio) is scaled down, keeping its direction, to at most this "
-                    "many times the lower median of the other units' in the merge and the fragment's "
-                    "last 16 contributions: values far outside any step a unit could have taken "
-                    "move Θ no more than this many typical steps; 0 = no bound",
+                    "a unit's outer gradient per inner step (‖Δ‖ over its c_steps, capped at "
+                    "max_weight_ratio × the units' median steps or an honest round) is scaled down, "
+                    "keeping its direction, to at most this many times the lower median of the "
+                    "units' votes (each unit's median over its last 4 contributions to the fragment): "
+                    "values far outside any step a unit could have taken move Θ no more than this "
+                    "many typical steps; 0 = no bound",
                     at_least(0.0)),
       DDILOCO_FIELD(std::string, "syncer.listen", syncer.listen,
                     "isolated deployment: where `ddiloco syncer` listens, IPv4 address:port (port "

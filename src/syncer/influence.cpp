@@ -57,52 +57,59 @@ double outer_gradient_norm(std::span<const float> theta, std::span<const float> 
   return top * std::sqrt(sum);
 }
 
-OuterGradientBound::OuterGradientBound(int fragments, double kappa, double kappa_steps, size_t keep, int64_t max_age)
-    : kappa_(kappa), kappa_steps_(kappa_steps), keep_(keep), max_age_(max_age),
-      record_(static_cast<size_t>(std::max(fragments, 0))) {
+OuterGradientBound::OuterGradientBound(int fragments, double kappa, double kappa_steps, size_t keep)
+    : kappa_(kappa), kappa_steps_(kappa_steps), keep_(keep), record_(2 * static_cast<size_t>(std::max(fragments, 0))) {
   if (!(kappa >= 0) || !std::isfinite(kappa)) fail("OuterGradientBound: κ = {} (expected ≥ 0)", kappa);
   if (!(kappa_steps >= 0) || !std::isfinite(kappa_steps)) fail("OuterGradientBound: κ_s = {} (expected ≥ 0)", kappa_steps);
   if (keep == 0) fail("OuterGradientBound: keep = 0 (expected ≥ 1)");
-  if (max_age < 1) fail("OuterGradientBound: max_age = {} (expected ≥ 1)", max_age);
 }
 
-std::vector<double> OuterGradientBound::clip(int p, int64_t version, std::span<const Sized> merge) {
-  auto& record = record_.at(static_cast<size_t>(p));
-  std::erase_if(record, [&](const Kept& k) { return version - k.version > max_age_; });
-  std::vector<double> others;
-  // The lower median of `field` over the contributions of units other than `unit`.
-  auto others_median = [&](int unit, auto&& field_now, auto&& field_kept) {
-    others.clear();
-    for (size_t j = 0; j < merge.size(); ++j)
-      if (merge[j].unit != unit) others.push_back(field_now(j));
-    for (const Kept& k : record)
-      if (k.unit != unit) others.push_back(field_kept(k));
-    return others.empty() ? std::numeric_limits<double>::quiet_NaN() : lower_median(others);
-  };
+namespace {
+
+// The lower median over the units of each unit's vote (the lower median of its values); NaN
+// when no unit has one.
+double vote(const std::map<int, std::vector<double>>& by_unit) {
+  std::vector<double> votes, mine;
+  for (const auto& [unit, values] : by_unit) {
+    mine = values;
+    if (!mine.empty()) votes.push_back(lower_median(mine));
+  }
+  return votes.empty() ? std::numeric_limits<double>::quiet_NaN() : lower_median(votes);
+}
+
+}  // namespace
+
+std::vector<double> OuterGradientBound::clip(int p, bool warm, int64_t h, std::span<const Sized> merge) {
+  auto& record = record_.at(2 * static_cast<size_t>(p) + (warm ? 1 : 0));
   const size_t n = merge.size();
+  // The units' values: recorded, then this merge's.
+  std::map<int, std::vector<double>> steps_by_unit, rho_by_unit;
+  for (const auto& [unit, v] : record) {
+    steps_by_unit[unit] = v.steps;
+    rho_by_unit[unit] = v.per_step;
+  }
   std::vector<double> steps(n), rho(n), scale(n, 1.0);
   for (size_t i = 0; i < n; ++i) {
     steps[i] = std::max<double>(1.0, static_cast<double>(merge[i].steps));
-    const double typical = others_median(
-        merge[i].unit, [&](size_t j) { return std::max<double>(1.0, static_cast<double>(merge[j].steps)); },
-        [](const Kept& k) { return k.steps; });
-    if (kappa_steps_ > 0 && std::isfinite(typical)) steps[i] = std::min(steps[i], kappa_steps_ * typical);
+    steps_by_unit[merge[i].unit].push_back(steps[i]);
   }
-  for (size_t i = 0; i < n; ++i) rho[i] = merge[i].norm / steps[i];
-  std::vector<double> kept = rho;
-  for (size_t i = 0; i < n && kappa_ > 0; ++i) {
-    const double nu = others_median(merge[i].unit, [&](size_t j) { return rho[j]; },
-                                    [](const Kept& k) { return k.per_step; });
-    if (!std::isfinite(nu) || !(nu > 0) || !(rho[i] > kappa_ * nu)) continue;
-    scale[i] = kappa_ * nu / rho[i];
-    kept[i] = kappa_ * nu;
-  }
+  const double typical = std::max(vote(steps_by_unit), static_cast<double>(std::max<int64_t>(h, 1)));
   for (size_t i = 0; i < n; ++i) {
-    record.push_back({merge[i].unit, version, steps[i], kept[i]});
-    // Each unit's own last `keep`: the oldest of this unit's entries goes.
-    const auto mine = [&](const Kept& k) { return k.unit == merge[i].unit; };
-    if (static_cast<size_t>(std::count_if(record.begin(), record.end(), mine)) > keep_)
-      record.erase(std::find_if(record.begin(), record.end(), mine));
+    const double s = kappa_steps_ > 0 ? std::min(steps[i], kappa_steps_ * typical) : steps[i];
+    rho[i] = merge[i].norm / s;
+    rho_by_unit[merge[i].unit].push_back(rho[i]);
+  }
+  const double nu = vote(rho_by_unit);
+  for (size_t i = 0; i < n && kappa_ > 0; ++i)
+    if (std::isfinite(nu) && nu > 0 && rho[i] > kappa_ * nu) scale[i] = kappa_ * nu / rho[i];
+  for (size_t i = 0; i < n; ++i) {  // each unit's last `keep`, as claimed
+    Votes& v = record[merge[i].unit];
+    v.steps.push_back(steps[i]);
+    v.per_step.push_back(rho[i]);
+    if (v.steps.size() > keep_) {
+      v.steps.erase(v.steps.begin());
+      v.per_step.erase(v.per_step.begin());
+    }
   }
   return scale;
 }

@@ -70,6 +70,11 @@ bool SyncerCore::unit_live(int u) const {
 }
 
 namespace {
+// Sequence numbers past the last consumed, `acked` (0 ≤ acked ≤ kMaxAcked), that a unit can have
+// reached (sequence_plausible).
+constexpr int64_t kMaxJump = int64_t{1} << 32, kMaxAcked = int64_t{1} << 40;
+bool plausible_sequence(int64_t seq, int64_t acked) { return seq > acked && seq - acked <= kMaxJump; }
+
 // a + max(b, 0), saturating at INT64_MAX: the counts come from the units' header words.
 int64_t add_count(int64_t a, int64_t b) {
   b = std::max<int64_t>(b, 0);
@@ -129,7 +134,7 @@ int64_t SyncerCore::rejoins_served() const {
 bool SyncerCore::snapshot_pending(int u, int p) const {
   const Slot& s = slots_[u][p];
   const int64_t seq = headers_[u].header(p, protocol::kOutSeq);
-  return s.fresh || (seq > std::max(s.acked, s.unacked) && seq != s.refused_seq);
+  return s.fresh || (seq > std::max(s.acked, s.unacked) && plausible_sequence(seq, s.acked));
 }
 
 void SyncerCore::poll() {
@@ -160,7 +165,9 @@ void SyncerCore::unit_connected(int u) {
   // What its window says now: zeros for a new process; for a live one that reconnects to this
   // (restarted) syncer, the snapshots the previous syncer consumed stay consumed.
   window_.poll(headers_, /*all=*/true);
-  for (int p = 0; p < fragments_.size(); ++p) slots_[u][p].acked = headers_[u].header(p, protocol::kOutAck);
+  // (A word the unit wrote: kept where the numbering's sums cannot overflow.)
+  for (int p = 0; p < fragments_.size(); ++p)
+    slots_[u][p].acked = std::clamp<int64_t>(headers_[u].header(p, protocol::kOutAck), 0, kMaxAcked);
   // The unit's earlier processes' work, as this syncer or the one it replaces wrote it into a
   // live window (zeros in a new process's; a fresh run's syncer takes none of an earlier run):
   // the larger count holds, and the window keeps it for the next.
@@ -480,13 +487,14 @@ bool SyncerCore::collect_unit(int u) {
 // A unit numbers its snapshots 1, 2, ... and publishes only into an outbox the syncer consumed,
 // so a new one is the last consumed + 1 (more after a torn read, never billions more: the
 // numbering of a unit's processes adds them up). One that goes backwards or jumps is refused
-// unread, with one line, and its outbox left busy: the unit holds up only itself.
+// unread, with one line until a snapshot of the slot is read again, and its outbox left busy:
+// in decoupled the unit holds up only itself (the synchronous modes wait for it as for a unit
+// that never publishes).
 bool SyncerCore::sequence_plausible(int u, int p, int64_t seq) {
-  constexpr int64_t kMaxJump = int64_t{1} << 32;
   Slot& s = slots_[u][p];
-  if (seq > s.acked && seq - s.acked <= kMaxJump) return true;
-  if (seq != s.refused_seq) {
-    s.refused_seq = seq;
+  if (plausible_sequence(seq, s.acked)) return true;
+  if (!s.seq_refused) {
+    s.seq_refused = true;
     ++rejected_;
     hooks_.log({{"event", "snapshot_rejected"}, {"unit", u}, {"fragment", p}, {"seq", seq},
                 {"reason", fmt::format("sequence number {} {} the last consumed, {}", seq,
@@ -505,6 +513,7 @@ bool SyncerCore::end_read(int u) {
   const std::optional<protocol::SyncerWindow::Fetched> got = window_.end_fetch(u, incoming_[r.p]);
   if (!got || got->unreachable || !window_.remote().connected(u)) return false;
   Slot& s = slots_[u][r.p];
+  s.seq_refused = false;
   if (const std::string problem = check_snapshot(u, r.p, r.meta, *got, r.seq); !problem.empty()) {
     ++rejected_;
     hooks_.log({{"event", "snapshot_rejected"}, {"unit", u}, {"fragment", r.p}, {"seq", r.seq},
@@ -517,7 +526,7 @@ bool SyncerCore::end_read(int u) {
     window_.ack(u, r.p, r.seq);
     s.acked = r.seq;
     s.owed = true;  // a unit waiting for a merge gets the current one
-    if (plan_.every_merge_has_all) stand_in(u, r.p, r.seq);
+    if (plan_.every_merge_has_all && plan_.outer_steps) stand_in(u, r.p, r.seq);
     return true;
   }
   accept_snapshot(u, r.p, r.seq, r.meta, got->wire_bytes, got->ref);
@@ -709,7 +718,8 @@ nlohmann::json SyncerCore::bound_outer_gradients(int p, const std::vector<int>& 
     sized.push_back({u, outer_gradient_norm(s.data, anchor.empty() ? std::span<const float>(theta_[p]) : anchor),
                      s.meta.c_steps});
   }
-  const std::vector<double> scale = bound_.clip(p, version_[p] + 1, sized);
+  const bool warm_up = warm(p, units);
+  const std::vector<double> scale = bound_.clip(p, warm_up, warm_up ? 1 : plan_.h, sized);
   nlohmann::json clipped = nlohmann::json::array();
   for (size_t i = 0; i < weighed.size(); ++i) {
     if (scale[i] >= 1.0) continue;

@@ -145,41 +145,62 @@ TEST(Merge, OuterGradientNormOfHugeValuesDoesNotOverflow) {
   EXPECT_THROW(outer_gradient_norm(theta, std::vector<float>(3)), Error);
 }
 
-// The rule (merge.hpp): ρ = ‖Δ‖/s above κ × the lower median of the others' ρ is scaled down to
-// it; honest units within κ of each other are untouched; a unit alone with nothing known of
-// the others is not bounded.
+// The rule (merge.hpp): ρ = ‖Δ‖/s above κ × the lower median of the units' votes is scaled down
+// to it; honest units within κ of each other are untouched; a unit alone is not bounded.
 TEST(Merge, AnOuterGradientFarAboveTheOthersIsScaledToKappaTimesTheirMedian) {
   OuterGradientBound bound(1, 8.0, 4.0);
-  EXPECT_EQ(bound.clip(0, 1, std::vector<Sized>{{0, 1e6, 4}}), std::vector<double>{1.0}) << "nothing to compare with";
+  EXPECT_EQ(bound.clip(0, false, 4, std::vector<Sized>{{0, 1e6, 4}}), std::vector<double>{1.0}) << "alone";
   OuterGradientBound b2(1, 8.0, 4.0);
-  const std::vector<double> s = b2.clip(0, 1, std::vector<Sized>{{0, 1.0, 4}, {1, 3.0, 4}, {2, 1e6, 4}});
+  const std::vector<double> s = b2.clip(0, false, 4, std::vector<Sized>{{0, 1.0, 4}, {1, 3.0, 4}, {2, 1e6, 4}});
   EXPECT_DOUBLE_EQ(s[0], 1.0);
   EXPECT_DOUBLE_EQ(s[1], 1.0) << "3× the other honest unit: within κ = 8";
-  // ν for unit 2 = lower median of {0.25, 0.75} per step = 0.25; bound 8 · 0.25 = 2 per step.
-  EXPECT_DOUBLE_EQ(s[2], 8.0 * 0.25 / (1e6 / 4));
+  // ν = lower median of the votes {0.25, 0.75, 250000} per step = 0.75; bound 8 · 0.75 = 6.
+  EXPECT_DOUBLE_EQ(s[2], 8.0 * 0.75 / (1e6 / 4));
 }
 
-// The record: a liar alone in a later merge is measured against the last honest contributions;
-// its own clipped entries never count for itself, so merging alone again and again it cannot
-// raise its allowance; claiming more steps does not raise it past κ_s × the others' steps.
-TEST(Merge, ALiarAloneIsBoundedByTheRecordAndCannotRaiseItsOwnAllowance) {
-  OuterGradientBound bound(2, 8.0, 4.0, 4, 64);
-  bound.clip(1, 1, std::vector<Sized>{{0, 1.0, 4}, {1, 1.0, 4}});  // ρ 0.25 each, fragment 1
-  for (int round = 0; round < 40; ++round) {
-    const std::vector<double> s = bound.clip(1, 2 + round, std::vector<Sized>{{2, 1e30, int64_t{1} << 62}});
-    // steps capped at 4 × 4 = 16; allowed ρ = 8 · 0.25 = 2 → ‖Δ‖ ≤ 32.
+// Review of issue 34: a liar whose Δ is tiny (one ulp) once set ν for every honest unit of a
+// three-unit merge (the lower median of the two others is their minimum). With one vote per unit,
+// its own included, the median of three is an honest value.
+TEST(Merge, ATinyOuterGradientCannotScaleTheHonestUnitsDown) {
+  OuterGradientBound bound(1, 8.0, 4.0);
+  for (int v = 0; v < 10; ++v) {
+    const std::vector<double> s = bound.clip(0, false, 4, std::vector<Sized>{{0, 1.0, 4}, {1, 1.2, 4}, {2, 1e-30, 4}});
+    ASSERT_EQ(s, std::vector<double>(3, 1.0)) << "merge " << v;
+  }
+  // A liar claiming one step cannot pull the step allowance below an honest round (h = 500).
+  OuterGradientBound b2(1, 8.0, 4.0);
+  const std::vector<double> s = b2.clip(0, false, 500, std::vector<Sized>{{0, 100.0, 500}, {1, 100.0, 500}, {2, 0.0, 1}});
+  EXPECT_EQ(s, std::vector<double>(3, 1.0));
+}
+
+// The record: a liar alone in later merges is measured against the honest units' votes, however
+// often it merges alone (votes never age out); claiming more steps does not raise its allowance
+// past κ_s × the units' steps.
+TEST(Merge, ALiarAloneIsBoundedByTheRecordHoweverOftenItMerges) {
+  OuterGradientBound bound(2, 8.0, 4.0, 4);
+  bound.clip(1, false, 4, std::vector<Sized>{{0, 1.0, 4}, {1, 1.0, 4}});  // ρ 0.25 each, fragment 1
+  for (int round = 0; round < 200; ++round) {
+    const std::vector<double> s = bound.clip(1, false, 4, std::vector<Sized>{{2, 1e30, int64_t{1} << 62}});
+    // steps capped at 4 × max(median{4, 4, 2^62} = 4, h = 4) = 16; ν = 0.25 → ‖Δ‖ ≤ 8 · 0.25 · 16 = 32.
     ASSERT_NEAR(s[0] * 1e30, 32.0, 1e-9) << "round " << round;
   }
   // The fragments keep separate records: fragment 0 knows nothing yet.
-  EXPECT_EQ(bound.clip(0, 1, std::vector<Sized>{{2, 1e30, 4}}), std::vector<double>{1.0});
-  // The others' entries age out after max_age merges: then nothing is known to compare with.
-  EXPECT_EQ(bound.clip(1, 66, std::vector<Sized>{{2, 1e30, 4}}), std::vector<double>{1.0});
+  EXPECT_EQ(bound.clip(0, false, 4, std::vector<Sized>{{2, 1e30, 4}}), std::vector<double>{1.0});
   OuterGradientBound off(1, 0.0, 4.0);
-  off.clip(0, 1, std::vector<Sized>{{0, 1.0, 4}});
-  EXPECT_EQ(off.clip(0, 2, std::vector<Sized>{{2, 1e30, 4}}), std::vector<double>{1.0}) << "κ = 0: no bound";
+  off.clip(0, false, 4, std::vector<Sized>{{0, 1.0, 4}, {1, 1.0, 4}});
+  EXPECT_EQ(off.clip(0, false, 4, std::vector<Sized>{{2, 1e30, 4}}), std::vector<double>{1.0}) << "κ = 0: no bound";
   EXPECT_THROW(OuterGradientBound(1, -1.0, 4.0), Error);
   EXPECT_THROW(OuterGradientBound(1, 8.0, 4.0, 0), Error);
-  EXPECT_THROW(OuterGradientBound(1, 8.0, 4.0, 4, 0), Error);
+}
+
+// Review of issue 34: warm-up merges (rounds of one step) are kept apart, so the first rounds
+// of H = 500 steps after them are not measured against one-step norms.
+TEST(Merge, TheFirstRoundsAfterAWarmUpAreNotScaledDown) {
+  OuterGradientBound bound(1, 8.0, 4.0);
+  for (int v = 1; v <= 20; ++v) bound.clip(0, true, 1, std::vector<Sized>{{0, 1.0, 1}, {1, 1.0, 1}, {2, 1.0, 1}});
+  const std::vector<double> s =
+      bound.clip(0, false, 500, std::vector<Sized>{{0, 100.0, 500}, {1, 100.0, 500}, {2, 100.0, 500}});
+  EXPECT_EQ(s, std::vector<double>(3, 1.0));
 }
 
 TEST(Merge, WeightedMeanAndRdaByHand) {

@@ -932,11 +932,71 @@ TEST(SyncerCore, ASequenceNumberThatGoesBackOrJumpsIsRefusedUnreadWithOneLine) {
   EXPECT_NE(h.named("snapshot_rejected")[0]["reason"].get<std::string>().find("is below the last consumed"),
             std::string::npos);
   EXPECT_EQ(h.merges(0).size(), 7u) << "unit 0 merged at every round";
-  seq_word(1, 0) = 2 + (int64_t{1} << 40);  // a jump
+  seq_word(1, 0) = 2 + (int64_t{1} << 40);  // a jump: refused too, no second line before a read
+  for (int i = 0; i < 3; ++i) h.tick();
+  ASSERT_EQ(h.named("snapshot_rejected").size(), 1u);
+  EXPECT_EQ(h.merges(0).size(), 7u) << "nothing of unit 1 was read";
+  // Once a snapshot of the slot is read again, a new implausible number gets its line.
+  seq_word(1, 0) = 3;
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 8u);
+  seq_word(1, 0) = 3 + (int64_t{1} << 40);
   for (int i = 0; i < 3; ++i) h.tick();
   ASSERT_EQ(h.named("snapshot_rejected").size(), 2u);
   EXPECT_NE(h.named("snapshot_rejected")[1]["reason"].get<std::string>().find("jumps too far"), std::string::npos);
-  EXPECT_EQ(h.merges(0).size(), 7u) << "nothing of unit 1 was read";
+}
+
+// Review of issue 34: a unit whose snapshot barely moves (one ulp of one value, counters that
+// fit) set ν for every honest unit of a three-unit merge, which then barely moved Θ.
+TEST(SyncerCore, ATinyOuterGradientDoesNotScaleTheHonestUnitsDown) {
+  Harness h(small_config(Mode::diloco, 3, 3));
+  const std::vector<float> before(h.core.theta(0).begin(), h.core.theta(0).end());
+  std::vector<float> still = before;
+  still[0] = std::nextafter(still[0], 1e9f);
+  h.publish(0, 0, 1.0f, 4, 400);
+  h.publish(1, 0, 1.0f, 4, 400);
+  h.unit(2).publish(0, still, {4, 400, 4, 0});
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 1u);
+  EXPECT_EQ(h.merges(0)[0]["outer_grads_clipped"], json::array());
+  double moved = 0;
+  for (size_t i = 0; i < before.size(); ++i)
+    moved = std::max(moved, std::abs(static_cast<double>(h.core.theta(0)[i]) - before[i]));
+  EXPECT_GT(moved, 0.1) << "the honest units' outer gradients were scaled to the liar's";
+}
+
+// Review of issue 34: the record once aged by merges of the fragment, which a liar merging
+// alone (quorum 1) makes itself: after 64 of them it was unbounded.
+TEST(SyncerCore, ALiarMergingAloneCannotAgeTheHonestRecordOut) {
+  Harness h(small_config(Mode::decoupled, 3, 1));
+  const std::vector<float> huge(h.layout.numel(0), 1e30f);
+  h.publish(0, 0, 1.0f, 4, 400);
+  h.publish(1, 0, 1.0f, 4, 400);
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 1u);
+  for (int round = 1; round <= 70; ++round) {
+    std::vector<float> got(h.layout.numel(0));
+    if (h.unit(2).inbox_version(0) > 0) {
+      ASSERT_TRUE(h.unit(2).take_inbox(0, got));
+    }
+    h.unit(2).publish(0, huge, {4, 400, 4, h.core.versions()[0]});
+    h.tick();
+    ASSERT_EQ(h.merges(0).size(), 1u + round);
+    ASSERT_EQ(h.merges(0).back()["outer_grads_clipped"], json({2})) << "round " << round;
+  }
+  for (float x : h.core.theta(0)) ASSERT_LE(std::abs(x), 1e4f);
+}
+
+// Review of issue 34: "one line" held only while the refused number stayed the same; a unit
+// writing a new implausible number at every poll got a line per poll.
+TEST(SyncerCore, AJumpingSequenceNumberIsLoggedOnceNotPerPoll) {
+  Harness h(small_config(Mode::decoupled, 2, 1));
+  auto& seq = reinterpret_cast<int64_t*>(h.memory[1]->base() + h.layout.header_offset(0))[protocol::kOutSeq];
+  for (int i = 0; i < 100; ++i) {
+    seq = (int64_t{1} << 40) + i;
+    h.tick();
+  }
+  EXPECT_EQ(h.named("snapshot_rejected").size(), 1u);
 }
 
 // Issue 34: a unit that keeps naming reference version 0 in its snapshots (it acknowledges each
