@@ -162,10 +162,12 @@ def main() -> None:
 
     with h5py.File(h5py.h5f.create(tmp.encode(), h5py.h5f.ACC_TRUNC, fcpl=fcpl)) as f:
         a = f.attrs
-        a["format"] = "ddiloco-parity-fixture"
+        # Strings as fixed-length bytes (np.bytes_): ddiloco refuses variable-length string
+        # attributes, h5py's default for str (docs/fuzzing.md).
+        a["format"] = np.bytes_(b"ddiloco-parity-fixture")
         a["format_version"] = np.int64(1)
-        a["torch_version"] = str(torch.__version__)
-        a["generator"] = "scripts/make_parity_fixture.py"
+        a["torch_version"] = np.bytes_(str(torch.__version__).encode())
+        a["generator"] = np.bytes_(b"scripts/make_parity_fixture.py")
         a["seed"] = np.int64(SEED)
         for key in ("vocab_size", "seq_len", "n_layer", "n_head", "n_embd"):
             a[key] = np.int64(getattr(config, key))

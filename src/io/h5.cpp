@@ -27,16 +27,16 @@ std::string dims_text(const std::vector<hsize_t>& d) {
   return s + (d.size() == 1 ? ",)" : ")");
 }
 
-template <typename T>
+// `why`: what to add to the error when HDF5 refuses it.
 void write_attr_scalar(hid_t obj, const std::string& name, hid_t file_type, hid_t mem_type,
-                       const T& value) {
+                       const void* value, const std::string& why = "") {
   silence();
   Handle space(H5Screate(H5S_SCALAR), H5Sclose);
   if (H5Aexists(obj, name.c_str()) > 0) H5Adelete(obj, name.c_str());
   Handle attr(H5Acreate2(obj, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT),
               H5Aclose);
-  if (attr.get() < 0 || H5Awrite(attr, mem_type, &value) < 0)
-    fail("HDF5: cannot write attribute '{}'", name);
+  if (attr.get() < 0 || H5Awrite(attr, mem_type, value) < 0)
+    fail("HDF5: cannot write attribute '{}'{}", name, why);
 }
 
 // A scalar attribute: one element. Every attribute ddiloco writes is one, and a reader that
@@ -211,18 +211,26 @@ bool exists(hid_t parent, const std::string& name) {
 }
 
 void write_attr(hid_t obj, const std::string& name, int64_t value) {
-  write_attr_scalar(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, value);
+  write_attr_scalar(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value);
 }
 void write_attr(hid_t obj, const std::string& name, double value) {
-  write_attr_scalar(obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, value);
+  write_attr_scalar(obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &value);
 }
 void write_attr(hid_t obj, const std::string& name, const std::string& value) {
   silence();
+  // Fixed-length (the string's own bytes, null-padded; at least 1), never H5T_VARIABLE: a
+  // variable-length string lives in a global heap, whose readers in libhdf5 1.10 hang,
+  // overflow or allocate gigabytes on a corrupt file (docs/fuzzing.md).
+  if (value.size() > kMaxStringAttrBytes)
+    fail("HDF5: attribute '{}' is {} bytes, more than the {} a string attribute may hold", name,
+         value.size(), kMaxStringAttrBytes);
   Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(type, H5T_VARIABLE);
-  H5Tset_cset(type, H5T_CSET_UTF8);
-  const char* ptr = value.c_str();
-  write_attr_scalar(obj, name, type.get(), type.get(), ptr);
+  if (type.get() < 0 || H5Tset_size(type, std::max<size_t>(value.size(), 1)) < 0 ||
+      H5Tset_strpad(type, H5T_STR_NULLPAD) < 0 || H5Tset_cset(type, H5T_CSET_UTF8) < 0)
+    fail("HDF5: cannot make the string type of attribute '{}'", name);
+  // c_str(): an empty string still gives the one byte (its terminator) the type holds.
+  write_attr_scalar(obj, name, type, type, value.c_str(),
+                    fmt::format(" ({} bytes; an HDF5 attribute holds at most 64 KiB)", value.size()));
 }
 
 int64_t read_attr_int(hid_t obj, const std::string& name, const std::string& label) {
@@ -250,22 +258,34 @@ double read_attr_double(hid_t obj, const std::string& name, const std::string& l
 std::string read_attr_string(hid_t obj, const std::string& name, const std::string& label) {
   Handle attr = open_attr(obj, name, label);
   Handle file_type(H5Aget_type(attr), H5Tclose);
-  if (H5Tget_class(file_type) != H5T_STRING)
+  if (file_type.get() < 0 || H5Tget_class(file_type) != H5T_STRING)
     fail("{}: attribute '{}' is not a string", label, name);
-  if (H5Tis_variable_str(file_type) > 0) {
-    Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(type, H5T_VARIABLE);
-    H5Tset_cset(type, H5Tget_cset(file_type));
-    char* ptr = nullptr;
-    if (H5Aread(attr, type, &ptr) < 0 || ptr == nullptr)
-      fail("{}: cannot read attribute '{}'", label, name);
-    std::string s(ptr);
-    H5free_memory(ptr);
-    return s;
-  }
+  // libhdf5 1.10 cannot read a variable-length string of an untrusted file safely (its global
+  // heap reader hangs, reads out of bounds, or allocates what the corrupt file declares), and
+  // nothing tells a file ddiloco wrote from a planted one; such files are refused, unread.
+  if (H5Tis_variable_str(file_type) != 0)
+    fail("{}: attribute '{}' is a variable-length string: the file was written by a ddiloco "
+         "before fixed-length string attributes, a format this version no longer reads (libhdf5 "
+         "cannot read it safely); convert a file you trust with scripts/h5_fixed_strings.py {}",
+         label, name, label);
   const size_t n = H5Tget_size(file_type);
-  std::string s(n, '\0');
-  if (H5Aread(attr, file_type, s.data()) < 0) fail("{}: cannot read attribute '{}'", label, name);
+  const H5T_cset_t cset = H5Tget_cset(file_type);
+  if (n == 0 || (cset != H5T_CSET_ASCII && cset != H5T_CSET_UTF8))
+    fail("{}: attribute '{}' has a corrupt string type (size {}, character set {})", label, name,
+         n, static_cast<int>(cset));
+  if (n > kMaxStringAttrBytes)
+    fail("{}: attribute '{}' declares a string of {} bytes, over the {} bytes a string attribute may hold: "
+         "corrupt or not written by ddiloco",
+         label, name, n, kMaxStringAttrBytes);
+  check_fits_file(obj, n, fmt::format("attribute '{}'", name), label);
+  // Read into a null-terminated type one byte longer than the file's, of its character set
+  // (HDF5 converts no other), whatever its padding: HDF5 ends the string with a terminator.
+  Handle mem_type(H5Tcopy(H5T_C_S1), H5Tclose);
+  if (mem_type.get() < 0 || H5Tset_size(mem_type, n + 1) < 0 ||
+      H5Tset_strpad(mem_type, H5T_STR_NULLTERM) < 0 || H5Tset_cset(mem_type, cset) < 0)
+    fail("{}: cannot make a type to read attribute '{}'", label, name);
+  std::string s(n + 1, '\0');
+  if (H5Aread(attr, mem_type, s.data()) < 0) fail("{}: cannot read attribute '{}'", label, name);
   s.resize(std::strlen(s.c_str()));
   return s;
 }
