@@ -276,6 +276,78 @@ TEST(H5Strings, StringAttributeDeclaringMoreThanTheBoundIsRefusedBeforeAllocatin
             std::string::npos) << e;
 }
 
+// Found by fuzz/h5_readers.cpp: a model file whose one byte made a chunk of
+// h.0.mlp.c_proj.weight (8, 32) declare (8, 2424864), and one whose float32 type declared
+// elements of megabytes, made libhdf5 1.10.8's H5Dread read out of bounds (a SEGV, a
+// heap-buffer-overflow) past the chunk's 1 KiB: the library copies a chunk's declared size
+// out of what its filters returned without comparing the two. ddiloco writes contiguous
+// storage or chunks of its own shape with Fletcher-32, each holding its bytes; anything else
+// (here: a larger chunk, another filter, a chunk of 100 bytes planted without its checksum,
+// compact and external storage) is refused before H5Dread, naming the file and the dataset.
+TEST(ModelIo, DatasetStorageDdilocoNeverWritesIsRefusedBeforeReading) {
+  const GptConfig c{256, 8, 1, 2, 8};
+  Gpt<float> model(c);
+  const auto& t = model.layout().at("h.0.mlp.c_proj.weight");  // (8, 32)
+  const std::vector<float> values(t.numel, 0.5f);
+  // Replaces the tensor's dataset by one made with `dcpl` (and `maxdims`); with `planted`,
+  // its one chunk is written as those bytes, the checksum filter marked skipped.
+  auto with_storage = [&](const std::filesystem::path& path, hid_t dcpl, const hsize_t* maxdims,
+                          const std::vector<char>& planted = {}) {
+    save_model(path, c, model.parameters(), {});
+    h5::Handle f(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    h5::Handle p(H5Gopen2(f, "params", H5P_DEFAULT), H5Gclose);
+    ASSERT_GE(H5Ldelete(p, t.name.c_str(), H5P_DEFAULT), 0);
+    const hsize_t dims[2] = {8, 32}, origin[2] = {0, 0};
+    h5::Handle space(H5Screate_simple(2, dims, maxdims), H5Sclose);
+    h5::Handle set(H5Dcreate2(p, t.name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose);
+    ASSERT_GE(set.get(), 0);
+    if (planted.empty()) {
+      ASSERT_GE(H5Dwrite(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+    } else {
+      ASSERT_GE(H5Dwrite_chunk(set, H5P_DEFAULT, 1u, origin, planted.size(), planted.data()), 0);
+    }
+  };
+  auto chunked = [](hsize_t columns, bool deflate) {
+    h5::Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    const hsize_t chunk[2] = {8, columns};
+    H5Pset_chunk(dcpl, 2, chunk);
+    if (deflate) H5Pset_deflate(dcpl, 1);
+    else H5Pset_fletcher32(dcpl);
+    return dcpl;
+  };
+  test::TempDir dir;
+  const hsize_t unlimited[2] = {8, H5S_UNLIMITED};
+  with_storage(dir / "chunk.h5", chunked(64, false), unlimited);
+  with_storage(dir / "deflate.h5", chunked(32, true), nullptr);
+  with_storage(dir / "planted.h5", chunked(32, false), nullptr, std::vector<char>(100, 'x'));
+  {
+    h5::Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_layout(dcpl, H5D_COMPACT);
+    with_storage(dir / "compact.h5", dcpl, nullptr);
+  }
+  {
+    h5::Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_external(dcpl, (dir / "outside.bin").c_str(), 0, 8 * 32 * 4);
+    with_storage(dir / "external.h5", dcpl, nullptr);
+  }
+  const std::string set = "dataset 'h.0.mlp.c_proj.weight' ";
+  for (const auto& [file, expected] :
+       {std::pair{"chunk.h5", set + "has chunks of shape (8, 64), expected (8, 32) for shape (8, 32)"},
+        {"deflate.h5", set + "has filter 1, expected only Fletcher-32"},
+        {"planted.h5", set + "has a chunk at row 0 of 100 bytes, expected 1024"},
+        {"compact.h5", set + "has storage layout 0, expected chunked or contiguous"},
+        {"external.h5", set + "is stored in external files"}}) {
+    const std::string e = error_of([&] { load_model(dir / file); });
+    EXPECT_NE(e.find((dir / file).string()), std::string::npos) << e;
+    EXPECT_NE(e.find(expected), std::string::npos) << e;
+  }
+  // What ddiloco writes, and contiguous storage (h5repack -l CONTI), are read.
+  save_model(dir / "plain.h5", c, model.parameters(), {});
+  EXPECT_NO_THROW(load_model(dir / "plain.h5"));
+  with_storage(dir / "contiguous.h5", H5P_DEFAULT, nullptr);
+  EXPECT_NO_THROW(load_model(dir / "contiguous.h5"));
+}
+
 TEST(Sampler, GreedyIsDeterministicAndRespectsTheWindow) {
   Gpt<float> model(GptConfig{256, 8, 1, 2, 16});
   model.init_weights(3);
