@@ -84,8 +84,11 @@ void write_dataset(hid_t loc, const std::string& name, const double* data,
                    const std::vector<hsize_t>& dims);
 void write_dataset(hid_t loc, const std::string& name, const int64_t* data,
                    const std::vector<hsize_t>& dims);
-/// Reads a dataset whose shape must equal `dims`; throws Error naming label/name, the shape
-/// found and the shape expected.
+/// Reads a dataset whose shape must equal `dims`, converting its elements to the buffer's
+/// type; throws Error naming label/name, the shape found and the shape expected. It also
+/// throws, before reading, for storage ddiloco never writes: anything but contiguous or
+/// chunked in write_dataset's own chunk shape with Fletcher-32 (or no filter), each chunk
+/// holding exactly its bytes (libhdf5 1.10 reads past a chunk that holds fewer).
 void read_dataset(hid_t loc, const std::string& name, float* data,
                   const std::vector<hsize_t>& dims, const std::string& label);
 void read_dataset(hid_t loc, const std::string& name, double* data,
