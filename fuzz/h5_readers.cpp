@@ -97,7 +97,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (role == "model") load_model(h5::open_image(image, "fuzz.h5"), "fuzz.h5");
     if (role == "syncer") checkpoint::read_syncer(h5::open_image(image, "fuzz.h5"), "fuzz.h5");
-    if (role == "unit") checkpoint::read_unit(h5::open_image(image, "fuzz.h5"), "fuzz.h5", fragments);
+    if (role == "unit")
+      checkpoint::read_unit(h5::open_image(image, "fuzz.h5"), "fuzz.h5", fragments);
   } catch (const Error&) {
   }
   return 0;

@@ -122,8 +122,8 @@ void check_storage(hid_t set, const std::string& name, const std::vector<hsize_t
   for (int i = 0; i < filters; ++i) {
     unsigned flags = 0;
     size_t n_values = 0;
-    const H5Z_filter_t filter =
-        H5Pget_filter2(dcpl, static_cast<unsigned>(i), &flags, &n_values, nullptr, 0, nullptr, nullptr);
+    const H5Z_filter_t filter = H5Pget_filter2(dcpl, static_cast<unsigned>(i), &flags, &n_values,
+                                               nullptr, 0, nullptr, nullptr);
     if (filter != H5Z_FILTER_FLETCHER32 || checksum)
       fail("{}: dataset '{}' has filter {}, expected only Fletcher-32 (corrupt or not written by "
            "ddiloco)",
@@ -142,7 +142,8 @@ void check_storage(hid_t set, const std::string& name, const std::vector<hsize_t
     unsigned mask = 0;
     haddr_t addr = HADDR_UNDEF;
     hsize_t stored = 0;
-    if (H5Dget_chunk_info_by_coord(set, at.data(), &mask, &addr, &stored) < 0 || addr == HADDR_UNDEF)
+    if (H5Dget_chunk_info_by_coord(set, at.data(), &mask, &addr, &stored) < 0 ||
+        addr == HADDR_UNDEF)
       fail("{}: dataset '{}' has no chunk at row {} (corrupt or truncated)", label, name, row);
     const hsize_t want = bytes + (checksum && (mask & 1u) == 0 ? 4 : 0);
     if (element == 0 || stored != want)
@@ -162,7 +163,7 @@ void read_data(hid_t loc, const std::string& name, T* data, const std::vector<hs
   Handle set(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose);
   if (set.get() < 0) fail("{}: cannot open dataset '{}'", label, name);
   check_storage(set, name, dims, label);
-  if (set.get() < 0 || H5Dread(set, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+  if (H5Dread(set, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
     fail("{}: cannot read dataset '{}' (corrupt: its checksum does not match, or the file is "
          "truncated)",
          label, name);
@@ -300,8 +301,9 @@ void write_attr(hid_t obj, const std::string& name, const std::string& value) {
       H5Tset_strpad(type, H5T_STR_NULLPAD) < 0 || H5Tset_cset(type, H5T_CSET_UTF8) < 0)
     fail("HDF5: cannot make the string type of attribute '{}'", name);
   // c_str(): an empty string still gives the one byte (its terminator) the type holds.
-  write_attr_scalar(obj, name, type, type, value.c_str(),
-                    fmt::format(" ({} bytes; an HDF5 attribute holds at most 64 KiB)", value.size()));
+  write_attr_scalar(
+      obj, name, type, type, value.c_str(),
+      fmt::format(" ({} bytes; an HDF5 attribute holds at most 64 KiB)", value.size()));
 }
 
 int64_t read_attr_int(hid_t obj, const std::string& name, const std::string& label) {
@@ -345,8 +347,8 @@ std::string read_attr_string(hid_t obj, const std::string& name, const std::stri
     fail("{}: attribute '{}' has a corrupt string type (size {}, character set {})", label, name,
          n, static_cast<int>(cset));
   if (n > kMaxStringAttrBytes)
-    fail("{}: attribute '{}' declares a string of {} bytes, over the {} bytes a string attribute may hold: "
-         "corrupt or not written by ddiloco",
+    fail("{}: attribute '{}' declares a string of {} bytes, over the {} bytes a string "
+         "attribute may hold: corrupt or not written by ddiloco",
          label, name, n, kMaxStringAttrBytes);
   check_fits_file(obj, n, fmt::format("attribute '{}'", name), label);
   // Read into a null-terminated type one byte longer than the file's, of its character set

@@ -180,7 +180,9 @@ std::string error_of(const std::function<void()>& f) {
 // A scalar string attribute of `type` holding `bytes` (as many as the type's size), written
 // with HDF5's API as another writer (an earlier ddiloco, h5py) would have it.
 void write_string_attr(hid_t obj, const char* name, hid_t type, const void* bytes) {
-  if (H5Aexists(obj, name) > 0) ASSERT_GE(H5Adelete(obj, name), 0);
+  if (H5Aexists(obj, name) > 0) {
+    ASSERT_GE(H5Adelete(obj, name), 0);
+  }
   h5::Handle space(H5Screate(H5S_SCALAR), H5Sclose);
   h5::Handle attr(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   ASSERT_GE(attr.get(), 0);
