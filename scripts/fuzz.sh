@@ -28,7 +28,8 @@ if [[ ! -x /usr/bin/clang++ ]] || ! compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/
 fi
 
 # DDILOCO_FUZZ_EXCLUDE="a b": targets left out of a run without names (scripts/test.sh leaves
-# out h5_readers: libhdf5 1.10.8's own global-heap bugs stop it within a minute, docs/fuzzing.md).
+# out h5_readers: libhdf5 1.10.8's own bugs in decoding corrupt attribute messages stop it
+# within a minute, docs/fuzzing.md).
 targets=("$@")
 if ((${#targets[@]} == 0)); then
   for f in fuzz/*.cpp; do

@@ -138,7 +138,9 @@ def main() -> None:
     params_after = {n: p.detach().clone() for n, p in model.state_dict().items()}
 
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    gz = {"compression": "gzip", "compression_opts": 9, "shuffle": True, "track_times": False}
+    # Contiguous, unfiltered datasets: ddiloco's readers take contiguous storage or their own
+    # Fletcher-32 chunks only (no gzip: src/io/h5.cpp, check_storage; docs/fuzzing.md).
+    plain = {"track_times": False}
 
     def f32(t: torch.Tensor) -> np.ndarray:
         return t.detach().cpu().numpy().astype(np.float32)
@@ -162,10 +164,12 @@ def main() -> None:
 
     with h5py.File(h5py.h5f.create(tmp.encode(), h5py.h5f.ACC_TRUNC, fcpl=fcpl)) as f:
         a = f.attrs
-        a["format"] = "ddiloco-parity-fixture"
+        # Strings as fixed-length bytes (np.bytes_): ddiloco refuses variable-length string
+        # attributes, h5py's default for str (docs/fuzzing.md).
+        a["format"] = np.bytes_(b"ddiloco-parity-fixture")
         a["format_version"] = np.int64(1)
-        a["torch_version"] = str(torch.__version__)
-        a["generator"] = "scripts/make_parity_fixture.py"
+        a["torch_version"] = np.bytes_(str(torch.__version__).encode())
+        a["generator"] = np.bytes_(b"scripts/make_parity_fixture.py")
         a["seed"] = np.int64(SEED)
         for key in ("vocab_size", "seq_len", "n_layer", "n_head", "n_embd"):
             a[key] = np.int64(getattr(config, key))
@@ -183,24 +187,24 @@ def main() -> None:
 
         g = group(f, "params_init")
         for n, t in params_init.items():
-            g.create_dataset(n, data=f32(t), **gz)
-        f.create_dataset("tokens", data=i32(tokens), **gz)
-        f.create_dataset("targets", data=i32(targets), **gz)
-        f.create_dataset("logits", data=f32(logits), **gz)
+            g.create_dataset(n, data=f32(t), **plain)
+        f.create_dataset("tokens", data=i32(tokens), **plain)
+        f.create_dataset("targets", data=i32(targets), **plain)
+        f.create_dataset("logits", data=f32(logits), **plain)
         f.create_dataset("loss", data=np.float32(loss.item()), track_times=False)
         g = group(f, "grads")
         for n, t in grads.items():
-            g.create_dataset(n, data=f32(t), **gz)
+            g.create_dataset(n, data=f32(t), **plain)
         g = group(f, "steps")
-        g.create_dataset("tokens", data=i32(torch.stack(s_tokens)), **gz)
-        g.create_dataset("targets", data=i32(torch.stack(s_targets)), **gz)
+        g.create_dataset("tokens", data=i32(torch.stack(s_tokens)), **plain)
+        g.create_dataset("targets", data=i32(torch.stack(s_targets)), **plain)
         g.create_dataset("loss", data=np.asarray(s_loss, dtype=np.float32), track_times=False)
         g.create_dataset("grad_norm", data=np.asarray(s_norm, dtype=np.float32), track_times=False)
         g.create_dataset("lr", data=np.asarray(s_lr, dtype=np.float64), track_times=False)
         g.create_dataset("clipped", data=np.asarray(s_clipped, dtype=np.int32), track_times=False)
         g = group(f, "params_after")
         for n, t in params_after.items():
-            g.create_dataset(n, data=f32(t), **gz)
+            g.create_dataset(n, data=f32(t), **plain)
     os.replace(tmp, OUT)
 
     print(f"wrote {os.path.relpath(OUT)} ({os.path.getsize(OUT)} bytes), torch {torch.__version__}")

@@ -27,6 +27,8 @@
 //                wan.format only; sync_window.hpp); /outer/wire_residual_<p> float32: its
 //                error-feedback residual E (where it has one)
 //              /data/cursor int64 (ranks, 2): epoch and batch of each rank's training stream
+// String attributes are fixed-length (h5::write_attr); the readers refuse a file of an
+// earlier version, whose strings were variable-length, naming the file and the attribute.
 // Random state: nothing random during training keeps hidden state. The data order is a
 // function of (run.seed, epoch, position) — the cursor restores it exactly — the model's
 // initialisation of run.seed, and the fault schedule of chaos.seed; both seeds are saved.

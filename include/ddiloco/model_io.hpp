@@ -5,6 +5,8 @@
 //                    step, tokens, val_loss, ... whatever the writer recorded)
 //   /model           attrs: vocab_size, seq_len, n_layer, n_head, n_embd (int64)
 //   /params/<name>   float32 dataset per tensor, GPT-2 names and shapes (TensorView)
+// String attributes are fixed-length (h5::write_attr); a file of an earlier version, whose
+// strings were variable-length, is refused (scripts/h5_fixed_strings.py converts one).
 #pragma once
 
 #include <filesystem>
@@ -29,7 +31,8 @@ struct LoadedModel {
 };
 
 /// Reads and validates a model file: format and version, a valid shape, and every tensor
-/// present with its expected shape. Throws Error naming the file and what is wrong.
+/// present with its expected shape. Throws Error naming the file and what is wrong (also for
+/// a variable-length string attribute: a file written by an earlier ddiloco).
 LoadedModel load_model(const std::filesystem::path& path);
 
 }  // namespace ddiloco

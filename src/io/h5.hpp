@@ -56,9 +56,24 @@ size_t link_count(hid_t group);
 
 void write_attr(hid_t obj, const std::string& name, int64_t value);
 void write_attr(hid_t obj, const std::string& name, double value);
+/// The most bytes a string attribute may hold, written or read: HDF5 itself refuses an
+/// attribute over 64 KiB in the file format ddiloco writes, and a reader allocates what a
+/// (corrupt) file declares only below this bound.
+inline constexpr size_t kMaxStringAttrBytes = size_t{1} << 20;
+
+void write_attr(hid_t obj, const std::string& name, int64_t value);
+void write_attr(hid_t obj, const std::string& name, double value);
+/// Writes a scalar fixed-length string attribute (H5T_C_S1, UTF-8, null-padded, size = the
+/// string's bytes, at least 1; never variable-length, so no global heap). Throws Error naming
+/// the attribute when `value` is over kMaxStringAttrBytes or HDF5 cannot store it (over 64 KiB).
 void write_attr(hid_t obj, const std::string& name, const std::string& value);
 int64_t read_attr_int(hid_t obj, const std::string& name, const std::string& label);
 double read_attr_double(hid_t obj, const std::string& name, const std::string& label);
+/// Reads a scalar fixed-length string attribute (any padding, ASCII or UTF-8), up to its first
+/// null byte. Throws Error naming `label` and `name` when it is missing, not a scalar string,
+/// declares over kMaxStringAttrBytes or more than the file holds, or is variable-length (the
+/// format of files written by earlier ddiloco versions, which libhdf5 1.10 cannot read safely:
+/// the message says to convert them with scripts/h5_fixed_strings.py).
 std::string read_attr_string(hid_t obj, const std::string& name, const std::string& label);
 
 /// Writes an N-d dataset (row-major dims) of float32 / float64 / int64, chunked with a
@@ -69,8 +84,11 @@ void write_dataset(hid_t loc, const std::string& name, const double* data,
                    const std::vector<hsize_t>& dims);
 void write_dataset(hid_t loc, const std::string& name, const int64_t* data,
                    const std::vector<hsize_t>& dims);
-/// Reads a dataset whose shape must equal `dims`; throws Error naming label/name, the shape
-/// found and the shape expected.
+/// Reads a dataset whose shape must equal `dims`, converting its elements to the buffer's
+/// type; throws Error naming label/name, the shape found and the shape expected. It also
+/// throws, before reading, for storage ddiloco never writes: anything but contiguous or
+/// chunked in write_dataset's own chunk shape with Fletcher-32 (or no filter), each chunk
+/// holding exactly its bytes (libhdf5 1.10 reads past a chunk that holds fewer).
 void read_dataset(hid_t loc, const std::string& name, float* data,
                   const std::vector<hsize_t>& dims, const std::string& label);
 void read_dataset(hid_t loc, const std::string& name, double* data,

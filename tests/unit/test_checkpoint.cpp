@@ -262,6 +262,32 @@ TEST(Checkpoint, InspectRefusesAUnitFileWhoseCStepsIsNoList) {
   EXPECT_NE(e.find("dataset 'c_steps' has shape (), expected (P,)"), std::string::npos) << e;
 }
 
+// Checkpoints of earlier ddiloco versions hold variable-length string attributes, which
+// libhdf5 1.10 cannot read safely (docs/fuzzing.md): resume, and inspect, refuse them naming
+// the file and the attribute, before reading the string.
+TEST(Checkpoint, VariableLengthStringOfAnEarlierVersionIsRefusedNamingFileAndAttribute) {
+  test::TempDir tmp;
+  checkpoint::write_syncer(tmp.path(), syncer_state(job(), 1));
+  const auto file = checkpoint::syncer_file(tmp.path());
+  {
+    h5::Handle f(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    ASSERT_GE(H5Adelete(f, "config"), 0);
+    h5::Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(type, H5T_VARIABLE);
+    h5::Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+    h5::Handle attr(H5Acreate2(f, "config", type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+    const char* yaml = "mode: diloco\n";
+    ASSERT_GE(H5Awrite(attr, type, &yaml), 0);
+  }
+  for (const std::string& e : {error_of([&] { checkpoint::read_syncer(file); }),
+                               error_of([&] { checkpoint::describe(file); })}) {
+    EXPECT_NE(e.find(file.string() + ": attribute 'config' is a variable-length string"),
+              std::string::npos) << e;
+    EXPECT_NE(e.find("written by a ddiloco before fixed-length string attributes"),
+              std::string::npos) << e;
+  }
+}
+
 TEST(Checkpoint, LostUnitHasNoParameters) {
   test::TempDir tmp;
   UnitState s = unit_state(job(), 1, 1);

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -165,6 +166,188 @@ TEST(ModelIo, ShapeLargerThanTheFileIsRefusedBeforeAllocating) {
     EXPECT_NE(std::string(e.what()).find("more than the whole file"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("n_embd 131072"), std::string::npos) << e.what();
   }
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A scalar string attribute of `type` holding `bytes` (as many as the type's size), written
+// with HDF5's API as another writer (an earlier ddiloco, h5py) would have it.
+void write_string_attr(hid_t obj, const char* name, hid_t type, const void* bytes) {
+  if (H5Aexists(obj, name) > 0) {
+    ASSERT_GE(H5Adelete(obj, name), 0);
+  }
+  h5::Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  h5::Handle attr(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  ASSERT_GE(attr.get(), 0);
+  ASSERT_GE(H5Awrite(attr, type, bytes), 0);
+}
+
+h5::Handle string_type(size_t size, H5T_str_t pad, H5T_cset_t cset) {
+  h5::Handle t(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(t, size);
+  H5Tset_strpad(t, pad);
+  H5Tset_cset(t, cset);
+  return t;
+}
+
+// Strings are written fixed-length (no global heap, whose libhdf5 1.10 reader a corrupt file
+// makes hang, overflow or allocate gigabytes: docs/fuzzing.md), exactly as long as the text.
+TEST(H5Strings, ModelFileStringAttributesAreFixedLengthOfTheirText) {
+  test::TempDir dir;
+  const GptConfig c{256, 8, 1, 2, 8};
+  Gpt<float> model(c);
+  save_model(dir / "m.h5", c, model.parameters(), {{"step", 3}});
+  h5::Handle f = h5::open_file(dir / "m.h5");
+  for (auto [name, size] : {std::pair{"format", size_t{13}}, {"metadata", size_t{10}}}) {
+    h5::Handle attr(H5Aopen(f, name, H5P_DEFAULT), H5Aclose);
+    h5::Handle type(H5Aget_type(attr), H5Tclose);
+    EXPECT_EQ(H5Tget_class(type), H5T_STRING) << name;
+    EXPECT_EQ(H5Tis_variable_str(type), 0) << name;
+    EXPECT_EQ(H5Tget_size(type), size) << name;
+  }
+  EXPECT_EQ(load_model(dir / "m.h5").metadata["step"], 3);
+}
+
+TEST(H5Strings, FixedLengthStringsRoundTripAndOtherWritersPaddingIsRead) {
+  test::TempDir dir;
+  h5::Handle f = h5::create_file(dir / "s.h5");
+  const std::string utf8 = "d\xc3\xa9j\xc3\xa0 vu";
+  const std::string large(60000, 'y');
+  for (const auto& [name, value] :
+       {std::pair{"empty", std::string()}, {"one", std::string("x")}, {"utf8", utf8}, {"large", large}}) {
+    h5::write_attr(f, name, value);
+    EXPECT_EQ(h5::read_attr_string(f, name, "s.h5"), value) << name;
+  }
+  // h5py's np.bytes_ (ASCII, null-padded), a C writer's null-terminated one, Fortran's
+  // space-padded one: each up to its text.
+  write_string_attr(f, "ascii", string_type(5, H5T_STR_NULLPAD, H5T_CSET_ASCII), "abc\0\0");
+  EXPECT_EQ(h5::read_attr_string(f, "ascii", "s.h5"), "abc");
+  write_string_attr(f, "nullterm", string_type(4, H5T_STR_NULLTERM, H5T_CSET_UTF8), "abc");
+  EXPECT_EQ(h5::read_attr_string(f, "nullterm", "s.h5"), "abc");
+  write_string_attr(f, "spaces", string_type(5, H5T_STR_SPACEPAD, H5T_CSET_ASCII), "ab   ");
+  EXPECT_EQ(h5::read_attr_string(f, "spaces", "s.h5"), "ab");
+  // HDF5 holds an attribute of at most 64 KiB in the format ddiloco writes: named, not lost.
+  const std::string e = error_of([&] { h5::write_attr(f, "huge", std::string(70000, 'z')); });
+  EXPECT_NE(e.find("cannot write attribute 'huge' (70000 bytes"), std::string::npos) << e;
+}
+
+// Files of earlier ddiloco versions hold variable-length strings, which libhdf5 1.10 reads
+// from the global heap without bounds (a hang, a heap overflow, 4 GiB allocations on corrupt
+// input): refused before H5Aread, naming the file, the attribute and the way to convert.
+TEST(H5Strings, VariableLengthStringOfAnEarlierVersionIsRefusedNamingTheConversion) {
+  test::TempDir dir;
+  const GptConfig c{256, 8, 1, 2, 8};
+  Gpt<float> model(c);
+  save_model(dir / "old.h5", c, model.parameters(), {});
+  {
+    h5::Handle f(H5Fopen((dir / "old.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    h5::Handle vlen = string_type(H5T_VARIABLE, H5T_STR_NULLTERM, H5T_CSET_UTF8);
+    const char* text = "ddiloco-model";
+    write_string_attr(f, "format", vlen, &text);
+  }
+  const std::string e = error_of([&] { load_model(dir / "old.h5"); });
+  EXPECT_NE(e.find((dir / "old.h5").string() + ": attribute 'format' is a variable-length string"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("written by a ddiloco before fixed-length string attributes"), std::string::npos) << e;
+  EXPECT_NE(e.find("scripts/h5_fixed_strings.py " + (dir / "old.h5").string()), std::string::npos) << e;
+}
+
+// A string attribute's declared size is bounded before the reader allocates it: one of 2 MiB
+// (possible in HDF5's newer format, dense attribute storage) is refused, unread.
+TEST(H5Strings, StringAttributeDeclaringMoreThanTheBoundIsRefusedBeforeAllocating) {
+  test::TempDir dir;
+  const std::string big(h5::kMaxStringAttrBytes + 1, 'b');
+  {
+    h5::Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+    ASSERT_GE(H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), 0);
+    h5::Handle f(H5Fcreate((dir / "big.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
+    write_string_attr(f, "metadata", string_type(big.size(), H5T_STR_NULLPAD, H5T_CSET_UTF8),
+                      big.data());
+  }
+  h5::Handle f = h5::open_file(dir / "big.h5");
+  const std::string e = error_of([&] { h5::read_attr_string(f, "metadata", "big.h5"); });
+  EXPECT_NE(e.find(fmt::format("big.h5: attribute 'metadata' declares a string of {} bytes, over the {}",
+                               big.size(), h5::kMaxStringAttrBytes)),
+            std::string::npos) << e;
+}
+
+// Found by fuzz/h5_readers.cpp: a model file whose one byte made a chunk of
+// h.0.mlp.c_proj.weight (8, 32) declare (8, 2424864), and one whose float32 type declared
+// elements of megabytes, made libhdf5 1.10.8's H5Dread read out of bounds (a SEGV, a
+// heap-buffer-overflow) past the chunk's 1 KiB: the library copies a chunk's declared size
+// out of what its filters returned without comparing the two. ddiloco writes contiguous
+// storage or chunks of its own shape with Fletcher-32, each holding its bytes; anything else
+// (here: a larger chunk, another filter, a chunk of 100 bytes planted without its checksum,
+// compact and external storage) is refused before H5Dread, naming the file and the dataset.
+TEST(ModelIo, DatasetStorageDdilocoNeverWritesIsRefusedBeforeReading) {
+  const GptConfig c{256, 8, 1, 2, 8};
+  Gpt<float> model(c);
+  const auto& t = model.layout().at("h.0.mlp.c_proj.weight");  // (8, 32)
+  const std::vector<float> values(t.numel, 0.5f);
+  // Replaces the tensor's dataset by one made with `dcpl` (and `maxdims`); with `planted`,
+  // its one chunk is written as those bytes, the checksum filter marked skipped.
+  auto with_storage = [&](const std::filesystem::path& path, hid_t dcpl, const hsize_t* maxdims,
+                          const std::vector<char>& planted = {}) {
+    save_model(path, c, model.parameters(), {});
+    h5::Handle f(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    h5::Handle p(H5Gopen2(f, "params", H5P_DEFAULT), H5Gclose);
+    ASSERT_GE(H5Ldelete(p, t.name.c_str(), H5P_DEFAULT), 0);
+    const hsize_t dims[2] = {8, 32}, origin[2] = {0, 0};
+    h5::Handle space(H5Screate_simple(2, dims, maxdims), H5Sclose);
+    h5::Handle set(H5Dcreate2(p, t.name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose);
+    ASSERT_GE(set.get(), 0);
+    if (planted.empty()) {
+      ASSERT_GE(H5Dwrite(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+    } else {
+      ASSERT_GE(H5Dwrite_chunk(set, H5P_DEFAULT, 1u, origin, planted.size(), planted.data()), 0);
+    }
+  };
+  auto chunked = [](hsize_t columns, bool deflate) {
+    h5::Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    const hsize_t chunk[2] = {8, columns};
+    H5Pset_chunk(dcpl, 2, chunk);
+    if (deflate) H5Pset_deflate(dcpl, 1);
+    else H5Pset_fletcher32(dcpl);
+    return dcpl;
+  };
+  test::TempDir dir;
+  const hsize_t unlimited[2] = {8, H5S_UNLIMITED};
+  with_storage(dir / "chunk.h5", chunked(64, false), unlimited);
+  with_storage(dir / "deflate.h5", chunked(32, true), nullptr);
+  with_storage(dir / "planted.h5", chunked(32, false), nullptr, std::vector<char>(100, 'x'));
+  {
+    h5::Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_layout(dcpl, H5D_COMPACT);
+    with_storage(dir / "compact.h5", dcpl, nullptr);
+  }
+  {
+    h5::Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_external(dcpl, (dir / "outside.bin").c_str(), 0, 8 * 32 * 4);
+    with_storage(dir / "external.h5", dcpl, nullptr);
+  }
+  const std::string set = "dataset 'h.0.mlp.c_proj.weight' ";
+  for (const auto& [file, expected] :
+       {std::pair{"chunk.h5", set + "has chunks of shape (8, 64), expected (8, 32) for shape (8, 32)"},
+        {"deflate.h5", set + "has filter 1, expected only Fletcher-32"},
+        {"planted.h5", set + "has a chunk at row 0 of 100 bytes, expected 1024"},
+        {"compact.h5", set + "has storage layout 0, expected chunked or contiguous"},
+        {"external.h5", set + "is stored in external files"}}) {
+    const std::string e = error_of([&] { load_model(dir / file); });
+    EXPECT_NE(e.find((dir / file).string()), std::string::npos) << e;
+    EXPECT_NE(e.find(expected), std::string::npos) << e;
+  }
+  // What ddiloco writes, and contiguous storage (h5repack -l CONTI), are read.
+  save_model(dir / "plain.h5", c, model.parameters(), {});
+  EXPECT_NO_THROW(load_model(dir / "plain.h5"));
+  with_storage(dir / "contiguous.h5", H5P_DEFAULT, nullptr);
+  EXPECT_NO_THROW(load_model(dir / "contiguous.h5"));
 }
 
 TEST(Sampler, GreedyIsDeterministicAndRespectsTheWindow) {
