@@ -50,6 +50,18 @@ TEST(Config, UnknownKeyIsNamedWithASuggestion) {
             "--set: unknown key 'model.n_layers' (did you mean 'model.n_layer'?)");
 }
 
+TEST(Config, LongUnknownKeyIsNamedWithoutASuggestion) {
+  // Keys are compared with the known ones only while they can still be close (fuzz_config spent
+  // most of its time computing full edit distances of long mutated keys).
+  const std::string key(1000, 'x');  // YAML's longest plain key is 1024 characters
+  EXPECT_EQ(error_of("train:\n  " + key + ": 1\n"),
+            "c.yaml: unknown key 'train." + key + "' (`ddiloco config --list` shows the known keys)");
+  EXPECT_EQ(error_of("", {"train." + key + "=1"}),
+            "--set: unknown key 'train." + key + "' (`ddiloco config --list` shows the known keys)");
+  EXPECT_EQ(error_of("model:\n  n_lay: 3\n"),
+            "c.yaml: unknown key 'model.n_lay' (did you mean 'model.n_layer'?)");
+}
+
 TEST(Config, BadValuesAreNamed) {
   EXPECT_EQ(error_of("train:\n  lr: -0.001\n"), "c.yaml: train.lr: must be > 0, got -0.001");
   EXPECT_EQ(error_of("model:\n  n_embd: 128\n  n_head: 5\n"),
