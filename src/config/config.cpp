@@ -140,7 +140,7 @@ const std::vector<Entry<Config>>& entries() {
                     "sampling temperature; 0 = greedy", at_least(0.0)),
       // units
       DDILOCO_FIELD(int, "units.count", units.count, "learner units M (modes other than single)",
-                    positive<int>()),
+                    in_int_range(1, UnitsConfig::kMaxCount)),
       DDILOCO_FIELD(int, "units.ranks_per_unit", units.ranks_per_unit,
                     "MPI ranks of each unit when units.ranks is empty", positive<int>()),
       DDILOCO_FIELD(std::vector<int>, "units.ranks", units.ranks,
@@ -504,6 +504,9 @@ void check_machine(const Config& c) {
 // Lists with one entry per unit: empty, or units.count long.
 void check_unit_lists(const Config& c) {
   const int M = c.units.count;
+  // First: later checks loop over the units (a config built in code skips the table's check).
+  if (M < 1 || M > UnitsConfig::kMaxCount)
+    fail("units.count: must be in [1, {}], got {}", UnitsConfig::kMaxCount, M);
   if (!c.units.ranks.empty() && static_cast<int>(c.units.ranks.size()) != M)
     fail("units.ranks: must list units.count = {} entries, got {}", M, c.units.ranks.size());
   if (!c.units.slowdown.empty() && static_cast<int>(c.units.slowdown.size()) != M)
@@ -592,8 +595,8 @@ void set_cuda_check(DeviceCheck check) { g_cuda_check = check; }
 void validate(const Config& c, const std::string& source) {
   try {
     c.model.validate();
-    check_machine(c);
     check_unit_lists(c);
+    check_machine(c);
     check_links(c);
     check_outer(c);
     chaos::validate(c);

@@ -62,6 +62,25 @@ TEST(Config, LongUnknownKeyIsNamedWithoutASuggestion) {
             "c.yaml: unknown key 'model.n_lay' (did you mean 'model.n_layer'?)");
 }
 
+// Found by reading what fuzz_config's slow inputs do: units.count had no upper bound, and
+// validation loops over the units (mode single's WAN check looped 2·10^9 times before the unit
+// count was checked against the mode; chaos allocated a rank count per unit).
+TEST(Config, UnitCountIsBoundedBeforeAnyCheckLoopsOverTheUnits) {
+  EXPECT_EQ(error_of("mode: single\nunits: {count: 2000000000}\n"),
+            "c.yaml: units.count: must be in [1, 65536], got 2000000000");
+  EXPECT_EQ(error_of("mode: decoupled\nunits: {count: 65537}\n"),
+            "c.yaml: units.count: must be in [1, 65536], got 65537");
+  Config built;  // in code: the table's check is not run, validate's is
+  built.mode = Mode::decoupled;
+  built.units.count = 1 << 20;
+  try {
+    validate(built, "code");
+    ADD_FAILURE() << "units.count = 2^20 accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "code: units.count: must be in [1, 65536], got 1048576");
+  }
+}
+
 TEST(Config, BadValuesAreNamed) {
   EXPECT_EQ(error_of("train:\n  lr: -0.001\n"), "c.yaml: train.lr: must be > 0, got -0.001");
   EXPECT_EQ(error_of("model:\n  n_embd: 128\n  n_head: 5\n"),
