@@ -69,6 +69,11 @@ void draw_episodes(std::vector<Fault>& out, const ChaosConfig& c, int unit, Faul
       case FaultKind::kill_syncer:
         return;  // never drawn: only schedule files hold the launcher's kills
     }
+    if (out.size() >= Schedule::kMaxDrawn)
+      fail("chaos.horizon_s: the fault rates draw more than {} faults over {} s (mean gaps "
+           "chaos.crash_mtbf_s = {}, slow_mtbf_s = {}, link_mtbf_s = {}); lower chaos.horizon_s "
+           "or raise the mean gaps",
+           Schedule::kMaxDrawn, c.horizon_s, c.crash_mtbf_s, c.slow_mtbf_s, c.link_mtbf_s);
     out.push_back(f);
     t = f.end_s();
   }
