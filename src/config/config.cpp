@@ -636,7 +636,12 @@ Config load_config_text(const std::string& yaml, const std::string& source,
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   if (path.empty()) return load_root(YAML::Node(), "defaults", overrides);
-  if (!std::filesystem::exists(path)) fail("{}: config file not found", path);
+  std::error_code ec;  // (exists() without it throws filesystem_error for a name over 255 bytes)
+  if (!std::filesystem::exists(path, ec)) {
+    if (ec && ec != std::errc::no_such_file_or_directory)
+      fail("{}: config file cannot be looked up ({}); expected a readable YAML file", path, ec.message());
+    fail("{}: config file not found", path);
+  }
   return load_root(parse_yaml([&] { return YAML::LoadFile(path); }, path), path, overrides);
 }
 

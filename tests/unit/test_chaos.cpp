@@ -373,6 +373,20 @@ TEST(ChaosConfig, ValidatedWithTheRest) {
                Error);
 }
 
+// Found by fuzz_config: a chaos.schedule_file over 255 bytes long made std::filesystem::exists
+// throw filesystem_error (ENAMETOOLONG) out of load_config, naming neither the config nor the key.
+TEST(ChaosConfig, ScheduleFileNameTheSystemRefusesIsAnError) {
+  const std::string name(300, 'x');
+  try {
+    load_config("", {"mode=decoupled", "units.count=2", "chaos.schedule_file=" + name});
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "defaults with --set: " + name + ": chaos schedule file cannot be looked up (File "
+              "name too long); chaos.schedule_file must name a readable file");
+  }
+}
+
 // Found by reading what fuzz_config's slow inputs do: a horizon long beside the mean gaps drew
 // faults until memory ran out (chaos.horizon_s = 1e9 with crash_mtbf_s = 1e-6 and no down-time
 // never ends); a schedule now holds at most Schedule::kMaxDrawn faults.

@@ -81,6 +81,17 @@ TEST(Config, UnitCountIsBoundedBeforeAnyCheckLoopsOverTheUnits) {
   }
 }
 
+TEST(Config, ConfigPathTheSystemRefusesIsAnError) {
+  const std::string name(300, 'x');  // a file name over 255 bytes: ENAMETOOLONG, not "not found"
+  try {
+    load_config(name);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), name + ": config file cannot be looked up (File name too "
+                                            "long); expected a readable YAML file");
+  }
+}
+
 TEST(Config, BadValuesAreNamed) {
   EXPECT_EQ(error_of("train:\n  lr: -0.001\n"), "c.yaml: train.lr: must be > 0, got -0.001");
   EXPECT_EQ(error_of("model:\n  n_embd: 128\n  n_head: 5\n"),
