@@ -5,6 +5,10 @@
 // Checks: no crash or sanitizer report, no hang (libFuzzer's -timeout); the only exception is
 // ddiloco::Error (a YAML syntax error included: the loader reports it as one); an accepted
 // config's to_yaml is accepted again (what a checkpoint stores must load on resume).
+// Not skipped: validation looks up, and reads, a chaos.schedule_file the input names (the
+// lookup's errors are the loader's to report: a name over 255 bytes once threw
+// std::filesystem::filesystem_error); no other filesystem work is done (data.* globs are not
+// expanded here).
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>

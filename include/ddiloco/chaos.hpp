@@ -67,8 +67,14 @@ struct Fault {
 struct Schedule {
   std::vector<Fault> faults;
 
+  /// Most faults a drawn schedule may hold: a month of faults every ten minutes of each kind
+  /// for 64 units is under a million; more is a typing error (chaos.horizon_s over the
+  /// chaos.*_mtbf_s), which would otherwise take gigabytes and minutes to draw.
+  static constexpr size_t kMaxDrawn = size_t{1} << 20;
+
   /// Draws the schedule of `units` units over [0, config.horizon_s) from config.seed. No
-  /// faults when every rate is 0. Throws Error on a config that names a unit ≥ units.
+  /// faults when every rate is 0. Throws Error on a config that names a unit ≥ units, or whose
+  /// rates draw more than kMaxDrawn faults.
   static Schedule generate(const ChaosConfig& config, int units);
 
   /// Reads a YAML schedule (`faults:` list of {unit, kind, start_s, duration_s, factor},

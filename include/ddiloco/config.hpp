@@ -96,7 +96,10 @@ const ModeTraits& mode_traits(Mode mode);
 
 /// Learner units: world rank 0 is the syncer, the others form units in order.
 struct UnitsConfig {
-  int count = 1;                 ///< M
+  /// Most learner units a job may have: far beyond any job (each unit is a process or more), and
+  /// low enough that what is kept or drawn per unit while a config is validated stays small.
+  static constexpr int kMaxCount = 1 << 16;
+  int count = 1;                 ///< M, in [1, kMaxCount]
   int ranks_per_unit = 1;        ///< used when `ranks` is empty
   std::vector<int> ranks;        ///< ranks of each unit (may differ); empty = ranks_per_unit
   std::vector<double> slowdown;  ///< per-unit compute slow-down factor ≥ 1 (straggler emulation)

@@ -69,6 +69,11 @@ void draw_episodes(std::vector<Fault>& out, const ChaosConfig& c, int unit, Faul
       case FaultKind::kill_syncer:
         return;  // never drawn: only schedule files hold the launcher's kills
     }
+    if (out.size() >= Schedule::kMaxDrawn)
+      fail("chaos.horizon_s: the fault rates draw more than {} faults over {} s (mean gaps "
+           "chaos.crash_mtbf_s = {}, slow_mtbf_s = {}, link_mtbf_s = {}); lower chaos.horizon_s "
+           "or raise the mean gaps",
+           Schedule::kMaxDrawn, c.horizon_s, c.crash_mtbf_s, c.slow_mtbf_s, c.link_mtbf_s);
     out.push_back(f);
     t = f.end_s();
   }
@@ -110,7 +115,16 @@ YAML::Node read_schedule(Load&& load, const std::string& path) {
 }
 
 YAML::Node read_schedule_file(const std::string& path) {
-  if (!std::filesystem::exists(path)) fail("{}: chaos schedule file not found", path);
+  // The error_code form: a path the system refuses to look up (a name over 255 bytes) made
+  // exists() throw std::filesystem::filesystem_error, naming neither the key nor the config.
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    if (ec && ec != std::errc::no_such_file_or_directory)
+      fail("{}: chaos schedule file cannot be looked up ({}); chaos.schedule_file must name a "
+           "readable file",
+           path, ec.message());
+    fail("{}: chaos schedule file not found", path);
+  }
   return read_schedule([&] { return YAML::LoadFile(path); }, path);
 }
 

@@ -140,7 +140,7 @@ const std::vector<Entry<Config>>& entries() {
                     "sampling temperature; 0 = greedy", at_least(0.0)),
       // units
       DDILOCO_FIELD(int, "units.count", units.count, "learner units M (modes other than single)",
-                    positive<int>()),
+                    in_int_range(1, UnitsConfig::kMaxCount)),
       DDILOCO_FIELD(int, "units.ranks_per_unit", units.ranks_per_unit,
                     "MPI ranks of each unit when units.ranks is empty", positive<int>()),
       DDILOCO_FIELD(std::vector<int>, "units.ranks", units.ranks,
@@ -512,6 +512,9 @@ void check_machine(const Config& c) {
 // Lists with one entry per unit: empty, or units.count long.
 void check_unit_lists(const Config& c) {
   const int M = c.units.count;
+  // First: later checks loop over the units (a config built in code skips the table's check).
+  if (M < 1 || M > UnitsConfig::kMaxCount)
+    fail("units.count: must be in [1, {}], got {}", UnitsConfig::kMaxCount, M);
   if (!c.units.ranks.empty() && static_cast<int>(c.units.ranks.size()) != M)
     fail("units.ranks: must list units.count = {} entries, got {}", M, c.units.ranks.size());
   if (!c.units.slowdown.empty() && static_cast<int>(c.units.slowdown.size()) != M)
@@ -600,8 +603,8 @@ void set_cuda_check(DeviceCheck check) { g_cuda_check = check; }
 void validate(const Config& c, const std::string& source) {
   try {
     c.model.validate();
-    check_machine(c);
     check_unit_lists(c);
+    check_machine(c);
     check_links(c);
     check_outer(c);
     chaos::validate(c);
@@ -641,7 +644,12 @@ Config load_config_text(const std::string& yaml, const std::string& source,
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   if (path.empty()) return load_root(YAML::Node(), "defaults", overrides);
-  if (!std::filesystem::exists(path)) fail("{}: config file not found", path);
+  std::error_code ec;  // (exists() without it throws filesystem_error for a name over 255 bytes)
+  if (!std::filesystem::exists(path, ec)) {
+    if (ec && ec != std::errc::no_such_file_or_directory)
+      fail("{}: config file cannot be looked up ({}); expected a readable YAML file", path, ec.message());
+    fail("{}: config file not found", path);
+  }
   return load_root(parse_yaml([&] { return YAML::LoadFile(path); }, path), path, overrides);
 }
 

@@ -225,16 +225,27 @@ inline Check<std::string> non_empty() {
   return [](const std::string& v) { return v.empty() ? "must not be empty" : ""; };
 }
 
-inline size_t edit_distance(const std::string& a, const std::string& b) {
+// The edit distance between `a` and `b` when it is below `bound`, else `bound`: only close keys
+// are suggested, so a key whose length differs by `bound` or more is not compared, and the
+// comparison stops at the first row whose every cell has reached `bound` (a long, unknown key
+// then costs a length test per known key, not |a|·|b| steps each).
+inline size_t edit_distance(const std::string& a, const std::string& b,
+                            size_t bound = std::numeric_limits<size_t>::max()) {
+  const size_t gap = a.size() > b.size() ? a.size() - b.size() : b.size() - a.size();
+  if (gap >= bound) return bound;
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
   for (size_t i = 1; i <= a.size(); ++i) {
     cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
+    size_t row_min = cur[0];
+    for (size_t j = 1; j <= b.size(); ++j) {
       cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+      row_min = std::min(row_min, cur[j]);
+    }
+    if (row_min >= bound) return bound;  // every later row is at least as far
     std::swap(prev, cur);
   }
-  return prev[b.size()];
+  return std::min(prev[b.size()], bound);
 }
 
 // `list_hint` says where the known keys are listed ("`ddiloco config --list` shows ...").
@@ -246,7 +257,7 @@ const Entry<C>& find_entry(const std::vector<Entry<C>>& entries, const std::stri
   const Entry<C>* best = nullptr;
   size_t best_d = 4;  // only suggest close matches
   for (const auto& e : entries) {
-    const size_t d = edit_distance(key, e.key);
+    const size_t d = edit_distance(key, e.key, best_d);
     if (d < best_d) {
       best_d = d;
       best = &e;
@@ -258,8 +269,9 @@ const Entry<C>& find_entry(const std::vector<Entry<C>>& entries, const std::stri
 
 template <typename C>
 bool is_section(const std::vector<Entry<C>>& entries, const std::string& key) {
+  // e.key starts with key + "." (without building that string for every entry)
   for (const auto& e : entries)
-    if (e.key.starts_with(key + ".")) return true;
+    if (e.key.size() > key.size() && e.key[key.size()] == '.' && e.key.starts_with(key)) return true;
   return false;
 }
 

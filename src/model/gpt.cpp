@@ -25,8 +25,20 @@ void GptConfig::validate() const {
     fail("model.n_head: must divide model.n_embd = {}, got {}", n_embd, n_head);
 }
 
+namespace {
+// ParameterLayout::gpt2(c).size() without laying out (and naming) 12 tensors per layer: the
+// config's validation asks for it (training_bytes), and a model of thousands of layers made that
+// check build tens of thousands of named tensors.
+double parameter_count(const GptConfig& c) {
+  const double V = c.vocab_size, T = c.seq_len, C = c.n_embd, L = c.n_layer;
+  // wte, wpe; per block 2 LayerNorms (4C), c_attn (3C·C + 3C), c_proj (C·C + C), c_fc
+  // (4C·C + 4C), mlp c_proj (4C·C + C); ln_f (2C).
+  return V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+}
+}  // namespace
+
 double GptConfig::training_bytes(int batch) const {
-  const double params = static_cast<double>(ParameterLayout::gpt2(*this).size());
+  const double params = parameter_count(*this);
   const double N = static_cast<double>(batch) * seq_len, C = n_embd, L = n_layer;
   // Per layer: 13 (N,C)-sized activations counting the 3C/4C ones, 4 per-row statistics and
   // the attention probabilities; then embeddings, final LayerNorm, probabilities.
@@ -36,7 +48,7 @@ double GptConfig::training_bytes(int batch) const {
 }
 
 double GptConfig::flops_per_token() const {
-  const double params = static_cast<double>(ParameterLayout::gpt2(*this).size());
+  const double params = parameter_count(*this);
   return 6.0 * params + 12.0 * n_layer * n_embd * static_cast<double>(seq_len);
 }
 

@@ -373,6 +373,44 @@ TEST(ChaosConfig, ValidatedWithTheRest) {
                Error);
 }
 
+// Found by fuzz_config: a chaos.schedule_file over 255 bytes long made std::filesystem::exists
+// throw filesystem_error (ENAMETOOLONG) out of load_config, naming neither the config nor the key.
+TEST(ChaosConfig, ScheduleFileNameTheSystemRefusesIsAnError) {
+  const std::string name(300, 'x');
+  try {
+    load_config("", {"mode=decoupled", "units.count=2", "chaos.schedule_file=" + name});
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "defaults with --set: " + name + ": chaos schedule file cannot be looked up (File "
+              "name too long); chaos.schedule_file must name a readable file");
+  }
+}
+
+// Found by reading what fuzz_config's slow inputs do: a horizon long beside the mean gaps drew
+// faults until memory ran out (chaos.horizon_s = 1e9 with crash_mtbf_s = 1e-6 and no down-time
+// never ends); a schedule now holds at most Schedule::kMaxDrawn faults.
+TEST(ChaosConfig, RatesThatDrawTooManyFaultsAreRefused) {
+  ChaosConfig c;
+  c.slow_mtbf_s = 0.001;
+  c.slow_duration_s = 0.001;
+  c.horizon_s = 2100;  // about 1.05 million episodes per unit
+  try {
+    const Schedule s = Schedule::generate(c, 2);
+    ADD_FAILURE() << s.faults.size() << " faults drawn";
+  } catch (const Error& e) {
+    EXPECT_TRUE(std::string(e.what()).starts_with(
+        "chaos.horizon_s: the fault rates draw more than 1048576 faults over 2100 s"))
+        << e.what();
+  }
+  c.horizon_s = 500;  // about 250 thousand per unit: drawn
+  EXPECT_NO_THROW(Schedule::generate(c, 2));
+  // A config is refused when it is read, not when the units draw their schedules.
+  EXPECT_THROW(load_config("", {"mode=decoupled", "units.count=2", "chaos.slow_mtbf_s=0.001",
+                                "chaos.slow_duration_s=0.001", "chaos.horizon_s=2100"}),
+               Error);
+}
+
 }  // namespace
 }  // namespace ddiloco::chaos
 

@@ -50,6 +50,48 @@ TEST(Config, UnknownKeyIsNamedWithASuggestion) {
             "--set: unknown key 'model.n_layers' (did you mean 'model.n_layer'?)");
 }
 
+TEST(Config, LongUnknownKeyIsNamedWithoutASuggestion) {
+  // Keys are compared with the known ones only while they can still be close (fuzz_config spent
+  // most of its time computing full edit distances of long mutated keys).
+  const std::string key(1000, 'x');  // YAML's longest plain key is 1024 characters
+  EXPECT_EQ(error_of("train:\n  " + key + ": 1\n"),
+            "c.yaml: unknown key 'train." + key + "' (`ddiloco config --list` shows the known keys)");
+  EXPECT_EQ(error_of("", {"train." + key + "=1"}),
+            "--set: unknown key 'train." + key + "' (`ddiloco config --list` shows the known keys)");
+  EXPECT_EQ(error_of("model:\n  n_lay: 3\n"),
+            "c.yaml: unknown key 'model.n_lay' (did you mean 'model.n_layer'?)");
+}
+
+// Found by reading what fuzz_config's slow inputs do: units.count had no upper bound, and
+// validation loops over the units (mode single's WAN check looped 2·10^9 times before the unit
+// count was checked against the mode; chaos allocated a rank count per unit).
+TEST(Config, UnitCountIsBoundedBeforeAnyCheckLoopsOverTheUnits) {
+  EXPECT_EQ(error_of("mode: single\nunits: {count: 2000000000}\n"),
+            "c.yaml: units.count: must be in [1, 65536], got 2000000000");
+  EXPECT_EQ(error_of("mode: decoupled\nunits: {count: 65537}\n"),
+            "c.yaml: units.count: must be in [1, 65536], got 65537");
+  Config built;  // in code: the table's check is not run, validate's is
+  built.mode = Mode::decoupled;
+  built.units.count = 1 << 20;
+  try {
+    validate(built, "code");
+    ADD_FAILURE() << "units.count = 2^20 accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "code: units.count: must be in [1, 65536], got 1048576");
+  }
+}
+
+TEST(Config, ConfigPathTheSystemRefusesIsAnError) {
+  const std::string name(300, 'x');  // a file name over 255 bytes: ENAMETOOLONG, not "not found"
+  try {
+    load_config(name);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), name + ": config file cannot be looked up (File name too "
+                                            "long); expected a readable YAML file");
+  }
+}
+
 TEST(Config, BadValuesAreNamed) {
   EXPECT_EQ(error_of("train:\n  lr: -0.001\n"), "c.yaml: train.lr: must be > 0, got -0.001");
   EXPECT_EQ(error_of("model:\n  n_embd: 128\n  n_head: 5\n"),

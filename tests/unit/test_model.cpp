@@ -72,6 +72,20 @@ TEST(Model, LayoutCoversBufferWithoutOverlap) {
   EXPECT_THROW(layout.at("h.3.ln_1.weight"), Error);
 }
 
+// training_bytes and flops_per_token count the parameters without building the layout (the
+// config's validation calls training_bytes); the count is the layout's, to the element.
+TEST(Model, SizesCountTheLayoutsParameters) {
+  for (const GptConfig& c : {GptConfig{256, 128, 3, 4, 64}, GptConfig{50257, 1024, 12, 12, 768},
+                             GptConfig{2, 1, 1, 1, 1}, GptConfig{65536, 7, 4096, 3, 9}}) {
+    const double params = static_cast<double>(ParameterLayout::gpt2(c).size());
+    EXPECT_DOUBLE_EQ(c.flops_per_token(), 6.0 * params + 12.0 * c.n_layer * c.n_embd * c.seq_len);
+    const double batch = 3, N = batch * c.seq_len, C = c.n_embd, L = c.n_layer;
+    const double acts = L * (N * C * 15 + 4 * N + batch * c.n_head * c.seq_len * c.seq_len) +
+                        N * C * 2 + N * c.vocab_size + 10 * N * C;
+    EXPECT_DOUBLE_EQ(c.training_bytes(3), 4.0 * (4 * params + acts));
+  }
+}
+
 TEST(Model, InitIsDeterministicAndGpt2Shaped) {
   const GptConfig c{256, 32, 2, 2, 32};
   Gpt<float> a(c), b(c), other(c);
