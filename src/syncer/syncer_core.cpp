@@ -526,7 +526,9 @@ bool SyncerCore::end_read(int u) {
     window_.ack(u, r.p, r.seq);
     s.acked = r.seq;
     s.owed = true;  // a unit waiting for a merge gets the current one
-    if (plan_.every_merge_has_all && plan_.outer_steps) stand_in(u, r.p, r.seq);
+    // (Not a checksum mismatch: that is what a crash leaves, and the unit rejoins and redoes
+    // its round, whose merge waits for it: docs/algorithm.md "Failure and rejoin".)
+    if (plan_.every_merge_has_all && plan_.outer_steps && problem != "checksum mismatch") stand_in(u, r.p, r.seq);
     return true;
   }
   accept_snapshot(u, r.p, r.seq, r.meta, got->wire_bytes, got->ref);
@@ -534,8 +536,9 @@ bool SyncerCore::end_read(int u) {
 }
 
 // The synchronous modes: every merge waits for every unit, and each unit for the merge of its
-// own snapshot. A refused snapshot stands in its round as Θ_p itself with weight 0 (it moves
-// nothing), so the round is merged from the others and its merge goes to every unit.
+// own snapshot. A snapshot refused from a unit that goes on (one that lies, or whose values are
+// not finite) stands in its round as Θ_p itself with weight 0 (it moves nothing), so the round
+// is merged from the others and its merge goes to every unit.
 void SyncerCore::stand_in(int u, int p, int64_t seq) {
   Slot& s = slots_[u][p];
   s.data.assign(theta_[p].begin(), theta_[p].end());
