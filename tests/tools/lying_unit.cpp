@@ -3,7 +3,7 @@
 // speaks the window protocol (sync_window.hpp) wrongly in one way:
 //
 //   size       a snapshot whose announced byte count is not the layout's
-//   backwards  two plausible snapshots, then a sequence number below the last consumed
+//   backwards  two plausible snapshots of weight 0, then a sequence number below the last consumed
 //   future     a base version ahead of every version the syncer made
 //   reference  a difference against a reference version the syncer never sent
 //   counters   token counters its batch cannot make (c_tok = 2^62 in 1 step)
@@ -147,10 +147,12 @@ class Liar {
     if (l == "size") {
       put(p, raw(), n - 4, checksum(raw().first(n - 4)), -1, meta, next);
     } else if (l == "backwards") {
-      // Two plausible snapshots (its Θ: no progress of its own), then a number that goes back;
-      // that one is never consumed, and nothing more is published.
+      // Two plausible snapshots that carry nothing (0 steps, 0 tokens: weight 0, so that only
+      // the lie is tested, not a stale copy of Θ), then a number that goes back; that one is
+      // never consumed, and nothing more is published.
       if (published_[p] >= 3) return;
       const bool back = published_[p]++ == 2;
+      meta.c_steps = meta.c_tok = 0;
       put(p, raw(), n, checksum(raw()), -1, meta, back ? seq_[p] - 1 : next);
       if (!back) seq_[p] = next;
       lies_ += back;
