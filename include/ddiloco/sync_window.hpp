@@ -304,6 +304,7 @@ class SyncerWindow {
     std::string problem;    ///< why the snapshot is refused ("" = none; torn is the caller's)
     bool unreachable = false;  ///< the read failed: the unit is lost or its link stalled
     int64_t ref = -1;          ///< the reference version it was decoded against (−1: raw fp32)
+    bool garbled = false;      ///< refused for its checksum: what a crash leaves in an outbox
   };
   /// Reads unit u's snapshot of fragment p as announced by the polled `headers` (kOutBytes,
   /// kOutRef, kOutChecksum), re-reads its sequence number, checks the checksum and decodes it

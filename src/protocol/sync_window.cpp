@@ -380,6 +380,7 @@ std::optional<SyncerWindow::Fetched> SyncerWindow::end_fetch(int u, std::span<fl
                               raw ? "fp32" : wire::format_name(layout_->format()));
   } else if (checksum(data) != l.sum) {
     got.problem = "checksum mismatch";
+    got.garbled = true;
   } else if (raw) {
     std::memcpy(dst.data(), data.data(), data.size());
   } else {

@@ -528,7 +528,7 @@ bool SyncerCore::end_read(int u) {
     s.owed = true;  // a unit waiting for a merge gets the current one
     // (Not a checksum mismatch: that is what a crash leaves, and the unit rejoins and redoes
     // its round, whose merge waits for it: docs/algorithm.md "Failure and rejoin".)
-    if (plan_.every_merge_has_all && plan_.outer_steps && problem != "checksum mismatch") stand_in(u, r.p, r.seq);
+    if (plan_.every_merge_has_all && plan_.outer_steps && !got->garbled) stand_in(u, r.p, r.seq);
     return true;
   }
   accept_snapshot(u, r.p, r.seq, r.meta, got->wire_bytes, got->ref);
@@ -713,13 +713,14 @@ void SyncerCore::merge(int p, const std::vector<int>& units) {
 nlohmann::json SyncerCore::bound_outer_gradients(int p, const std::vector<int>& units) {
   std::vector<OuterGradientBound::Sized> sized;
   std::vector<int> weighed;  // a contribution of weight 0 (a stand-in) moves nothing: not sized
+  std::vector<std::span<const float>> anchors;
   for (int u : units) {
     const Slot& s = slots_[u][p];
     if (token_weight(s.meta.c_tok, s.meta.c_steps) <= 0) continue;
+    const std::span<const float> a = history_.anchor_of(p, s);
     weighed.push_back(u);
-    const std::span<const float> anchor = history_.anchor_of(p, s);
-    sized.push_back({u, outer_gradient_norm(s.data, anchor.empty() ? std::span<const float>(theta_[p]) : anchor),
-                     s.meta.c_steps});
+    anchors.push_back(a.empty() ? std::span<const float>(theta_[p]) : a);
+    sized.push_back({u, outer_gradient_norm(s.data, anchors.back()), s.meta.c_steps});
   }
   const bool warm_up = warm(p, units);
   const std::vector<double> scale = bound_.clip(p, warm_up, warm_up ? 1 : plan_.h, sized);
@@ -727,8 +728,7 @@ nlohmann::json SyncerCore::bound_outer_gradients(int p, const std::vector<int>& 
   for (size_t i = 0; i < weighed.size(); ++i) {
     if (scale[i] >= 1.0) continue;
     Slot& s = slots_[weighed[i]][p];
-    const std::span<const float> a = history_.anchor_of(p, s);
-    const std::span<const float> anchor = a.empty() ? std::span<const float>(theta_[p]) : a;
+    const std::span<const float> anchor = anchors[i];
     for (size_t k = 0; k < s.data.size(); ++k)  // θ ← A − scale·(A − θ)
       s.data[k] = static_cast<float>(anchor[k] - scale[i] * (static_cast<double>(anchor[k]) - s.data[k]));
     clipped.push_back(weighed[i]);
