@@ -18,7 +18,8 @@
 //                merged into Θ_p (0: none); numbers go on across resumed jobs
 //              /outer/grace float64 (7): grace-window averages (GraceWindow::state)
 //   unit_<u>.h5 attrs format, format_version, role = "unit", id, unit, ranks, step, tokens,
-//              schedule_step, rejoins, lost (1: down after a crash, no parameters), run_seed
+//              schedule_step, rejoins, lost (1: down after a crash, no parameters), run_seed,
+//              sample_rng (mode single only: the sampler's generator, Rng::state text)
 //              /model  /params/<tensor> θ  /adamw/m/<tensor>  /adamw/v/<tensor> (attr step)
 //              /outer/{c_steps, c_tok, sent_step, last_seq, sent_c_steps, sent_c_tok} int64 (P)
 //              /outer/sent_theta_<p> float32 (numel of fragment p; outer.apply = carry only)
@@ -27,6 +28,8 @@
 //                wan.format only; sync_window.hpp); /outer/wire_residual_<p> float32: its
 //                error-feedback residual E (where it has one)
 //              /data/cursor int64 (ranks, 2): epoch and batch of each rank's training stream
+// Mode single (one unit, no syncer) writes unit_0.h5 (one fragment, its counters 0) and the
+// manifest, no syncer.h5 (single_checkpoints.hpp).
 // String attributes are fixed-length (h5::write_attr); the readers refuse a file of an
 // earlier version, whose strings were variable-length, naming the file and the attribute.
 // Random state: nothing random during training keeps hidden state. The data order is a
@@ -93,6 +96,7 @@ struct UnitState {
   std::vector<std::vector<float>> wire_ref;
   std::vector<std::vector<float>> wire_residual;  ///< per fragment: E (empty: none)
   std::vector<DataCursor> cursors;             ///< per rank of the unit
+  std::string sample_rng;  ///< mode single: the sampler's Rng::state (empty: none)
   /// Every field (a read back file equals what was written, tests/unit/test_checkpoint.cpp).
   bool operator==(const UnitState&) const = default;
 };
@@ -132,9 +136,16 @@ void write_manifest(const std::filesystem::path& dir, int64_t id, const Config& 
 nlohmann::json verify(const std::filesystem::path& dir);
 
 /// Throws Error naming the first field in which the checkpoint's job differs from `config`
-/// (model shape, mode, units.count, a unit's ranks, outer.fragments).
+/// (model shape, mode, units.count, a unit's ranks, outer.fragments). Mode single runs on any
+/// number of ranks: its caller compares them (single_checkpoints.hpp).
 void check_compatible(const nlohmann::json& manifest, const Config& config,
                       const std::filesystem::path& dir);
+
+/// The checkpoint that `resume` names, verified and checked against `config`: "auto" is the
+/// newest complete one under checkpoint.dir (the skipped ones printed as warnings), or none
+/// ("" returned, "starting fresh" printed); anything else is a checkpoint directory. Throws
+/// Error naming the directory and what is wrong.
+std::string choose(const Config& config, const std::string& resume);
 
 /// The newest complete checkpoint under `root` (highest id whose verify() passes), or none;
 /// every newer one that is incomplete or corrupt is skipped with a line in `warnings`.

@@ -127,9 +127,12 @@ struct TrainResult {
 /// progress on rank 0, and the final model saved to run.dir/model.h5.
 /// Every input (shards, run.dir, memory) is validated on every rank before anything is
 /// written; a failure there throws mpi::SetupFailed on all ranks. run.dir must not hold a
-/// previous run unless `overwrite`. SIGINT/SIGTERM end the run at the next step boundary with
-/// an "interrupted" event and the model saved.
-TrainResult train_single_unit(const Config& config, MPI_Comm world, bool overwrite);
+/// previous run unless `overwrite` or `resume`. SIGINT/SIGTERM/SIGUSR1 end the run at the next
+/// step boundary with an "interrupted" event, a checkpoint (checkpoint.at_stop) and the model
+/// saved. `resume` ("" none, "auto", or a checkpoint directory) continues a run from its
+/// checkpoint exactly (single_checkpoints.hpp); "auto" with none starts afresh, replacing
+/// run.dir's outputs.
+TrainResult train_single_unit(const Config& config, MPI_Comm world, bool overwrite, const std::string& resume = "");
 
 /// Sets the OpenMP (and thus OpenBLAS) thread count of this rank: run.threads, or the node's
 /// cores divided by the ranks of `comm` on this node. Returns the count.

@@ -58,9 +58,7 @@ int cmd_train(const ConfigArgs& args) {
       mpi::agree(MPI_COMM_WORLD, [&] { return load_config(args.path, args.overrides); });
   if (mpi::rank(MPI_COMM_WORLD) == 0) warn_config(config);
   if (!mode_traits(config.mode).has_syncer) {
-    if (!args.resume.empty())
-      fail("--resume: mode single writes no checkpoints (modes diloco, streaming and decoupled do)");
-    const TrainResult r = train_single_unit(config, MPI_COMM_WORLD, args.overwrite);
+    const TrainResult r = train_single_unit(config, MPI_COMM_WORLD, args.overwrite, args.resume);
     return r.signal != 0 ? signal_exit_status(r.signal) : 0;
   }
   const int signal = deploy::run_job(config, MPI_COMM_WORLD, args.overwrite, args.resume);

@@ -292,10 +292,12 @@ const std::vector<Entry<Config>>& entries() {
                     "chaos_schedule.yaml in a run directory)"),
       // checkpoint
       DDILOCO_FIELD(int64_t, "checkpoint.every", checkpoint.every,
-                    "outer updates (merges) between two checkpoints; 0 = none by count (see "
-                    "checkpoint.every_s, and at_stop)", at_least<int64_t>(0)),
+                    "outer updates (merges) between two checkpoints, inner steps in mode single; "
+                    "0 = none by count (see checkpoint.every_s, and at_stop). Mode ddp writes none",
+                    at_least<int64_t>(0)),
       DDILOCO_FIELD(double, "checkpoint.every_s", checkpoint.every_s,
-                    "seconds between two checkpoints (taken at the first merge after), besides "
+                    "seconds between two checkpoints (taken at the first merge after; mode single: "
+                    "the next step boundary), besides "
                     "checkpoint.every; 0 = none by time. What a restarted syncer that no unit can give "
                     "Θ back to loses at most (README \"The syncer dying\")", at_least(0.0)),
       DDILOCO_FIELD(std::string, "checkpoint.dir", checkpoint.dir,
@@ -381,7 +383,8 @@ const std::vector<Entry<Config>>& entries() {
                     "[--mca, odls_base_sigkill_timeout, 30]"),
       // debug (test hooks)
       DDILOCO_FIELD(int, "debug.stall_unit", debug.stall_unit,
-                    "test hook: this unit stalls (−1 = none)", at_least(-1)),
+                    "test hook: this unit stalls (−1 = none; mode single: 0, until a stop signal)",
+                    at_least(-1)),
       DDILOCO_FIELD(int64_t, "debug.stall_at_step", debug.stall_at_step,
                     "test hook: ... after this inner step", at_least<int64_t>(0)),
       DDILOCO_FIELD(int64_t, "debug.stall_until_merges", debug.stall_until_merges,
@@ -592,9 +595,9 @@ void check_debug_and_checkpoints(const Config& c) {
   // Elsewhere every merge needs every unit: the refused snapshot would stall the job.
   if (c.debug.nan_unit >= 0 && !mode_traits(c.mode).quorum)
     fail("debug.nan_unit: needs mode decoupled, got mode {}", mode_name(c.mode));
-  if (c.checkpoint.every > 0 && !mode_traits(c.mode).outer_steps)
-    fail("checkpoint.every: checkpoints are written in modes diloco, streaming and decoupled, "
-         "got mode {}", mode_name(c.mode));
+  if (c.checkpoint.every > 0 && c.mode == Mode::ddp)
+    fail("checkpoint.every: checkpoints are written in modes single, diloco, streaming and "
+         "decoupled, got mode ddp");
 }
 }  // namespace
 

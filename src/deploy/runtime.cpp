@@ -19,22 +19,8 @@ namespace ddiloco::deploy {
 // The checkpoint a job resumes from ("" = a fresh start), chosen on one rank.
 std::string choose_checkpoint(const Config& config, const std::string& resume) {
   if (!OuterPlan::from(config).outer_steps)
-    fail("--resume: mode ddp writes no checkpoints (modes diloco, streaming and decoupled do)");
-  if (resume == "auto") {
-    const std::filesystem::path root = config.checkpoint.directory(config.run.dir);
-    std::vector<std::string> warnings;
-    const auto found = checkpoint::find_latest(root, warnings);
-    for (const auto& w : warnings) std::fprintf(stderr, "ddiloco: warning: %s\n", w.c_str());
-    if (!found) {
-      std::printf("--resume auto: no checkpoint in %s: starting fresh\n", root.c_str());
-      return "";
-    }
-    checkpoint::check_compatible(found->manifest, config, found->dir);
-    return found->dir.string();
-  }
-  const nlohmann::json manifest = checkpoint::verify(resume);
-  checkpoint::check_compatible(manifest, config, resume);
-  return resume;
+    fail("--resume: mode ddp writes no checkpoints (modes single, diloco, streaming and decoupled do)");
+  return checkpoint::choose(config, resume);
 }
 
 int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::string& resume_arg) {

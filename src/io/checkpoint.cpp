@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -232,6 +233,7 @@ bool write_unit(const fs::path& dir, const UnitState& s) {
     h5::write_attr(file, "rejoins", s.rejoins);
     h5::write_attr(file, "run_seed", s.run_seed);
     h5::write_attr(file, "lost", int64_t{s.lost});
+    if (!s.sample_rng.empty()) h5::write_attr(file, "sample_rng", s.sample_rng);
     if (!s.lost) {
       h5::write_tensors(file, "params", layout, s.params);
       h5::Handle adamw = h5::create_group(file, "adamw", label);
@@ -288,6 +290,7 @@ UnitState read_unit(h5::Handle file, const std::string& label, int fragments,
   s.rejoins = h5::read_attr_int(file, "rejoins", label);
   s.run_seed = h5::read_attr_int(file, "run_seed", label);
   s.lost = h5::read_attr_int(file, "lost", label) != 0;
+  if (h5::has_attr(file, "sample_rng")) s.sample_rng = h5::read_attr_string(file, "sample_rng", label);
   if (s.step < 0 || s.tokens < 0) fail("{}: negative step or tokens", label);
   const ParameterLayout layout = ParameterLayout::gpt2(s.model);
   if (!s.lost) {
@@ -404,7 +407,8 @@ nlohmann::json verify(const fs::path& dir) {
       fail("{}: format_version {} is not supported (expected {})", path.string(),
            m.at("format_version").get<int64_t>(), kFormatVersion);
     const int units = m.at("units").get<int>();
-    std::map<std::string, bool> needed = {{"syncer.h5", false}};
+    std::map<std::string, bool> needed;  // mode single has no syncer
+    if (m.at("mode").get<std::string>() != "single") needed["syncer.h5"] = false;
     for (int u = 0; u < units; ++u) needed[fmt::format("unit_{}.h5", u)] = false;
     for (const auto& f : m.at("files")) {
       const std::string name = f.at("name").get<std::string>();
@@ -445,6 +449,7 @@ void check_compatible(const nlohmann::json& m, const Config& config, const fs::p
       mismatch("mode", m.at("mode").get<std::string>(), mode_name(config.mode));
     if (m.at("units").get<int>() != config.units.count)
       mismatch("units.count", m.at("units").get<int>(), config.units.count);
+    if (config.mode == Mode::single) return;  // any ranks, one fragment, no rounds
     const auto ranks = m.at("unit_ranks").get<std::vector<int>>();
     for (int u = 0; u < config.units.count && u < static_cast<int>(ranks.size()); ++u)
       if (ranks[u] != config.unit_ranks(u))
@@ -463,6 +468,24 @@ void check_compatible(const nlohmann::json& m, const Config& config, const fs::p
   } catch (const nlohmann::json::exception& e) {
     fail("{}/manifest.json: invalid manifest: {}", where, e.what());
   }
+}
+
+std::string choose(const Config& config, const std::string& resume) {
+  if (resume == "auto") {
+    const fs::path root = config.checkpoint.directory(config.run.dir);
+    std::vector<std::string> warnings;
+    const auto found = find_latest(root, warnings);
+    for (const auto& w : warnings) std::fprintf(stderr, "ddiloco: warning: %s\n", w.c_str());
+    if (!found) {
+      std::printf("--resume auto: no checkpoint in %s: starting fresh\n", root.c_str());
+      return "";
+    }
+    check_compatible(found->manifest, config, found->dir);
+    return found->dir.string();
+  }
+  const nlohmann::json manifest = verify(resume);
+  check_compatible(manifest, config, resume);
+  return resume;
 }
 
 std::optional<Found> find_latest(const fs::path& root, std::vector<std::string>& warnings) {

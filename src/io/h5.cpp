@@ -277,6 +277,11 @@ size_t link_count(hid_t group) {
   return static_cast<size_t>(info.nlinks);
 }
 
+bool has_attr(hid_t obj, const std::string& name) {
+  silence();
+  return H5Aexists(obj, name.c_str()) > 0;
+}
+
 bool exists(hid_t parent, const std::string& name) {
   silence();
   return H5Lexists(parent, name.c_str(), H5P_DEFAULT) > 0;

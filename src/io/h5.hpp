@@ -51,11 +51,11 @@ void check_fits_file(hid_t obj, uint64_t bytes, const std::string& what, const s
 Handle create_group(hid_t parent, const std::string& name, const std::string& label);
 Handle open_group(hid_t parent, const std::string& name, const std::string& label);
 bool exists(hid_t parent, const std::string& name);
+/// Whether `obj` has an attribute `name`.
+bool has_attr(hid_t obj, const std::string& name);
 /// Number of members of a group.
 size_t link_count(hid_t group);
 
-void write_attr(hid_t obj, const std::string& name, int64_t value);
-void write_attr(hid_t obj, const std::string& name, double value);
 /// The most bytes a string attribute may hold, written or read: HDF5 itself refuses an
 /// attribute over 64 KiB in the file format ddiloco writes, and a reader allocates what a
 /// (corrupt) file declares only below this bound.

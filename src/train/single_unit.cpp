@@ -1,8 +1,10 @@
 // `ddiloco train` in mode single (trainer.hpp, train_single_unit): one learner unit, no
-// syncer — a policy of the inner-step loop (train_loop.hpp) that logs, evaluates, samples and
-// saves the model.
+// syncer — a policy of the inner-step loop (train_loop.hpp) that logs, evaluates, samples,
+// checkpoints (single_checkpoints.hpp) and saves the model.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 
 #include "ddiloco/error.hpp"
 #include "ddiloco/metrics.hpp"
@@ -13,6 +15,7 @@
 #include "ddiloco/sampler.hpp"
 #include "ddiloco/signals.hpp"
 #include "ddiloco/shard.hpp"
+#include "ddiloco/single_checkpoints.hpp"
 #include "ddiloco/data_loader.hpp"
 #include "ddiloco/train_loop.hpp"
 #include "ddiloco/trainer.hpp"
@@ -32,12 +35,18 @@ std::string format_tokens(double n) {
 struct Setup {
   std::unique_ptr<UnitTrainer> trainer;
   std::unique_ptr<ValidationSet> val;
+  std::optional<single::Resumed> resumed;
+  bool replace = false;  // run.dir's outputs are replaced (--overwrite, or --resume auto with none)
 };
 
-Setup set_up(const Config& config, MPI_Comm world, bool overwrite) {
+Setup set_up(const Config& config, MPI_Comm world, bool overwrite, const std::string& resume) {
+  std::optional<single::Resumed> resumed = single::read_resume(config, world, resume);
+  const bool replace = overwrite || (resume == "auto" && !resumed);
   return mpi::agree(world, [&] {
     Setup s;
-    if (mpi::rank(world) == 0) check_run_dir(config.run.dir, overwrite);
+    s.resumed = resumed;
+    s.replace = replace;
+    if (mpi::rank(world) == 0) check_run_dir(config.run.dir, replace || resumed);
     const auto train_files = expand_shard_pattern(config.data.train, "data.train");
     const auto val_files = expand_shard_pattern(config.data.val, "data.val");
     check_disjoint_splits(train_files, val_files);
@@ -53,24 +62,30 @@ Setup set_up(const Config& config, MPI_Comm world, bool overwrite) {
 
 class SingleUnit final : public StepPolicy {
  public:
-  SingleUnit(const Config& config, MPI_Comm world, bool overwrite)
+  SingleUnit(const Config& config, MPI_Comm world, bool overwrite, const std::string& resume)
       : config_(config),
         world_(world),
         ranks_(mpi::size(world)),
         leader_(mpi::rank(world) == 0),
         threads_(configure_threads(config.run.threads, world)),
         dir_(config.run.dir),
-        setup_(set_up(config, world, overwrite)),
+        setup_(set_up(config, world, overwrite, resume)),
         trainer_(*setup_.trainer),
+        checkpoints_(mpi::agree(world, [&] { return single::Checkpoints(config, world); })),
         bar_(leader_ && config.run.progress),
         sample_rng_(mix_seed(static_cast<uint64_t>(config.run.seed), 0x5a3d1e)) {
     install_stop_signals();
-    if (leader_) start_log(overwrite);
+    if (setup_.resumed) {
+      single::restore(setup_.resumed->unit, mpi::rank(world), trainer_, sample_rng_);
+      tokens_ = setup_.resumed->unit.tokens;
+      first_ = setup_.resumed->unit.step + 1;
+    }
+    if (leader_) start_log();
   }
 
   TrainResult run() {
     wall_.restart();
-    const int64_t done = run_steps(trainer_, 1, *this);
+    const int64_t done = run_steps(trainer_, first_, *this);
     bar_.finish();
     if (result_.signal == 0) {
       evaluate(done);
@@ -80,13 +95,17 @@ class SingleUnit final : public StepPolicy {
     return result_;
   }
 
-  // A stop signal counts once every rank of the unit knows of it.
+  // A stop signal counts once every rank of the unit knows of it, and a checkpoint of the step
+  // before once rank 0 (whose clock decides checkpoint.every_s) says it is due: one reduction.
   bool before_step(int64_t t) override {
     if (t > config_.train.steps) return false;
-    int signal = stop_signal();
-    if (ranks_ > 1) mpi::check(MPI_Allreduce(MPI_IN_PLACE, &signal, 1, MPI_INT, MPI_MAX, world_), "Allreduce");
-    result_.signal = signal;
-    return signal == 0;
+    stall_for_test(t - 1);
+    int flags[2] = {stop_signal(), leader_ && t > first_ && checkpoints_.due(t - 1)};
+    if (ranks_ > 1) mpi::check(MPI_Allreduce(MPI_IN_PLACE, flags, 2, MPI_INT, MPI_MAX, world_), "Allreduce");
+    result_.signal = flags[0];
+    if (flags[0] != 0) return false;  // the stop's checkpoint is finish()'s
+    if (flags[1] != 0) checkpoints_.write(t - 1, tokens_, trainer_, sample_rng_, log_);
+    return true;
   }
 
   bool after_step(int64_t& t, const StepStats& s, const Stopwatch&) override {
@@ -105,7 +124,8 @@ class SingleUnit final : public StepPolicy {
   }
 
  private:
-  void start_log(bool overwrite);
+  void start_log();
+  void stall_for_test(int64_t t);
   void log_train(int64_t t, const StepStats& s);
   void evaluate(int64_t t);
   void sample(int64_t t);
@@ -120,6 +140,8 @@ class SingleUnit final : public StepPolicy {
   const std::filesystem::path dir_;
   Setup setup_;
   UnitTrainer& trainer_;
+  single::Checkpoints checkpoints_;
+  int64_t first_ = 1;  // the first step this job runs (a resumed one: the checkpoint's + 1)
   JsonlWriter log_;  // leader: metrics.jsonl
   ProgressBar bar_;
   Stopwatch wall_;
@@ -134,13 +156,14 @@ class SingleUnit final : public StepPolicy {
   TrainResult result_{NAN, 0};
 };
 
-void SingleUnit::start_log(bool overwrite) {
-  if (overwrite) clear_run_outputs(dir_);
+void SingleUnit::start_log() {
+  if (setup_.replace) clear_run_outputs(dir_);
   const std::string yaml = to_yaml(config_);
   write_text_atomically(dir_ / "config.yaml", yaml);
   std::printf("ddiloco %s: effective configuration (saved to %s)\n%s", DDILOCO_VERSION,
               (dir_ / "config.yaml").c_str(), yaml.c_str());
-  log_ = JsonlWriter(dir_ / "metrics.jsonl", /*truncate=*/true);
+  // A resumed run goes on with the same metrics file.
+  log_ = JsonlWriter(dir_ / "metrics.jsonl", /*truncate=*/!setup_.resumed);
   const auto& model = trainer_.model();
   std::printf("model: %.2fM parameters, %d ranks x %d threads, %lld tokens/step, "
               "train %lld batches/epoch/stream, val %lld sequences\n",
@@ -149,10 +172,22 @@ void SingleUnit::start_log(bool overwrite) {
               static_cast<long long>(trainer_.data()->batches_per_epoch()),
               static_cast<long long>(setup_.val->sequences()));
   std::fflush(stdout);
-  log_.write({{"event", "start"}, {"step", 0}, {"tokens", 0}, {"elapsed_s", 0.0}, {"mode", "single"},
+  log_.write({{"event", "start"}, {"step", first_ - 1}, {"tokens", tokens_}, {"elapsed_s", 0.0}, {"mode", "single"},
               {"ranks", ranks_}, {"threads_per_rank", threads_}, {"parameters", model.layout().size()},
               {"tokens_per_step", trainer_.tokens_per_step()}});
+  if (setup_.resumed) {
+    log_.write({{"event", "resume"}, {"step", first_ - 1}, {"tokens", tokens_}, {"elapsed_s", 0.0},
+                {"path", setup_.resumed->dir.string()}});
+    std::printf("resumed from %s at step %lld\n", setup_.resumed->dir.c_str(), static_cast<long long>(first_ - 1));
+  }
   if (trainer_.gpu()) std::printf("device: %s\n", trainer_.gpu()->describe().c_str());
+}
+
+// Test hook (debug.stall_unit = 0, debug.stall_at_step): after that step this rank waits,
+// asleep, until it is told to stop, so that a test signals a run at a step of its choosing.
+void SingleUnit::stall_for_test(int64_t t) {
+  if (config_.debug.stall_unit != 0 || t != config_.debug.stall_at_step || t < first_) return;
+  while (stop_signal() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
 void SingleUnit::console(const std::string& line) {
@@ -205,6 +240,9 @@ void SingleUnit::sample(int64_t t) {
 // The model saved, and the run's last event: done, or interrupted with the step each rank
 // stopped at (they agreed on the stop, so one step).
 void SingleUnit::finish(int64_t done) {
+  // Collective: every rank's data cursor goes into it. (None when nothing was stepped since
+  // the checkpoint this job resumed from.)
+  if (config_.checkpoint.at_stop && done >= first_) checkpoints_.write(done, tokens_, trainer_, sample_rng_, log_);
   std::vector<int64_t> rank_steps(static_cast<size_t>(ranks_), done);
   if (result_.signal != 0 && ranks_ > 1)
     mpi::check(MPI_Gather(&done, 1, MPI_INT64_T, rank_steps.data(), 1, MPI_INT64_T, 0, world_), "Gather");
@@ -232,8 +270,8 @@ void SingleUnit::finish(int64_t done) {
 
 }  // namespace
 
-TrainResult train_single_unit(const Config& config, MPI_Comm world, bool overwrite) {
-  return SingleUnit(config, world, overwrite).run();
+TrainResult train_single_unit(const Config& config, MPI_Comm world, bool overwrite, const std::string& resume) {
+  return SingleUnit(config, world, overwrite, resume).run();
 }
 
 }  // namespace ddiloco

@@ -14,6 +14,7 @@
 #include "ddiloco/fragments.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/rng.hpp"
+#include "ddiloco/run_dir.hpp"
 #include "io/h5.hpp"
 #include "temp_dir.hpp"
 
@@ -97,6 +98,9 @@ UnitState unit_state(const Config& c, int unit, int64_t id) {
   s.wire_ref = {values(n0, 3), values(n1, 4)};
   s.wire_residual = {values(n0, 5), {}};  // fragment 1 has no residual
   s.cursors = {{0, 40}, {1, 2}};
+  Rng sampler(1337 + static_cast<uint64_t>(unit));
+  sampler.next_u64();
+  s.sample_rng = sampler.state();  // mode single's (the outer modes leave it empty)
   return s;
 }
 
@@ -112,10 +116,12 @@ auto fields(const SyncerState& s) {
 auto fields(const UnitState& s) {
   const auto& [id, unit, model, lost, step, tokens, schedule_step, rejoins, run_seed, params,
                adam_m, adam_v, adam_step, c_steps, c_tok, sent_step, last_seq, sent_c_steps,
-               sent_c_tok, sent_theta, wire_ref_version, wire_ref, wire_residual, cursors] = s;
+               sent_c_tok, sent_theta, wire_ref_version, wire_ref, wire_residual, cursors,
+               sample_rng] = s;
   return std::tie(id, unit, model, lost, step, tokens, schedule_step, rejoins, run_seed, params,
                   adam_m, adam_v, adam_step, c_steps, c_tok, sent_step, last_seq, sent_c_steps,
-                  sent_c_tok, sent_theta, wire_ref_version, wire_ref, wire_residual, cursors);
+                  sent_c_tok, sent_theta, wire_ref_version, wire_ref, wire_residual, cursors,
+                  sample_rng);
 }
 
 // Every field differs from its default in at least one of `states`: a round trip of these
@@ -397,6 +403,36 @@ TEST(Checkpoint, AnotherJobsCheckpointIsRefusedNamingTheField) {
   EXPECT_NE(e.find("(16, 16)"), std::string::npos) << e;
   e = error_of([&] { checkpoint::read_unit(checkpoint::unit_file(dir, 1), 3); });
   EXPECT_NE(e.find("c_steps"), std::string::npos) << e;
+}
+
+// Mode single: unit_0.h5 and the manifest, no syncer.h5, on any number of ranks.
+TEST(Checkpoint, ModeSingleNeedsNoSyncerFileAndIsChosenByAuto) {
+  test::TempDir tmp;
+  Config c = job();
+  c.mode = Mode::single;
+  c.units.count = 1;
+  c.units.ranks = {};
+  c.run.dir = tmp.path().string();
+  const fs::path root = c.checkpoint.directory(c.run.dir);
+  const fs::path dir = checkpoint::directory(root, 3);
+  fs::create_directories(dir);
+  checkpoint::UnitState st = unit_state(c, 0, 3);
+  checkpoint::write_unit(dir, st);
+  checkpoint::write_manifest(dir, 3, c, {{"step", st.step}, {"unit_ranks", std::vector<int>{2}}});
+  const nlohmann::json m = checkpoint::verify(dir);
+  EXPECT_EQ(m.at("mode"), "single");
+  EXPECT_NO_THROW(checkpoint::check_compatible(m, c, dir));
+  EXPECT_EQ(checkpoint::choose(c, "auto"), dir.string());
+  EXPECT_EQ(checkpoint::choose(c, dir.string()), dir.string());
+  EXPECT_EQ(checkpoint::read_unit(checkpoint::unit_file(dir, 0), 2), st);
+  Config other = job();  // decoupled, 2 units
+  EXPECT_NE(error_of([&] { checkpoint::check_compatible(m, other, dir); }).find("mode is single there, decoupled"),
+            std::string::npos);
+  // The same files under another mode's manifest lack the syncer's.
+  nlohmann::json dm = m;
+  dm["mode"] = "decoupled";
+  write_text_atomically(dir / "manifest.json", dm.dump());
+  EXPECT_NE(error_of([&] { checkpoint::verify(dir); }).find("does not list syncer.h5"), std::string::npos);
 }
 
 TEST(Checkpoint, PruneKeepsTheNewestCompleteOnesAndDropsAbandonedPartialOnes) {

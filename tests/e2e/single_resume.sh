@@ -1,0 +1,109 @@
+# Exact resume of mode single (one unit of 2 ranks, no syncer; single_checkpoints.hpp): a run
+# straight through, the same run resumed from a periodic checkpoint by path, the same run
+# stopped by SIGTERM to its ranks (as Slurm sends it: they finish the step and write a
+# checkpoint, exit 143) then resumed with --resume auto, and the same run killed with SIGKILL
+# (no warning: the work since its last periodic checkpoint is redone) then resumed with
+# --resume auto, all end on bit-identical parameters and AdamW state, with the same losses
+# and samples at every step both logged (the data cursor of each rank and the sampler's
+# generator are restored). Also: a resume with another number of ranks is refused, naming
+# the -np to use, and writes nothing.
+source "$(dirname "$0")/lib/common.sh"
+source "$(dirname "$0")/lib/text_data.sh"
+cd "$WORK"
+make_text_shards text
+cat > s.yaml <<'YAML'
+mode: single
+run: {dir: A, log_every: 10, progress: false, threads: 1}
+model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16}
+data: {train: text/train_*.bin, val: text/val_*.bin}
+train: {batch_size: 2, steps: 1500, warmup_steps: 2}
+eval: {val_tokens: 512, every_steps: 500, sample_tokens: 8, sample_every_steps: 250}
+checkpoint: {every: 250, every_s: 0, keep: 100}
+YAML
+run() { "${DDILOCO_MPIRUN[@]}" -np 2 "$DDILOCO" train --config s.yaml "$@"; }
+# stop_ranks MPIRUN_PID SIGNAL: the signal to each of the job's 2 ranks; the job's exit status
+# in $rc.
+stop_ranks() {
+  local ranks
+  ranks=$(pgrep -P "$1" | tr '\n' ' ')
+  [[ $(wc -w <<< "$ranks") == 2 ]] || fail "mpirun $1 has children '$ranks', expected its 2 ranks"
+  kill "-$2" $ranks
+  rc=0
+  wait "$1" || rc=$?
+}
+
+run > A.log 2>&1 || { cat A.log; fail "straight run failed"; }
+mid=A/checkpoints/ckpt_00000002
+[[ -f $mid/manifest.json ]] || { ls A/checkpoints; fail "no periodic checkpoint $mid"; }
+grep -q '"mode": "single"' $mid/manifest.json || { cat $mid/manifest.json; fail "manifest of $mid"; }
+"$DDILOCO" inspect "$mid" > inspect.txt || { cat inspect.txt; fail "inspect $mid failed"; }
+run --set run.dir=B --resume "$mid" > B.log 2>&1 || { cat B.log; fail "resume from $mid failed"; }
+grep -q "resumed from $mid at step 500" B.log || { cat B.log; fail "B did not say where it resumed"; }
+
+# Another number of ranks: refused before anything is written.
+rc=0
+"${DDILOCO_MPIRUN[@]}" -np 1 "$DDILOCO" train --config s.yaml --set run.dir=B1 --resume "$mid" > B1.log 2>&1 || rc=$?
+((rc != 0)) || fail "a resume with 1 rank of a 2-rank checkpoint was accepted"
+grep -q "written by 2 ranks, this job has 1: resume it with mpirun -np 2" B1.log || { cat B1.log; fail "B1's message"; }
+[[ ! -e B1/metrics.jsonl ]] || fail "the refused resume wrote B1/metrics.jsonl"
+
+# SIGTERM after step 600 (no periodic checkpoint there), then --resume auto. Step-based, not
+# timed: the ranks wait after step 600 until they are signalled (debug.stall_*).
+hold=(--set debug.stall_unit=0 --set debug.stall_at_step=600)
+"${DDILOCO_MPIRUN[@]}" -np 2 "$DDILOCO" train --config s.yaml --set run.dir=C "${hold[@]}" > C1.log 2>&1 &
+pid=$!
+wait_event C/metrics.jsonl $pid 300 "last('train') >= 0 and ev[last('train')]['step'] >= 600" ||
+  { cat C1.log; fail "C never reached step 600"; }
+stop_ranks $pid TERM
+((rc == 143)) || { cat C1.log; fail "the job exited $rc after SIGTERM, expected 143"; }
+run --set run.dir=C --resume auto > C2.log 2>&1 || { cat C2.log; fail "C: resume auto failed"; }
+
+# SIGKILL after step 600: resumed from the periodic checkpoint of step 500.
+"${DDILOCO_MPIRUN[@]}" -np 2 "$DDILOCO" train --config s.yaml --set run.dir=D "${hold[@]}" > D1.log 2>&1 &
+pid=$!
+wait_event D/metrics.jsonl $pid 300 "last('train') >= 0 and ev[last('train')]['step'] >= 600" ||
+  { cat D1.log; fail "D never reached step 600"; }
+stop_ranks $pid KILL
+((rc != 0)) || fail "the job exited 0 after SIGKILL"
+run --set run.dir=D --resume auto > D2.log 2>&1 || { cat D2.log; fail "D: resume auto failed"; }
+
+/usr/bin/python3 - <<'PY' || fail "resumed runs differ from the straight one"
+import json, glob, h5py, numpy as np
+def events(run):
+    return [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
+def final_state(run):
+    # The last checkpoint holds θ and AdamW's moments; model.h5 holds θ as saved.
+    last = sorted(glob.glob(f"{run}/checkpoints/ckpt_*"))[-1]
+    with h5py.File(f"{last}/unit_0.h5", "r") as f:
+        st = {g + "/" + k: f[g][k][()] for g in ("params", "adamw/m", "adamw/v") for k in f[g]}
+        st["adam_step"] = f["adamw"].attrs["step"]
+        st["step"] = f.attrs["step"]
+        st["cursor"] = f["data"]["cursor"][()]
+    with h5py.File(f"{run}/model.h5", "r") as f:
+        st.update({"model/" + k: f["params"][k][()] for k in f["params"]})
+    return st
+def by_step(run, kind, key):
+    return {e["step"]: e[key] for e in events(run) if e["event"] == kind}
+a = final_state("A")
+assert a["step"] == 1500 and a["adam_step"] == 1500, (a["step"], a["adam_step"])
+for run in ("B", "C", "D"):
+    s = final_state(run)
+    diff = [k for k in a if not np.array_equal(a[k], s[k])]
+    assert not diff, f"{run}: differs from A in {diff[:5]}"
+    for kind, key in (("train", "train_loss"), ("val", "val_loss"), ("sample", "text")):
+        ra, rs = by_step("A", kind, key), by_step(run, kind, key)
+        common = sorted(set(ra) & set(rs))
+        assert len(common) >= 2, (run, kind, common)
+        bad = [t for t in common if ra[t] != rs[t]]
+        assert not bad, f"{run}: {kind} differs from A at steps {bad[:5]}"
+c = events("C")
+stop = [e for e in c if e["event"] == "interrupted"]
+assert len(stop) == 1 and stop[0]["signal"] == 15 and stop[0]["step"] == 600, stop
+resume = [e for e in c if e["event"] == "resume"]
+assert len(resume) == 1 and resume[0]["step"] == stop[0]["step"], (resume, stop)
+d = [e for e in events("D") if e["event"] == "resume"]
+assert len(d) == 1 and d[0]["step"] == 500, d  # the last periodic checkpoint before the kill
+print(f"A, B (from step 500), C (SIGTERM at step {stop[0]['step']}) and D (SIGKILL, from step 500): "
+      f"bit-identical θ, AdamW state and cursors; losses and samples equal at every common step")
+PY
+echo "PASS: single_resume"
