@@ -103,6 +103,7 @@ struct UnitsConfig {
   int ranks_per_unit = 1;        ///< used when `ranks` is empty
   std::vector<int> ranks;        ///< ranks of each unit (may differ); empty = ranks_per_unit
   std::vector<double> slowdown;  ///< per-unit compute slow-down factor ≥ 1 (straggler emulation)
+  int zero = 0;                  ///< 1: AdamW's state sharded over a unit's ranks (ZeRO-1, zero.hpp)
 };
 
 /// The outer loop: fragments, schedule, merge and outer optimizer.

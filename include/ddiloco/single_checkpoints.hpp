@@ -42,8 +42,9 @@ struct Resumed {
 /// data stream depends on the count: the message names the mpirun -np to use).
 std::optional<Resumed> read_resume(const Config& config, MPI_Comm world, const std::string& resume);
 
-/// Puts a checkpoint's state into `trainer` (θ, AdamW, the step count, this rank's data
-/// cursor, uploaded to the device with cuda) and `sampler`. Local to this rank.
+/// Puts a checkpoint's state into `trainer` (θ, AdamW — this rank's shard with units.zero = 1 —,
+/// the step count, this rank's data cursor, uploaded to the device with cuda) and `sampler`.
+/// Local to this rank.
 void restore(const checkpoint::UnitState& state, int rank, UnitTrainer& trainer, Rng& sampler);
 
 /// When to write, and writing. Construct on every rank after the run directory is checked.

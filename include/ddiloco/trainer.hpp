@@ -2,7 +2,9 @@
 //
 // Every rank of the unit holds the full model (bit-identical: same init, same averaged
 // gradient, same update). One inner step = forward + backward on the rank's own batch,
-// MPI_Allreduce of the gradients over the unit (mean), clipping by global norm, AdamW.
+// MPI_Allreduce of the gradients over the unit (mean), clipping by global norm, AdamW. With
+// units.zero = 1 each rank holds the AdamW state of its shard only and the step reduce-scatters
+// the gradients and all-gathers the updated shards instead (zero.hpp): the same update.
 //
 // With run.device: cuda the same step runs on this rank's GPU (unit_backend.hpp: GptCuda,
 // NCCL mean of the gradients, clip and AdamW on the device). The host model and optimizer
@@ -24,6 +26,7 @@
 #include "ddiloco/unit_backend.hpp"
 #include "ddiloco/model.hpp"
 #include "ddiloco/optim.hpp"
+#include "ddiloco/zero.hpp"
 
 namespace ddiloco {
 
@@ -72,9 +75,24 @@ class UnitTrainer {
   /// checksums differ). Collective over the unit.
   void check_replicas() const;
 
-  /// The host model and optimizer. With cuda a mirror: see download_state/upload_state.
+  /// The host model and optimizer. With cuda a mirror: see download_state/upload_state. With
+  /// units.zero = 1 the optimizer holds this rank's shard only (optimizer().shard()): read and
+  /// write its whole state through gather_moments and set_moments.
   Gpt<float>& model() { return model_; }
   AdamW<float>& optimizer() { return optimizer_; }
+
+  /// AdamW's state of the whole buffer.
+  struct Moments {
+    std::vector<float> m, v;  ///< first and second moments, layout.size() each (float32)
+    int64_t step = 0;         ///< AdamW's step count t
+  };
+  /// The whole state on rank 0 of the unit (with units.zero = 1 gathered from every rank's
+  /// shard; with cuda downloaded first); the other ranks get empty vectors. Collective over the
+  /// unit.
+  Moments gather_moments();
+  /// Sets this rank's AdamW state from the whole buffer's (its shard's part with units.zero = 1;
+  /// uploaded to the device with cuda). m and v: layout.size() each, or throws Error. Local.
+  void set_moments(std::span<const float> m, std::span<const float> v, int64_t step);
 
   /// The GPU backend (run.device: cuda), or nullptr on the CPU path.
   gpu::UnitBackend* gpu() { return gpu_.get(); }
@@ -108,6 +126,7 @@ class UnitTrainer {
   std::vector<int32_t> inputs_, targets_;
   int64_t step_ = 0;
   std::unique_ptr<gpu::UnitBackend> gpu_;  // run.device: cuda only
+  std::unique_ptr<ZeroStep> zero_;         // units.zero = 1 with more than one rank
 };
 
 /// Mean loss (nats/token) of `model` on `val`, evaluated in batches of `batch` sequences.

@@ -150,7 +150,7 @@ class Learner : private StepPolicy {
 
   // learner_checkpoint.cpp
   void write_checkpoint(int64_t id, int64_t t, bool lost, bool stopping);
-  checkpoint::UnitState unit_state(int64_t t, bool lost);
+  checkpoint::UnitState unit_state(int64_t t, bool lost, UnitTrainer::Moments moments);
   void checkpoint_while_down();
 
   // learner_resume.cpp

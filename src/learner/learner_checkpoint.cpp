@@ -19,9 +19,11 @@ void Learner::write_checkpoint(int64_t id, int64_t t, bool lost, bool stopping) 
   std::vector<int64_t> cursor = {mine.epoch, mine.batch}, all(2 * static_cast<size_t>(topo_.unit_size));
   mpi::check(MPI_Gather(cursor.data(), 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, 0, topo_.unit_comm),
              "Gather(data cursor)");
+  // AdamW's state, gathered from every rank's shard with units.zero = 1 (collective).
+  UnitTrainer::Moments moments = lost ? UnitTrainer::Moments{} : trainer_.gather_moments();
   if (!topo_.leader) return;
   Stopwatch clock;
-  checkpoint::UnitState st = unit_state(t, lost);
+  checkpoint::UnitState st = unit_state(t, lost, std::move(moments));
   for (int r = 0; r < topo_.unit_size; ++r) st.cursors.push_back({all[2 * r], all[2 * r + 1]});
   bool written = false;
   try {
@@ -47,7 +49,7 @@ void Learner::write_checkpoint(int64_t id, int64_t t, bool lost, bool stopping) 
 }
 
 // Leader: what the unit's file holds, but for its id and the data cursors.
-checkpoint::UnitState Learner::unit_state(int64_t t, bool lost) {
+checkpoint::UnitState Learner::unit_state(int64_t t, bool lost, UnitTrainer::Moments moments) {
   checkpoint::UnitState st;
   st.unit = set_.unit;
   st.model = config_.model;
@@ -58,12 +60,12 @@ checkpoint::UnitState Learner::unit_state(int64_t t, bool lost) {
   st.rejoins = core_->rejoins();
   st.run_seed = config_.run.seed;
   if (!lost) {
-    trainer_.download_state();  // cuda: the device's parameters and AdamW moments
-    auto copy = [](std::span<const float> x) { return std::vector<float>(x.begin(), x.end()); };
-    st.params = copy(trainer_.model().parameters());
-    st.adam_m = copy(trainer_.optimizer().first_moment());
-    st.adam_v = copy(trainer_.optimizer().second_moment());
-    st.adam_step = trainer_.optimizer().step_count();
+    // (gather_moments downloaded the device's parameters and moments with cuda)
+    const auto params = trainer_.model().parameters();
+    st.params.assign(params.begin(), params.end());
+    st.adam_m = std::move(moments.m);
+    st.adam_v = std::move(moments.v);
+    st.adam_step = moments.step;
   }
   for (int p = 0; p < fragments_.size(); ++p) {
     const FragmentState& f = core_->fragment(p);

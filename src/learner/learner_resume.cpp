@@ -21,9 +21,7 @@ void Learner::resume_from_checkpoint() {
     trainer_.optimizer().reset();
   } else {
     std::copy(st.params.begin(), st.params.end(), params.begin());
-    std::copy(st.adam_m.begin(), st.adam_m.end(), trainer_.optimizer().first_moment().begin());
-    std::copy(st.adam_v.begin(), st.adam_v.end(), trainer_.optimizer().second_moment().begin());
-    trainer_.optimizer().set_step_count(st.adam_step);
+    trainer_.set_moments(st.adam_m, st.adam_v, st.adam_step);  // units.zero = 1: this rank's shard
   }
   trainer_.set_steps_done(st.step);
   if (plan_.lr_on_job_clock) trainer_.set_schedule_step(st.schedule_step);

@@ -8,10 +8,20 @@
 namespace ddiloco {
 
 template <typename S>
-AdamW<S>::AdamW(const ParameterLayout& layout, const AdamWConfig& config) : config_(config) {
-  for (const auto& t : layout.tensors()) ranges_.push_back({t.offset, t.numel, t.weight_decay});
-  m_.assign(layout.size(), S(0));
-  v_.assign(layout.size(), S(0));
+AdamW<S>::AdamW(const ParameterLayout& layout, const AdamWConfig& config)
+    : AdamW(layout, config, StateShard{0, layout.size()}) {}
+
+template <typename S>
+AdamW<S>::AdamW(const ParameterLayout& layout, const AdamWConfig& config, StateShard shard)
+    : config_(config), numel_(layout.size()), shard_(shard) {
+  if (shard.lo > shard.hi || shard.hi > numel_)
+    fail("AdamW: shard [{}, {}) is not within the {} parameters", shard.lo, shard.hi, numel_);
+  for (const auto& t : layout.tensors()) {
+    const size_t lo = std::max(t.offset, shard.lo), hi = std::min(t.offset + t.numel, shard.hi);
+    if (lo < hi) ranges_.push_back({lo, hi - lo, t.weight_decay});
+  }
+  m_.assign(shard.size(), S(0));
+  v_.assign(shard.size(), S(0));
 }
 
 template <typename S>
@@ -23,8 +33,8 @@ void AdamW<S>::reset() {
 
 template <typename S>
 void AdamW<S>::step(std::span<S> params, std::span<const S> grads, double lr) {
-  if (params.size() != m_.size() || grads.size() != m_.size())
-    fail("AdamW: expected {} parameters and gradients, got {} and {}", m_.size(), params.size(),
+  if (params.size() != numel_ || grads.size() != m_.size())
+    fail("AdamW: expected {} parameters and {} gradients, got {} and {}", numel_, m_.size(), params.size(),
          grads.size());
   if (!(lr > 0)) fail("AdamW: learning rate must be > 0, got {}", lr);
   ++t_;
@@ -35,9 +45,10 @@ void AdamW<S>::step(std::span<S> params, std::span<const S> grads, double lr) {
   for (const Range& r : ranges_) {
     const S decay = r.decay ? static_cast<S>(config_.weight_decay) : S(0);
     S* p = params.data() + r.offset;
-    const S* g = grads.data() + r.offset;
-    S* m = m_.data() + r.offset;
-    S* v = v_.data() + r.offset;
+    const size_t local = r.offset - shard_.lo;
+    const S* g = grads.data() + local;
+    S* m = m_.data() + local;
+    S* v = v_.data() + local;
     const long n = static_cast<long>(r.numel);
 #pragma omp parallel for schedule(static) if (n > 4096)
     for (long i = 0; i < n; ++i) {
@@ -64,19 +75,24 @@ double LrSchedule::at(int64_t step) const {
 }
 
 template <typename S>
-double global_norm(std::span<const S> grads) {
-  // Partial sums over fixed blocks, added in order: the result does not depend on the number
-  // of threads, so ranks with different thread counts clip identically.
-  constexpr size_t kBlock = 1 << 14;
-  const size_t blocks = (grads.size() + kBlock - 1) / kBlock;
-  std::vector<double> partial(blocks, 0.0);
+void norm_partials(std::span<const S> grads, std::span<double> out) {
+  const size_t blocks = (grads.size() + kNormBlock - 1) / kNormBlock;
+  if (out.size() != blocks) fail("norm_partials: {} blocks, {} sums", blocks, out.size());
 #pragma omp parallel for schedule(static)
   for (size_t b = 0; b < blocks; ++b) {
     double s = 0;
-    const size_t end = std::min(grads.size(), (b + 1) * kBlock);
-    for (size_t i = b * kBlock; i < end; ++i) s += static_cast<double>(grads[i]) * grads[i];
-    partial[b] = s;
+    const size_t end = std::min(grads.size(), (b + 1) * kNormBlock);
+    for (size_t i = b * kNormBlock; i < end; ++i) s += static_cast<double>(grads[i]) * grads[i];
+    out[b] = s;
   }
+}
+
+template <typename S>
+double global_norm(std::span<const S> grads) {
+  // Partial sums over fixed blocks, added in order: the result does not depend on the number
+  // of threads, so ranks with different thread counts clip identically.
+  std::vector<double> partial((grads.size() + kNormBlock - 1) / kNormBlock, 0.0);
+  norm_partials(grads, std::span<double>(partial));
   double sum = 0;
   for (double s : partial) sum += s;
   return std::sqrt(sum);
@@ -97,6 +113,8 @@ double clip_grad_norm(std::span<S> grads, double max_norm) {
   return norm;
 }
 
+template void norm_partials<float>(std::span<const float>, std::span<double>);
+template void norm_partials<double>(std::span<const double>, std::span<double>);
 template double global_norm<float>(std::span<const float>);
 template double global_norm<double>(std::span<const double>);
 template double clip_grad_norm<float>(std::span<float>, double);

@@ -12,20 +12,20 @@ namespace ddiloco::single {
 
 namespace {
 
-// What unit_0.h5 holds, but for the data cursors (gathered) and the id.
+// What unit_0.h5 holds, but for the data cursors (gathered) and the id. Rank 0, after
+// gather_moments (which downloaded the device's state with cuda).
 checkpoint::UnitState state_of(const Config& config, int64_t t, int64_t tokens, UnitTrainer& trainer,
-                               const Rng& sampler) {
+                               UnitTrainer::Moments moments, const Rng& sampler) {
   checkpoint::UnitState st;
   st.model = config.model;
   st.step = t;
   st.tokens = tokens;
   st.run_seed = config.run.seed;
-  trainer.download_state();  // cuda: the device's parameters and AdamW moments
-  auto copy = [](std::span<const float> x) { return std::vector<float>(x.begin(), x.end()); };
-  st.params = copy(trainer.model().parameters());
-  st.adam_m = copy(trainer.optimizer().first_moment());
-  st.adam_v = copy(trainer.optimizer().second_moment());
-  st.adam_step = trainer.optimizer().step_count();
+  const auto params = trainer.model().parameters();
+  st.params.assign(params.begin(), params.end());
+  st.adam_m = std::move(moments.m);
+  st.adam_v = std::move(moments.v);
+  st.adam_step = moments.step;
   // One fragment that is never sent: the outer modes' counters, at rest.
   st.c_steps = st.c_tok = st.last_seq = st.sent_c_steps = st.sent_c_tok = {0};
   st.sent_step = {-1};
@@ -61,13 +61,11 @@ std::optional<Resumed> read_resume(const Config& config, MPI_Comm world, const s
 
 void restore(const checkpoint::UnitState& st, int rank, UnitTrainer& trainer, Rng& sampler) {
   std::copy(st.params.begin(), st.params.end(), trainer.model().parameters().begin());
-  std::copy(st.adam_m.begin(), st.adam_m.end(), trainer.optimizer().first_moment().begin());
-  std::copy(st.adam_v.begin(), st.adam_v.end(), trainer.optimizer().second_moment().begin());
-  trainer.optimizer().set_step_count(st.adam_step);
   trainer.set_steps_done(st.step);
   trainer.data()->seek(st.cursors[static_cast<size_t>(rank)]);
   if (!st.sample_rng.empty()) sampler.set_state(st.sample_rng);
-  trainer.upload_state();  // cuda: the device trains from the resumed state
+  // This rank's part of AdamW's state (units.zero = 1: its shard); cuda: uploads it all.
+  trainer.set_moments(st.adam_m, st.adam_v, st.adam_step);
 }
 
 Checkpoints::Checkpoints(const Config& config, MPI_Comm world)
@@ -90,11 +88,12 @@ int64_t Checkpoints::write(int64_t t, int64_t tokens, UnitTrainer& trainer, cons
   mpi::check(MPI_Gather(cursor.data(), 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, 0, world_),
              "Gather(data cursor)");
   since_last_.restart();
+  UnitTrainer::Moments moments = trainer.gather_moments();  // collective
   if (!leader_) return 0;
   Stopwatch clock;
   const int64_t id = checkpoint::highest_id(root_) + 1;
   try {
-    checkpoint::UnitState st = state_of(config_, t, tokens, trainer, sampler);
+    checkpoint::UnitState st = state_of(config_, t, tokens, trainer, std::move(moments), sampler);
     st.id = id;
     for (int r = 0; r < ranks; ++r) st.cursors.push_back({all[2 * r], all[2 * r + 1]});
     const std::filesystem::path dir = checkpoint::directory(root_, id);

@@ -165,16 +165,20 @@ void SingleUnit::start_log() {
   // A resumed run goes on with the same metrics file.
   log_ = JsonlWriter(dir_ / "metrics.jsonl", /*truncate=*/!setup_.resumed);
   const auto& model = trainer_.model();
-  std::printf("model: %.2fM parameters, %d ranks x %d threads, %lld tokens/step, "
-              "train %lld batches/epoch/stream, val %lld sequences\n",
+  // AdamW's m and v held by rank 0 (units.zero = 1: its shard; the others' are no larger).
+  const size_t optimizer_bytes = 2 * sizeof(float) * trainer_.optimizer().shard().size();
+  std::printf("model: %.2fM parameters, %d ranks x %d threads, %lld tokens/step, optimizer state "
+              "%.1f MB/rank%s, train %lld batches/epoch/stream, val %lld sequences\n",
               static_cast<double>(model.layout().size()) / 1e6, ranks_, threads_,
-              static_cast<long long>(trainer_.tokens_per_step()),
+              static_cast<long long>(trainer_.tokens_per_step()), static_cast<double>(optimizer_bytes) / 1e6,
+              config_.units.zero == 1 ? " (units.zero 1)" : "",
               static_cast<long long>(trainer_.data()->batches_per_epoch()),
               static_cast<long long>(setup_.val->sequences()));
   std::fflush(stdout);
   log_.write({{"event", "start"}, {"step", first_ - 1}, {"tokens", tokens_}, {"elapsed_s", 0.0}, {"mode", "single"},
               {"ranks", ranks_}, {"threads_per_rank", threads_}, {"parameters", model.layout().size()},
-              {"tokens_per_step", trainer_.tokens_per_step()}});
+              {"tokens_per_step", trainer_.tokens_per_step()}, {"zero", config_.units.zero},
+              {"optimizer_bytes_per_rank", optimizer_bytes}});
   if (setup_.resumed) {
     log_.write({{"event", "resume"}, {"step", first_ - 1}, {"tokens", tokens_}, {"elapsed_s", 0.0},
                 {"path", setup_.resumed->dir.string()}});

@@ -42,14 +42,18 @@ UnitTrainer::UnitTrainer(const Config& config, MPI_Comm unit_comm, MPI_Comm devi
       comm_(unit_comm),
       ranks_(mpi::size(unit_comm)),
       model_(config.model),
-      optimizer_(model_.layout(), AdamWConfig{config.train.beta1, config.train.beta2,
-                                              config.train.eps, config.train.weight_decay}),
+      optimizer_(model_.layout(),
+                 AdamWConfig{config.train.beta1, config.train.beta2, config.train.eps,
+                             config.train.weight_decay},
+                 config.units.zero == 1 ? zero_shard(model_.layout().size(), mpi::rank(unit_comm), ranks_)
+                                        : StateShard{0, model_.layout().size()}),
       schedule_{config.train.lr, config.train.warmup_steps, config.train.steps,
                 config.train.min_lr_frac} {
   model_.init_weights(static_cast<uint64_t>(config.run.seed));
   const size_t n = static_cast<size_t>(config.train.batch_size) * config.model.seq_len;
   inputs_.resize(n);
   targets_.resize(n);
+  if (config.units.zero == 1 && ranks_ > 1) zero_ = std::make_unique<ZeroStep>(model_.layout().size(), comm_);
   if (config.run.device == "cuda")
     gpu_ = gpu::make_unit_backend(config, unit_comm,
                                   device_comm == MPI_COMM_NULL ? unit_comm : device_comm,
@@ -111,6 +115,17 @@ StepStats UnitTrainer::step_on(const int32_t* inputs, const int32_t* targets) {
   model_.backward();
   s.compute_s = clock.seconds();
 
+  if (zero_) {
+    // The reduce-scatter, the update and the all-gather in one (zero.hpp): all-reduce time.
+    if (reducer_) fail("UnitTrainer: units.zero = 1 has no custom gradient reducer (mode ddp)");
+    Stopwatch reduce_clock;
+    s.grad_norm = zero_->step(model_.parameters(), model_.gradients(), optimizer_, s.lr, config_.train.grad_clip);
+    s.loss = mpi::allreduce_sum(s.loss, comm_) / ranks_;
+    s.allreduce_s = reduce_clock.seconds();
+    s.tokens = tokens_per_step();
+    ++step_;
+    return s;
+  }
   if (reducer_) {
     Stopwatch reduce_clock;
     s.loss = reducer_(model_.gradients(), s.loss);
@@ -136,6 +151,30 @@ StepStats UnitTrainer::step_on(const int32_t* inputs, const int32_t* targets) {
   s.tokens = tokens_per_step();
   ++step_;
   return s;
+}
+
+UnitTrainer::Moments UnitTrainer::gather_moments() {
+  download_state();  // cuda: the device's moments
+  Moments all;
+  all.step = optimizer_.step_count();
+  if (zero_) {
+    all.m = zero_->gather(optimizer_.first_moment());
+    all.v = zero_->gather(optimizer_.second_moment());
+  } else if (mpi::rank(comm_) == 0) {
+    all.m.assign(optimizer_.first_moment().begin(), optimizer_.first_moment().end());
+    all.v.assign(optimizer_.second_moment().begin(), optimizer_.second_moment().end());
+  }
+  return all;
+}
+
+void UnitTrainer::set_moments(std::span<const float> m, std::span<const float> v, int64_t step) {
+  const size_t n = model_.layout().size();
+  if (m.size() != n || v.size() != n) fail("UnitTrainer::set_moments: {} and {} values for {} parameters", m.size(), v.size(), n);
+  const StateShard s = optimizer_.shard();
+  std::copy(m.begin() + static_cast<long>(s.lo), m.begin() + static_cast<long>(s.hi), optimizer_.first_moment().begin());
+  std::copy(v.begin() + static_cast<long>(s.lo), v.begin() + static_cast<long>(s.hi), optimizer_.second_moment().begin());
+  optimizer_.set_step_count(step);
+  upload_state();  // cuda: the device's optimizer (and parameters)
 }
 
 void UnitTrainer::check_replicas() const {

@@ -5,8 +5,10 @@
 # (no warning: the work since its last periodic checkpoint is redone) then resumed with
 # --resume auto, all end on bit-identical parameters and AdamW state, with the same losses
 # and samples at every step both logged (the data cursor of each rank and the sampler's
-# generator are restored). Also: a resume with another number of ranks is refused, naming
-# the -np to use, and writes nothing.
+# generator are restored). Run E shards AdamW's state over the 2 ranks (units.zero: 1, ZeRO-1:
+# on 2 ranks the same update bit for bit, zero.hpp), is stopped by SIGTERM, its checkpoint
+# gathered from both shards, and resumed: it too ends equal to A. Also: a resume with another
+# number of ranks is refused, naming the -np to use, and writes nothing.
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
 cd "$WORK"
@@ -67,6 +69,15 @@ stop_ranks $pid KILL
 ((rc != 0)) || fail "the job exited 0 after SIGKILL"
 run --set run.dir=D --resume auto > D2.log 2>&1 || { cat D2.log; fail "D: resume auto failed"; }
 
+# E: units.zero = 1, SIGTERM after step 600, --resume auto.
+"${DDILOCO_MPIRUN[@]}" -np 2 "$DDILOCO" train --config s.yaml --set run.dir=E --set units.zero=1 "${hold[@]}" > E1.log 2>&1 &
+pid=$!
+wait_event E/metrics.jsonl $pid 300 "last('train') >= 0 and ev[last('train')]['step'] >= 600" ||
+  { cat E1.log; fail "E never reached step 600"; }
+stop_ranks $pid TERM
+((rc == 143)) || { cat E1.log; fail "E exited $rc after SIGTERM, expected 143"; }
+run --set run.dir=E --set units.zero=1 --resume auto > E2.log 2>&1 || { cat E2.log; fail "E: resume auto failed"; }
+
 /usr/bin/python3 - <<'PY' || fail "resumed runs differ from the straight one"
 import json, glob, h5py, numpy as np
 def events(run):
@@ -86,7 +97,7 @@ def by_step(run, kind, key):
     return {e["step"]: e[key] for e in events(run) if e["event"] == kind}
 a = final_state("A")
 assert a["step"] == 1500 and a["adam_step"] == 1500, (a["step"], a["adam_step"])
-for run in ("B", "C", "D"):
+for run in ("B", "C", "D", "E"):
     s = final_state(run)
     diff = [k for k in a if not np.array_equal(a[k], s[k])]
     assert not diff, f"{run}: differs from A in {diff[:5]}"
@@ -96,6 +107,11 @@ for run in ("B", "C", "D"):
         assert len(common) >= 2, (run, kind, common)
         bad = [t for t in common if ra[t] != rs[t]]
         assert not bad, f"{run}: {kind} differs from A at steps {bad[:5]}"
+starts = {run: [e for e in events(run) if e["event"] == "start"][0] for run in ("A", "E")}
+assert starts["E"]["zero"] == 1 and starts["A"]["zero"] == 0, starts
+# 7664 parameters in shards of 4096 and 3568: rank 0 holds 4096 of them (8 bytes each).
+assert starts["A"]["optimizer_bytes_per_rank"] == 8 * 7664, starts
+assert starts["E"]["optimizer_bytes_per_rank"] == 8 * 4096, starts
 c = events("C")
 stop = [e for e in c if e["event"] == "interrupted"]
 assert len(stop) == 1 and stop[0]["signal"] == 15 and stop[0]["step"] == 600, stop
@@ -103,7 +119,8 @@ resume = [e for e in c if e["event"] == "resume"]
 assert len(resume) == 1 and resume[0]["step"] == stop[0]["step"], (resume, stop)
 d = [e for e in events("D") if e["event"] == "resume"]
 assert len(d) == 1 and d[0]["step"] == 500, d  # the last periodic checkpoint before the kill
-print(f"A, B (from step 500), C (SIGTERM at step {stop[0]['step']}) and D (SIGKILL, from step 500): "
-      f"bit-identical θ, AdamW state and cursors; losses and samples equal at every common step")
+print(f"A, B (from step 500), C (SIGTERM at step {stop[0]['step']}), D (SIGKILL, from step 500) and "
+      f"E (units.zero 1, SIGTERM at step 600): bit-identical θ, AdamW state and cursors; losses and "
+      f"samples equal at every common step")
 PY
 echo "PASS: single_resume"
