@@ -2,8 +2,9 @@
 // Optimizations Toward Training Trillion Parameter Models", §5.1): each of the unit's R ranks
 // owns the AdamW moments of one shard of the flat parameter buffer, so that the optimizer state
 // per rank falls from 8 to 8/R bytes per parameter (fp32 m and v). One inner step:
-//   1. the gradients are reduce-scattered (MPI_Reduce_scatter, sum): each rank gets its
-//      shard's sum and scales it by 1/R, the unit's mean gradient;
+//   1. the gradients are reduce-scattered (a ring of MPI_Sendrecv of one shard each, sum: no
+//      buffer of the whole gradient): each rank gets its shard's sum and scales it by 1/R, the
+//      unit's mean gradient;
 //   2. clipping by global norm stays exact: each rank sums g² over its shard's blocks of
 //      kNormBlock elements, the block sums are all-gathered and added in order on every rank,
 //      exactly as global_norm adds them for the whole buffer (shards start on block
@@ -37,12 +38,14 @@ class ZeroStep {
  public:
   /// n: the flat buffer's elements. Throws Error when n exceeds what MPI-3 counts and offsets
   /// in an int (2^31 − 1 elements: about a 2B-parameter model).
-  ZeroStep(size_t n, MPI_Comm comm);
+  /// ring_segment: elements per message of the reduce-scatter's ring, its only buffer (1 MiB
+  /// of float32 by default; tests make it small to cross shard boundaries mid-message).
+  ZeroStep(size_t n, MPI_Comm comm, size_t ring_segment = size_t{1} << 18);
 
   StateShard shard() const { return shard_; }
 
-  /// grads: this rank's gradient of the whole buffer (float32, n; left as it was or summed,
-  /// scratch); params: θ (n), of which every rank's shard is updated by `opt` (whose shard
+  /// grads: this rank's gradient of the whole buffer (float32, n; scratch: partly summed,
+  /// its shard left holding the clipped mean gradient); params: θ (n), of which every rank's shard is updated by `opt` (whose shard
   /// is shard()) and then all-gathered. Returns the global norm of the mean gradient before
   /// clipping (max_norm ≤ 0: no clipping).
   double step(std::span<float> params, std::span<float> grads, AdamW<float>& opt, double lr, double max_norm);
@@ -56,7 +59,8 @@ class ZeroStep {
   StateShard shard_;
   std::vector<int> counts_, displs_;              // elements of each rank's shard
   std::vector<int> block_counts_, block_displs_;  // its norm blocks
-  std::vector<float> mean_;                       // this shard's mean gradient
+  std::vector<float> piece_;                      // the ring's incoming segment
+  void reduce_scatter(std::span<float> grads);
   std::vector<double> partials_;                  // every block's Σ g²
 };
 

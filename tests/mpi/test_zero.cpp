@@ -130,6 +130,26 @@ void compare(MPI_Comm comm) {
   EXPECT_EQ(differing(sharded.model().parameters(), resumed.model().parameters()), 0u);
 }
 
+// The ring in messages of 100 elements (shards of 10240 and 7552 elements: messages that end
+// mid-shard, a last short one) gives the one-message ring's result bit for bit.
+TEST(Zero, RingSegmentsDoNotChangeTheSum) {
+  const Config c = tiny_config(1);
+  const ParameterLayout layout = ParameterLayout::gpt2(c.model);
+  const size_t n = layout.size();
+  const AdamWConfig ac{c.train.beta1, c.train.beta2, c.train.eps, c.train.weight_decay};
+  std::vector<float> result[2];
+  for (size_t segment : {size_t{100}, n}) {
+    ZeroStep zs(n, MPI_COMM_WORLD, segment);
+    AdamW<float> opt(layout, ac, zs.shard());
+    std::vector<float> params(n, 0.5f), grads(n);
+    Rng rng(17 + static_cast<uint64_t>(mpi::rank(MPI_COMM_WORLD)));
+    for (auto& g : grads) g = static_cast<float>(rng.normal());
+    zs.step(params, grads, opt, 1e-3, 0.0);
+    result[segment == n] = params;
+  }
+  EXPECT_EQ(differing(result[0], result[1]), 0u);
+}
+
 TEST(Zero, ShardsTileTheBufferOnNormBlocks) {
   for (size_t n : {size_t{1}, size_t{1023}, size_t{1024}, size_t{7664}, size_t{100000}})
     for (int R = 1; R <= 5; ++R) {
