@@ -10,8 +10,10 @@
 //      exactly as global_norm adds them for the whole buffer (shards start on block
 //      boundaries);
 //   3. each rank runs AdamW on its shard (AdamW(layout, config, shard));
-//   4. the updated shards are all-gathered in place (MPI_Allgatherv), and every rank again
-//      holds the whole θ.
+//   4. the updated shards are all-gathered in place (the ring's second half), and every rank
+//      again holds the whole θ.
+// Every message is at most 1 MiB (ring_segment), so no MPI count exceeds an int whatever the
+// model's size, and the ring needs no buffer of the whole gradient.
 // Against units.zero = 0 (all-reduce, then AdamW on every rank): the same update, and
 // bit-identical wherever the reduce-scatter adds each element's R terms in the all-reduce's
 // order, which with R = 2 always holds (one addition, commutative); with R ≥ 3 the MPI
@@ -36,10 +38,9 @@ StateShard zero_shard(size_t n, int rank, int ranks);
 /// One rank's part of the sharded update (the steps above). Collective over `comm`.
 class ZeroStep {
  public:
-  /// n: the flat buffer's elements. Throws Error when n exceeds what MPI-3 counts and offsets
-  /// in an int (2^31 − 1 elements: about a 2B-parameter model).
-  /// ring_segment: elements per message of the reduce-scatter's ring, its only buffer (1 MiB
-  /// of float32 by default; tests make it small to cross shard boundaries mid-message).
+  /// n: the flat buffer's elements (up to 2^31 − 1 norm blocks). ring_segment: elements per
+  /// message of the rings, their only buffer (1 MiB of float32 by default; tests make it small
+  /// so that messages end mid-shard).
   ZeroStep(size_t n, MPI_Comm comm, size_t ring_segment = size_t{1} << 18);
 
   StateShard shard() const { return shard_; }
@@ -50,18 +51,21 @@ class ZeroStep {
   /// clipping (max_norm ≤ 0: no clipping).
   double step(std::span<float> params, std::span<float> grads, AdamW<float>& opt, double lr, double max_norm);
 
-  /// The whole buffer of a shard-sized vector on rank 0 (MPI_Gatherv; empty on the others).
+  /// The whole buffer of a shard-sized vector on rank 0 (in messages of ring_segment; empty on
+  /// the others).
   std::vector<float> gather(std::span<const float> mine) const;
 
  private:
   MPI_Comm comm_;
   int rank_, ranks_;
   StateShard shard_;
-  std::vector<int> counts_, displs_;              // elements of each rank's shard
-  std::vector<int> block_counts_, block_displs_;  // its norm blocks
-  std::vector<float> piece_;                      // the ring's incoming segment
-  void reduce_scatter(std::span<float> grads);
+  std::vector<StateShard> shards_;                // every rank's
+  std::vector<int> block_counts_, block_displs_;  // their norm blocks
+  std::vector<float> piece_;                      // the ring's incoming message
   std::vector<double> partials_;                  // every block's Σ g²
+  void exchange(const float* send, size_t count, int to, float* recv, size_t count_in, int from, bool add);
+  void reduce_scatter(std::span<float> grads);
+  void all_gather(std::span<float> params);
 };
 
 }  // namespace ddiloco

@@ -130,14 +130,15 @@ void compare(MPI_Comm comm) {
   EXPECT_EQ(differing(sharded.model().parameters(), resumed.model().parameters()), 0u);
 }
 
-// The ring in messages of 100 elements (shards of 10240 and 7552 elements: messages that end
-// mid-shard, a last short one) gives the one-message ring's result bit for bit.
+// The rings in messages of 100 elements (shards of 10240 and 7552 elements: messages that end
+// mid-shard, a last short one) give the one-message rings' θ bit for bit, and the gather the
+// same state.
 TEST(Zero, RingSegmentsDoNotChangeTheSum) {
   const Config c = tiny_config(1);
   const ParameterLayout layout = ParameterLayout::gpt2(c.model);
   const size_t n = layout.size();
   const AdamWConfig ac{c.train.beta1, c.train.beta2, c.train.eps, c.train.weight_decay};
-  std::vector<float> result[2];
+  std::vector<float> result[2], gathered[2];
   for (size_t segment : {size_t{100}, n}) {
     ZeroStep zs(n, MPI_COMM_WORLD, segment);
     AdamW<float> opt(layout, ac, zs.shard());
@@ -146,8 +147,11 @@ TEST(Zero, RingSegmentsDoNotChangeTheSum) {
     for (auto& g : grads) g = static_cast<float>(rng.normal());
     zs.step(params, grads, opt, 1e-3, 0.0);
     result[segment == n] = params;
+    gathered[segment == n] = zs.gather(opt.second_moment());
   }
   EXPECT_EQ(differing(result[0], result[1]), 0u);
+  EXPECT_EQ(gathered[0].size(), mpi::rank(MPI_COMM_WORLD) == 0 ? n : 0u);
+  EXPECT_EQ(differing(gathered[0], gathered[1]), 0u);
 }
 
 TEST(Zero, ShardsTileTheBufferOnNormBlocks) {
