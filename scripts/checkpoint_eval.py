@@ -4,8 +4,9 @@
     /usr/bin/python3 scripts/checkpoint_eval.py CHECKPOINT_DIR_OR_H5 [--val 'data/kjv/val_*.bin']
                                                 [--val-tokens N]
 
-Reads Θ with h5py (syncer.h5 of a checkpoint: /params/<tensor>, the same layout as model.h5),
-the run's configuration from the file's `config` attribute (data.val, eval.val_tokens), and the
+Reads Θ with h5py (syncer.h5 of a checkpoint, unit_0.h5 of a mode single one: /params/<tensor>,
+the same layout as model.h5), the run's configuration from the file's `config` attribute (mode
+single: the manifest's `config`; data.val, eval.val_tokens), and the
 validation shards (llm.c format: 256 int32 header words, magic 20240520, then uint16 tokens);
 then runs GPT-2 forward in NumPy (float64) and prints val_loss=<mean nats/token>. It is an
 independent check of the layout documented in README "Checkpoints and resume": the number must
@@ -46,13 +47,21 @@ def check_manifest(directory):
 
 
 def load(path):
+    config = None
     if os.path.isdir(path):
         check_manifest(path)
-        path = os.path.join(path, "syncer.h5")
+        with open(os.path.join(path, "manifest.json")) as m:
+            manifest = json.load(m)
+        if manifest.get("mode") == "single":  # θ of its one unit; the configuration in the manifest
+            config = yaml.safe_load(manifest["config"]) if "config" in manifest else None
+            path = os.path.join(path, "unit_0.h5")
+        else:
+            path = os.path.join(path, "syncer.h5")
     f = h5py.File(path, "r")
     model = {k: int(v) for k, v in f["model"].attrs.items()}
     params = {name: np.asarray(ds[()], dtype=np.float64) for name, ds in f["params"].items()}
-    config = yaml.safe_load(f.attrs["config"]) if "config" in f.attrs else None
+    if "config" in f.attrs:
+        config = yaml.safe_load(f.attrs["config"])
     return model, params, config, path
 
 

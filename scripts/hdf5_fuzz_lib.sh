@@ -15,8 +15,14 @@
 #   scripts/hdf5_fuzz_lib.sh [PREFIX]     (default build-fuzz/hdf5-1.14.5; prints PREFIX)
 # Does nothing when PREFIX already holds the library. Needs cmake, a C compiler, curl, zlib.
 set -euo pipefail
+# PREFIX as the caller meant it (relative to the caller's directory), before the cd.
+prefix=${1:+$(realpath -m -- "$1")}
 cd "$(dirname "$0")/.."
-prefix=${1:-$PWD/build-fuzz/hdf5-1.14.5}
+prefix=${prefix:-$PWD/build-fuzz/hdf5-1.14.5}
+if [[ -e $prefix && ! -d $prefix ]]; then
+  echo "hdf5_fuzz_lib.sh: $prefix exists and is not a directory; give another PREFIX" >&2
+  exit 2
+fi
 version=1.14.5+repack
 sha256=71cdb04c151ef4e8a7f88907adfc4f3b75afd44e96fbd55775e1c9d7c4e7c112
 url=http://deb.debian.org/debian/pool/main/h/hdf5/hdf5_${version}.orig.tar.gz

@@ -38,8 +38,8 @@ struct Resumed {
 /// The checkpoint `resume` names ("auto": the newest complete one under checkpoint.dir, or
 /// none: std::nullopt; else a ckpt_<id> directory), chosen and verified on rank 0 and read on
 /// every rank. Collective over `world`. Throws mpi::SetupFailed on every rank when it is of
-/// another job (model shape, mode) or was written by another number of ranks (each rank's
-/// data stream depends on the count: the message names the mpirun -np to use).
+/// another job (model shape, mode, run.seed) or was written by another number of ranks (each
+/// rank's data stream depends on the count: the message names the mpirun -np to use).
 std::optional<Resumed> read_resume(const Config& config, MPI_Comm world, const std::string& resume);
 
 /// Puts a checkpoint's state into `trainer` (θ, AdamW — this rank's shard with units.zero = 1 —,
@@ -60,7 +60,9 @@ class Checkpoints {
   /// Writes checkpoint highest_id + 1 of step t: collective over the unit (rank 0 gathers
   /// the data cursors and writes). A checkpoint that cannot be written (disk full) is a
   /// warning and a `checkpoint_failed` event, not the end of the job. Returns its id, or 0.
-  int64_t write(int64_t t, int64_t tokens, UnitTrainer& trainer, const Rng& sampler, JsonlWriter& log);
+  /// log_loss_sum, log_steps: the losses since the last train event, and their count.
+  int64_t write(int64_t t, int64_t tokens, UnitTrainer& trainer, const Rng& sampler, double log_loss_sum,
+                int64_t log_steps, JsonlWriter& log);
 
  private:
   const Config& config_;

@@ -86,7 +86,8 @@ struct EvalArgs {
   ConfigArgs config;
 };
 
-// A model file, or a checkpoint (its directory or syncer.h5): Θ and the run's configuration.
+// A model file, or a checkpoint (its directory or syncer.h5; mode single's: its directory, θ of
+// unit_0.h5): Θ and the run's configuration.
 struct EvalInput {
   LoadedModel loaded;
   std::string config_yaml;  // a checkpoint's effective configuration ("" for a model file)
@@ -94,7 +95,16 @@ struct EvalInput {
 EvalInput load_eval_input(const std::filesystem::path& path) {
   std::filesystem::path file = path;
   if (std::filesystem::is_directory(path)) {
-    checkpoint::verify(path);
+    const nlohmann::json manifest = checkpoint::verify(path);
+    if (manifest.value("mode", "") == "single") {
+      checkpoint::UnitState st = checkpoint::read_unit(checkpoint::unit_file(path, 0), 1);
+      EvalInput in;
+      in.loaded.config = st.model;
+      in.loaded.params = std::move(st.params);
+      in.loaded.metadata = {{"checkpoint", st.id}, {"step", st.step}, {"tokens", st.tokens}};
+      in.config_yaml = manifest.value("config", "");
+      return in;
+    }
     file = checkpoint::syncer_file(path);
   } else if (path.filename() != "syncer.h5") {
     return {load_model(path), ""};

@@ -234,6 +234,10 @@ bool write_unit(const fs::path& dir, const UnitState& s) {
     h5::write_attr(file, "run_seed", s.run_seed);
     h5::write_attr(file, "lost", int64_t{s.lost});
     if (!s.sample_rng.empty()) h5::write_attr(file, "sample_rng", s.sample_rng);
+    if (s.log_steps > 0) {
+      h5::write_attr(file, "log_loss_sum", s.log_loss_sum);
+      h5::write_attr(file, "log_steps", s.log_steps);
+    }
     if (!s.lost) {
       h5::write_tensors(file, "params", layout, s.params);
       h5::Handle adamw = h5::create_group(file, "adamw", label);
@@ -291,6 +295,13 @@ UnitState read_unit(h5::Handle file, const std::string& label, int fragments,
   s.run_seed = h5::read_attr_int(file, "run_seed", label);
   s.lost = h5::read_attr_int(file, "lost", label) != 0;
   if (h5::has_attr(file, "sample_rng")) s.sample_rng = h5::read_attr_string(file, "sample_rng", label);
+  if (h5::has_attr(file, "log_steps")) {
+    s.log_steps = h5::read_attr_int(file, "log_steps", label);
+    s.log_loss_sum = h5::read_attr_double(file, "log_loss_sum", label);
+    if (s.log_steps < 0 || !std::isfinite(s.log_loss_sum))
+      fail("{}: log_steps = {} and log_loss_sum = {}: expected a count ≥ 0 and a finite sum", label, s.log_steps,
+           s.log_loss_sum);
+  }
   if (s.step < 0 || s.tokens < 0) fail("{}: negative step or tokens", label);
   const ParameterLayout layout = ParameterLayout::gpt2(s.model);
   if (!s.lost) {
@@ -552,8 +563,12 @@ std::string describe(const fs::path& path) {
     for (const auto& [id, dir] : list_checkpoints(path)) {
       try {
         const auto m = verify(dir);
-        out += fmt::format("  {}  complete  merges {}  tokens {}\n", dir.filename().string(),
-                           m.value("merges", int64_t{0}), m.value("tokens", int64_t{0}));
+        if (m.value("mode", "") == "single")  // no merges: its step
+          out += fmt::format("  {}  complete  step {}  tokens {}\n", dir.filename().string(),
+                             m.value("step", int64_t{0}), m.value("tokens", int64_t{0}));
+        else
+          out += fmt::format("  {}  complete  merges {}  tokens {}\n", dir.filename().string(),
+                             m.value("merges", int64_t{0}), m.value("tokens", int64_t{0}));
       } catch (const Error& e) {
         out += fmt::format("  {}  INCOMPLETE OR CORRUPT: {}\n", dir.filename().string(), e.what());
       }

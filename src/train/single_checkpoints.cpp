@@ -49,6 +49,10 @@ std::optional<Resumed> read_resume(const Config& config, MPI_Comm world, const s
       fail("{}: written by {} ranks, this job has {}: resume it with mpirun -np {} (each rank reads "
            "its own data stream, whose order depends on the number of ranks)",
            file.string(), r.unit.cursors.size(), ranks, r.unit.cursors.size());
+    if (r.unit.run_seed != config.run.seed)
+      fail("{}: written by a run with run.seed = {}, this configuration has {}: another run (its "
+           "initialisation and data order differ); set run.seed: {} to resume it",
+           file.string(), r.unit.run_seed, config.run.seed, r.unit.run_seed);
     if (r.unit.lost) fail("{}: holds no parameters (lost = 1), which mode single never writes", file.string());
     if (!(r.unit.model == config.model))
       fail("{}: the model shape differs from model.* of this configuration", file.string());
@@ -81,7 +85,8 @@ bool Checkpoints::due(int64_t t) const {
   return (c.every > 0 && t % c.every == 0) || (c.every_s > 0 && since_last_.seconds() >= c.every_s);
 }
 
-int64_t Checkpoints::write(int64_t t, int64_t tokens, UnitTrainer& trainer, const Rng& sampler, JsonlWriter& log) {
+int64_t Checkpoints::write(int64_t t, int64_t tokens, UnitTrainer& trainer, const Rng& sampler, double log_loss_sum,
+                           int64_t log_steps, JsonlWriter& log) {
   const DataCursor mine = trainer.data()->cursor();
   const int ranks = mpi::size(world_);
   std::vector<int64_t> cursor = {mine.epoch, mine.batch}, all(2 * static_cast<size_t>(ranks));
@@ -95,13 +100,15 @@ int64_t Checkpoints::write(int64_t t, int64_t tokens, UnitTrainer& trainer, cons
   try {
     checkpoint::UnitState st = state_of(config_, t, tokens, trainer, std::move(moments), sampler);
     st.id = id;
+    st.log_loss_sum = log_loss_sum;
+    st.log_steps = log_steps;
     for (int r = 0; r < ranks; ++r) st.cursors.push_back({all[2 * r], all[2 * r + 1]});
     const std::filesystem::path dir = checkpoint::directory(root_, id);
     std::filesystem::create_directories(dir);
     checkpoint::write_unit(dir, st);
     checkpoint::write_manifest(dir, id, config_,
                                {{"step", t}, {"tokens", tokens}, {"unit_ranks", std::vector<int>{ranks}},
-                                {"final", t == config_.train.steps}});
+                                {"final", t == config_.train.steps}, {"config", to_yaml(config_)}});
     checkpoint::prune(root_, config_.checkpoint.keep);
   } catch (const std::exception& e) {
     // Disk full, a file system gone: this checkpoint is abandoned (pruned once a later one is

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <thread>
 
 #include "ddiloco/error.hpp"
@@ -39,8 +40,25 @@ struct Setup {
   bool replace = false;  // run.dir's outputs are replaced (--overwrite, or --resume auto with none)
 };
 
+// Did run.dir's metrics.jsonl end with a "done" event (a run that completed)?
+bool finished_run(const std::filesystem::path& dir) {
+  std::ifstream in(dir / "metrics.jsonl");
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  return last.find("\"event\":\"done\"") != std::string::npos;
+}
+
 Setup set_up(const Config& config, MPI_Comm world, bool overwrite, const std::string& resume) {
   std::optional<single::Resumed> resumed = single::read_resume(config, world, resume);
+  // --resume auto with nothing to resume starts over, replacing an interrupted attempt's
+  // outputs (what a requeued job wants), but never a run that completed without checkpoints.
+  mpi::agree(world, [&] {
+    if (mpi::rank(world) == 0 && resume == "auto" && !resumed && !overwrite && finished_run(config.run.dir))
+      fail("--resume auto: {} holds a completed run and no checkpoint to resume; pass --overwrite to "
+           "replace it, or choose another run.dir",
+           config.run.dir);
+  });
   const bool replace = overwrite || (resume == "auto" && !resumed);
   return mpi::agree(world, [&] {
     Setup s;
@@ -77,14 +95,23 @@ class SingleUnit final : public StepPolicy {
     install_stop_signals();
     if (setup_.resumed) {
       single::restore(setup_.resumed->unit, mpi::rank(world), trainer_, sample_rng_);
-      tokens_ = setup_.resumed->unit.tokens;
+      tokens_ = tokens_at_start_ = setup_.resumed->unit.tokens;
       first_ = setup_.resumed->unit.step + 1;
+      interval_.loss = setup_.resumed->unit.log_loss_sum;
+      interval_.steps = setup_.resumed->unit.log_steps;
     }
-    if (leader_) start_log();
+    // Resumed from its final checkpoint (a requeue after the end): nothing to run or log.
+    complete_ = setup_.resumed && first_ > config.train.steps;
+    if (leader_ && !complete_) start_log();
   }
 
   TrainResult run() {
     wall_.restart();
+    if (complete_) {
+      console(fmt::format("the run is complete at step {} ({}): nothing left to do", first_ - 1,
+                          setup_.resumed->dir.string()));
+      return result_;
+    }
     const int64_t done = run_steps(trainer_, first_, *this);
     bar_.finish();
     if (result_.signal == 0) {
@@ -103,8 +130,11 @@ class SingleUnit final : public StepPolicy {
     int flags[2] = {stop_signal(), leader_ && t > first_ && checkpoints_.due(t - 1)};
     if (ranks_ > 1) mpi::check(MPI_Allreduce(MPI_IN_PLACE, flags, 2, MPI_INT, MPI_MAX, world_), "Allreduce");
     result_.signal = flags[0];
-    if (flags[0] != 0) return false;  // the stop's checkpoint is finish()'s
-    if (flags[1] != 0) checkpoints_.write(t - 1, tokens_, trainer_, sample_rng_, log_);
+    if (flags[0] != 0) {  // the stop's checkpoint is finish()'s
+      due_at_stop_ = flags[1] != 0;
+      return false;
+    }
+    if (flags[1] != 0) checkpoint(t - 1);
     return true;
   }
 
@@ -125,6 +155,9 @@ class SingleUnit final : public StepPolicy {
 
  private:
   void start_log();
+  int64_t checkpoint(int64_t t) {
+    return checkpoints_.write(t, tokens_, trainer_, sample_rng_, interval_.loss, interval_.steps, log_);
+  }
   void stall_for_test(int64_t t);
   void log_train(int64_t t, const StepStats& s);
   void evaluate(int64_t t);
@@ -142,6 +175,9 @@ class SingleUnit final : public StepPolicy {
   UnitTrainer& trainer_;
   single::Checkpoints checkpoints_;
   int64_t first_ = 1;  // the first step this job runs (a resumed one: the checkpoint's + 1)
+  int64_t tokens_at_start_ = 0;  // a resumed job's tokens when it started
+  bool due_at_stop_ = false;     // a periodic checkpoint fell due at the step the job stopped
+  bool complete_ = false;        // resumed from the final checkpoint
   JsonlWriter log_;  // leader: metrics.jsonl
   ProgressBar bar_;
   Stopwatch wall_;
@@ -157,7 +193,7 @@ class SingleUnit final : public StepPolicy {
 };
 
 void SingleUnit::start_log() {
-  if (setup_.replace) clear_run_outputs(dir_);
+  if (setup_.replace && !setup_.resumed) clear_run_outputs(dir_);
   const std::string yaml = to_yaml(config_);
   write_text_atomically(dir_ / "config.yaml", yaml);
   std::printf("ddiloco %s: effective configuration (saved to %s)\n%s", DDILOCO_VERSION,
@@ -246,7 +282,8 @@ void SingleUnit::sample(int64_t t) {
 void SingleUnit::finish(int64_t done) {
   // Collective: every rank's data cursor goes into it. (None when nothing was stepped since
   // the checkpoint this job resumed from.)
-  if (config_.checkpoint.at_stop && done >= first_) checkpoints_.write(done, tokens_, trainer_, sample_rng_, log_);
+  const bool periodic = due_at_stop_ || (config_.checkpoint.every > 0 && done % config_.checkpoint.every == 0);
+  if ((config_.checkpoint.at_stop || periodic) && done >= first_) checkpoint(done);
   std::vector<int64_t> rank_steps(static_cast<size_t>(ranks_), done);
   if (result_.signal != 0 && ranks_ > 1)
     mpi::check(MPI_Gather(&done, 1, MPI_INT64_T, rank_steps.data(), 1, MPI_INT64_T, 0, world_), "Gather");
@@ -257,7 +294,7 @@ void SingleUnit::finish(int64_t done) {
   if (result_.signal != 0) meta["interrupted"] = true;
   trainer_.download_state(false);  // cuda: the device's parameters are the trained ones
   save_model(model_path, config_.model, trainer_.model().parameters(), meta);
-  const double tps = train_s_ > 0 ? tokens_ / train_s_ : 0.0;
+  const double tps = train_s_ > 0 ? static_cast<double>(tokens_ - tokens_at_start_) / train_s_ : 0.0;
   if (result_.signal != 0) {
     log_.write({{"event", "interrupted"}, {"signal", result_.signal}, {"step", done}, {"rank_steps", rank_steps},
                 {"tokens", tokens_}, {"elapsed_s", wall_.seconds()}, {"model", model_path.string()}});

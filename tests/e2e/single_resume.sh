@@ -8,18 +8,20 @@
 # generator are restored). Run E shards AdamW's state over the 2 ranks (units.zero: 1, ZeRO-1:
 # on 2 ranks the same update bit for bit, zero.hpp), is stopped by SIGTERM, its checkpoint
 # gathered from both shards, and resumed: it too ends equal to A. Also: a resume with another
-# number of ranks is refused, naming the -np to use, and writes nothing.
+# number of ranks is refused, naming the -np to use, and writes nothing; so is another run.seed;
+# a complete run resumed again logs nothing; a checkpoint evaluates with `ddiloco eval`; and
+# --resume auto refuses to replace a run that completed without checkpoints.
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
 cd "$WORK"
 make_text_shards text
 cat > s.yaml <<'YAML'
 mode: single
-run: {dir: A, log_every: 10, progress: false, threads: 1}
+run: {dir: A, log_every: 7, progress: false, threads: 1}
 model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16}
 data: {train: text/train_*.bin, val: text/val_*.bin}
 train: {batch_size: 2, steps: 1500, warmup_steps: 2}
-eval: {val_tokens: 512, every_steps: 500, sample_tokens: 8, sample_every_steps: 250}
+eval: {val_tokens: 512, every_steps: 500, sample_tokens: 8, sample_every_steps: 300}
 checkpoint: {every: 250, every_s: 0, keep: 100}
 YAML
 run() { "${DDILOCO_MPIRUN[@]}" -np 2 "$DDILOCO" train --config s.yaml "$@"; }
@@ -49,21 +51,29 @@ rc=0
 grep -q "written by 2 ranks, this job has 1: resume it with mpirun -np 2" B1.log || { cat B1.log; fail "B1's message"; }
 [[ ! -e B1/metrics.jsonl ]] || fail "the refused resume wrote B1/metrics.jsonl"
 
-# SIGTERM after step 600 (no periodic checkpoint there), then --resume auto. Step-based, not
-# timed: the ranks wait after step 600 until they are signalled (debug.stall_*).
+# SIGTERM after step 600 (no periodic checkpoint there, and mid-way between two train events:
+# their mean over steps 596-602 spans the stop), then --resume auto. Step-based, not timed: the
+# ranks wait after step 600 (whose sample is logged first) until they are signalled
+# (debug.stall_*).
 hold=(--set debug.stall_unit=0 --set debug.stall_at_step=600)
 "${DDILOCO_MPIRUN[@]}" -np 2 "$DDILOCO" train --config s.yaml --set run.dir=C "${hold[@]}" > C1.log 2>&1 &
 pid=$!
-wait_event C/metrics.jsonl $pid 300 "last('train') >= 0 and ev[last('train')]['step'] >= 600" ||
+wait_event C/metrics.jsonl $pid 300 "last('sample') >= 0 and ev[last('sample')]['step'] >= 600" ||
   { cat C1.log; fail "C never reached step 600"; }
 stop_ranks $pid TERM
 ((rc == 143)) || { cat C1.log; fail "the job exited $rc after SIGTERM, expected 143"; }
 run --set run.dir=C --resume auto > C2.log 2>&1 || { cat C2.log; fail "C: resume auto failed"; }
+# Once more: the run is complete, and nothing is logged twice. Another run.seed is another run.
+run --set run.dir=C --resume auto > C3.log 2>&1 || { cat C3.log; fail "C: resume of the complete run failed"; }
+grep -q "the run is complete at step 1500" C3.log || { cat C3.log; fail "C3 did not say the run is complete"; }
+rc=0
+run --set run.dir=C --set run.seed=2 --resume auto > C4.log 2>&1 || rc=$?
+((rc != 0)) && grep -q "run.seed = 1337, this configuration has 2" C4.log || { cat C4.log; fail "another run.seed was resumed"; }
 
 # SIGKILL after step 600: resumed from the periodic checkpoint of step 500.
 "${DDILOCO_MPIRUN[@]}" -np 2 "$DDILOCO" train --config s.yaml --set run.dir=D "${hold[@]}" > D1.log 2>&1 &
 pid=$!
-wait_event D/metrics.jsonl $pid 300 "last('train') >= 0 and ev[last('train')]['step'] >= 600" ||
+wait_event D/metrics.jsonl $pid 300 "last('sample') >= 0 and ev[last('sample')]['step'] >= 600" ||
   { cat D1.log; fail "D never reached step 600"; }
 stop_ranks $pid KILL
 ((rc != 0)) || fail "the job exited 0 after SIGKILL"
@@ -72,11 +82,22 @@ run --set run.dir=D --resume auto > D2.log 2>&1 || { cat D2.log; fail "D: resume
 # E: units.zero = 1, SIGTERM after step 600, --resume auto.
 "${DDILOCO_MPIRUN[@]}" -np 2 "$DDILOCO" train --config s.yaml --set run.dir=E --set units.zero=1 "${hold[@]}" > E1.log 2>&1 &
 pid=$!
-wait_event E/metrics.jsonl $pid 300 "last('train') >= 0 and ev[last('train')]['step'] >= 600" ||
+wait_event E/metrics.jsonl $pid 300 "last('sample') >= 0 and ev[last('sample')]['step'] >= 600" ||
   { cat E1.log; fail "E never reached step 600"; }
 stop_ranks $pid TERM
 ((rc == 143)) || { cat E1.log; fail "E exited $rc after SIGTERM, expected 143"; }
 run --set run.dir=E --set units.zero=1 --resume auto > E2.log 2>&1 || { cat E2.log; fail "E: resume auto failed"; }
+
+# A single checkpoint evaluates like a model file (θ of unit_0.h5, the manifest's configuration).
+last=$(ls -d A/checkpoints/ckpt_* | tail -n 1)
+"$DDILOCO" eval --model "$last" > eval.log 2>&1 || { cat eval.log; fail "eval --model $last failed"; }
+grep -q "val_loss=" eval.log || { cat eval.log; fail "eval printed no val_loss"; }
+# --resume auto never replaces a run that completed without checkpoints.
+run --set run.dir=F --set checkpoint.every=0 --set checkpoint.at_stop=false > F1.log 2>&1 || { cat F1.log; fail "F failed"; }
+rc=0
+run --set run.dir=F --resume auto > F2.log 2>&1 || rc=$?
+((rc != 0)) && grep -q "holds a completed run and no checkpoint" F2.log || { cat F2.log; fail "F: a completed run was replaced"; }
+[[ $(grep -c '"event":"done"' F/metrics.jsonl) == 1 ]] || fail "F's metrics changed"
 
 /usr/bin/python3 - <<'PY' || fail "resumed runs differ from the straight one"
 import json, glob, h5py, numpy as np
@@ -113,6 +134,9 @@ assert starts["E"]["zero"] == 1 and starts["A"]["zero"] == 0, starts
 assert starts["A"]["optimizer_bytes_per_rank"] == 8 * 7664, starts
 assert starts["E"]["optimizer_bytes_per_rank"] == 8 * 4096, starts
 c = events("C")
+assert [e["event"] for e in c].count("done") == 1, "C: a done event logged twice"
+assert [e["event"] for e in c].count("start") == 2, "C: the complete run was started again"
+assert len(open("C3.log").read().splitlines()) < 5, "C3: the complete run printed more than its line"
 stop = [e for e in c if e["event"] == "interrupted"]
 assert len(stop) == 1 and stop[0]["signal"] == 15 and stop[0]["step"] == 600, stop
 resume = [e for e in c if e["event"] == "resume"]

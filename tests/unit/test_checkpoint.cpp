@@ -100,7 +100,9 @@ UnitState unit_state(const Config& c, int unit, int64_t id) {
   s.cursors = {{0, 40}, {1, 2}};
   Rng sampler(1337 + static_cast<uint64_t>(unit));
   sampler.next_u64();
-  s.sample_rng = sampler.state();  // mode single's (the outer modes leave it empty)
+  s.sample_rng = sampler.state();  // mode single's (the outer modes leave these empty)
+  s.log_loss_sum = 12.5;
+  s.log_steps = 7;
   return s;
 }
 
@@ -117,11 +119,11 @@ auto fields(const UnitState& s) {
   const auto& [id, unit, model, lost, step, tokens, schedule_step, rejoins, run_seed, params,
                adam_m, adam_v, adam_step, c_steps, c_tok, sent_step, last_seq, sent_c_steps,
                sent_c_tok, sent_theta, wire_ref_version, wire_ref, wire_residual, cursors,
-               sample_rng] = s;
+               sample_rng, log_loss_sum, log_steps] = s;
   return std::tie(id, unit, model, lost, step, tokens, schedule_step, rejoins, run_seed, params,
                   adam_m, adam_v, adam_step, c_steps, c_tok, sent_step, last_seq, sent_c_steps,
                   sent_c_tok, sent_theta, wire_ref_version, wire_ref, wire_residual, cursors,
-                  sample_rng);
+                  sample_rng, log_loss_sum, log_steps);
 }
 
 // Every field differs from its default in at least one of `states`: a round trip of these
