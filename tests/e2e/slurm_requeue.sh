@@ -37,19 +37,6 @@ job=$(cd "$SRC" && CONFIG=$WORK/job.yaml DDILOCO=$DDILOCO \
              --output="$WORK/job.out" slurm/train.sbatch) || fail "sbatch failed"
 echo "submitted job $job"
 
-state() { scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
-# until_ok SECONDS WHAT CMD...: polls CMD; fails when the job has ended or the time is up.
-until_ok() {
-  local limit=$1 what=$2; shift 2
-  local deadline=$((SECONDS + limit))
-  until "$@"; do
-    case $(state) in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE)
-      "$@" || fail "job $job ended ($(state)) before: $what" ;;
-    esac
-    ((SECONDS < deadline)) || fail "timed out after ${limit} s waiting for: $what"
-    sleep 0.3
-  done
-}
 checkpoints() { grep -c '"event":"checkpoint"' run/metrics.jsonl 2>/dev/null || true; }
 # checkpointed_since_resume N: a checkpoint event follows the N-th resume event (N = 0: any).
 checkpointed_since_resume() {

@@ -30,18 +30,6 @@ job=$(cd "$SRC" && CONFIG=$WORK/unit.yaml DDILOCO=$DDILOCO \
              --set debug.stall_unit=0 --set debug.stall_at_step=300) || fail "sbatch failed"
 echo "submitted job $job"
 
-state() { scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
-until_ok() {
-  local limit=$1 what=$2; shift 2
-  local deadline=$((SECONDS + limit))
-  until "$@"; do
-    case $(state) in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE)
-      "$@" || fail "job $job ended ($(state)) before: $what" ;;
-    esac
-    ((SECONDS < deadline)) || fail "timed out after ${limit} s waiting for: $what"
-    sleep 0.3
-  done
-}
 at_step_300() { grep '"event":"train"' run/metrics.jsonl 2>/dev/null | grep -q '"step":300[,}]'; }
 started() { grep -q "restart count $1," job.out 2>/dev/null; }
 completed() { [[ $(state) == COMPLETED ]]; }

@@ -26,3 +26,18 @@ if [[ $rc == 77 ]]; then
 fi
 [[ $rc == 0 ]] || { cat "$WORK/slurm_start.log" >&2; fail "scripts/slurm_local.sh start exited $rc: the cluster did not start"; }
 eval "$env_line"  # export SLURM_CONF=...
+
+# The test's job: set `job` (its id) after sbatch. state: its JobState. until_ok SECONDS WHAT
+# CMD...: polls CMD; fails when the job has ended or the time is up.
+state() { scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
+until_ok() {
+  local limit=$1 what=$2; shift 2
+  local deadline=$((SECONDS + limit))
+  until "$@"; do
+    case $(state) in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE)
+      "$@" || fail "job $job ended ($(state)) before: $what" ;;
+    esac
+    ((SECONDS < deadline)) || fail "timed out after ${limit} s waiting for: $what"
+    sleep 0.3
+  done
+}
