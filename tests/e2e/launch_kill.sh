@@ -1,6 +1,8 @@
 # Real faults under `ddiloco launch` (README "Fault isolation"): SIGKILL of a non-leader rank of
 # a 2-rank unit (a chaos `kill` the launcher carries out), then of a unit's leader and of the
-# syncer (sent by this test once the previous fault has healed). Checked:
+# syncer (sent by this test once the previous fault has healed). The 2-rank unit shards AdamW's
+# state over its ranks (units.zero: 1): its checkpoints gather the shards, and its restarted
+# process starts its shards afresh. Checked:
 #   - the launcher carries out the scheduled kill and restarts each killed process once;
 #   - the other unit and the syncer never stop while a unit is down: merges go on, with no gap
 #     between two merges longer than twice the nominal fragment period;
@@ -31,7 +33,7 @@ model: {n_layer: 2, n_head: 2, n_embd: 64, seq_len: 64}
 data: {train: text/train_*.bin, val: text/val_*.bin}
 train: {batch_size: 16, steps: 1000000, warmup_steps: 5}
 eval: {val_tokens: 512, sample_tokens: 0}
-units: {count: 2, ranks: [1, 2], slowdown: [3, 3]}
+units: {count: 2, ranks: [1, 2], slowdown: [3, 3], zero: 1}
 outer: {fragments: 2, h: 4, overlap: 1}
 syncer: {quorum: 1, eval_every: 10, heartbeat_timeout_s: 2, connect_wait_s: 60}
 checkpoint: {every: 40}
