@@ -141,7 +141,7 @@ void write_manifest(const std::filesystem::path& dir, int64_t id, const Config& 
 nlohmann::json verify(const std::filesystem::path& dir);
 
 /// Throws Error naming the first field in which the checkpoint's job differs from `config`
-/// (model shape, mode, units.count, a unit's ranks, outer.fragments). Mode single runs on any
+/// (model shape, mode, run.seed, units.count, a unit's ranks, outer.fragments). Mode single runs on any
 /// number of ranks: its caller compares them (single_checkpoints.hpp).
 void check_compatible(const nlohmann::json& manifest, const Config& config,
                       const std::filesystem::path& dir);

@@ -391,6 +391,7 @@ void write_manifest(const fs::path& dir, int64_t id, const Config& config,
                       {"fragments", OuterPlan::fragments_of(config)},
                       {"h", config.outer.h},
                       {"warmup_steps", config.outer.warmup_steps},
+                      {"run_seed", config.run.seed},
                       {"files", files}};
   if (summary.is_object()) m.update(summary);
   write_text_atomically(dir / "manifest.json", m.dump(2) + "\n");
@@ -458,6 +459,10 @@ void check_compatible(const nlohmann::json& m, const Config& config, const fs::p
       if (model.at(key).get<int>() != ours) mismatch(std::string("model.") + key, model.at(key).get<int>(), ours);
     if (m.at("mode").get<std::string>() != mode_name(config.mode))
       mismatch("mode", m.at("mode").get<std::string>(), mode_name(config.mode));
+    // Another seed is another run: its initialisation and data order (manifests from before
+    // the key have none).
+    if (m.contains("run_seed") && m.at("run_seed").get<int64_t>() != config.run.seed)
+      mismatch("run.seed", m.at("run_seed").get<int64_t>(), config.run.seed);
     if (m.at("units").get<int>() != config.units.count)
       mismatch("units.count", m.at("units").get<int>(), config.units.count);
     if (config.mode == Mode::single) return;  // any ranks, one fragment, no rounds

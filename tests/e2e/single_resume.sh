@@ -68,7 +68,7 @@ run --set run.dir=C --resume auto > C3.log 2>&1 || { cat C3.log; fail "C: resume
 grep -q "the run is complete at step 1500" C3.log || { cat C3.log; fail "C3 did not say the run is complete"; }
 rc=0
 run --set run.dir=C --set run.seed=2 --resume auto > C4.log 2>&1 || rc=$?
-((rc != 0)) && grep -q "run.seed = 1337, this configuration has 2" C4.log || { cat C4.log; fail "another run.seed was resumed"; }
+((rc != 0)) && grep -q "run.seed is 1337 there, 2 in this configuration" C4.log || { cat C4.log; fail "another run.seed was resumed"; }
 
 # SIGKILL after step 600: resumed from the periodic checkpoint of step 500.
 "${DDILOCO_MPIRUN[@]}" -np 2 "$DDILOCO" train --config s.yaml --set run.dir=D "${hold[@]}" > D1.log 2>&1 &

@@ -373,6 +373,10 @@ TEST(Checkpoint, AnotherJobsCheckpointIsRefusedNamingTheField) {
   EXPECT_NE(error_of([&] { checkpoint::check_compatible(m, c, dir); }).find("the ranks of unit 1 is 1 there, 2"),
             std::string::npos);
   c = job();
+  c.run.seed = 2;
+  EXPECT_NE(error_of([&] { checkpoint::check_compatible(m, c, dir); }).find("run.seed is 1337 there, 2"),
+            std::string::npos);
+  c = job();
   c.mode = Mode::diloco;
   EXPECT_NE(error_of([&] { checkpoint::check_compatible(m, c, dir); }).find("mode is decoupled there, diloco"),
             std::string::npos);
