@@ -60,9 +60,10 @@ class Checkpoints {
   /// Writes checkpoint highest_id + 1 of step t: collective over the unit (rank 0 gathers
   /// the data cursors and writes). A checkpoint that cannot be written (disk full) is a
   /// warning and a `checkpoint_failed` event, not the end of the job. Returns its id, or 0.
-  /// log_loss_sum, log_steps: the losses since the last train event, and their count.
+  /// log_loss_sum, log_steps: the losses since the last train event, and their count;
+  /// elapsed_s: the job's wall time, for the event.
   int64_t write(int64_t t, int64_t tokens, UnitTrainer& trainer, const Rng& sampler, double log_loss_sum,
-                int64_t log_steps, JsonlWriter& log);
+                int64_t log_steps, double elapsed_s, JsonlWriter& log);
 
  private:
   const Config& config_;

@@ -86,7 +86,7 @@ bool Checkpoints::due(int64_t t) const {
 }
 
 int64_t Checkpoints::write(int64_t t, int64_t tokens, UnitTrainer& trainer, const Rng& sampler, double log_loss_sum,
-                           int64_t log_steps, JsonlWriter& log) {
+                           int64_t log_steps, double elapsed_s, JsonlWriter& log) {
   const DataCursor mine = trainer.data()->cursor();
   const int ranks = mpi::size(world_);
   std::vector<int64_t> cursor = {mine.epoch, mine.batch}, all(2 * static_cast<size_t>(ranks));
@@ -114,10 +114,12 @@ int64_t Checkpoints::write(int64_t t, int64_t tokens, UnitTrainer& trainer, cons
     // Disk full, a file system gone: this checkpoint is abandoned (pruned once a later one is
     // complete), not the job.
     std::fprintf(stderr, "ddiloco: warning: checkpoint %lld not written: %s\n", static_cast<long long>(id), e.what());
-    log.write({{"event", "checkpoint_failed"}, {"id", id}, {"step", t}, {"error", e.what()}});
+    log.write({{"event", "checkpoint_failed"}, {"id", id}, {"step", t}, {"tokens", tokens}, {"elapsed_s", elapsed_s},
+               {"error", e.what()}});
     return 0;
   }
-  log.write({{"event", "checkpoint"}, {"id", id}, {"step", t}, {"tokens", tokens}, {"write_s", clock.seconds()}});
+  log.write({{"event", "checkpoint"}, {"id", id}, {"step", t}, {"tokens", tokens}, {"elapsed_s", elapsed_s},
+             {"write_s", clock.seconds()}});
   return id;
 }
 

@@ -156,7 +156,7 @@ class SingleUnit final : public StepPolicy {
  private:
   void start_log();
   int64_t checkpoint(int64_t t) {
-    return checkpoints_.write(t, tokens_, trainer_, sample_rng_, interval_.loss, interval_.steps, log_);
+    return checkpoints_.write(t, tokens_, trainer_, sample_rng_, interval_.loss, interval_.steps, wall_.seconds(), log_);
   }
   void stall_for_test(int64_t t);
   void log_train(int64_t t, const StepStats& s);
