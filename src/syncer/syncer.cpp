@@ -18,6 +18,20 @@
 
 namespace ddiloco::syncer {
 
+std::string admit_or_refuse(comm::UnitListener& door, int64_t id, int unit) {
+  try {
+    door.admit(id, unit);
+    return "";
+  } catch (const std::exception& e) {  // the link could not take it (out of threads, a bad key)
+    const std::string why = e.what()[0] != '\0' ? e.what() : "the link could not admit it";
+    try {
+      door.refuse(id, why);
+    } catch (const std::exception&) {  // the link has refused or dropped it itself
+    }
+    return why;
+  }
+}
+
 Syncer::Syncer(const Config& config, const OuterPlan& plan, const Topology& topo, const ValidationSet& val,
                const checkpoint::SyncerState* resumed, const std::filesystem::path& resumed_dir,
                const SyncerLink& link)
@@ -207,14 +221,8 @@ void Syncer::admit_units() {
       refused(c.peer, hello.unit, reason, 1);
       continue;
     }
-    try {
-      door_->admit(c.id, hello.unit);
-    } catch (const std::exception& e) {  // the link could not take it (out of threads, a bad key)
-      try {
-        door_->refuse(c.id, e.what());
-      } catch (const std::exception&) {  // the link has refused or dropped it itself
-      }
-      refused(c.peer, hello.unit, e.what(), 1);
+    if (const std::string why = admit_or_refuse(*door_, c.id, hello.unit); !why.empty()) {
+      refused(c.peer, hello.unit, why, 1);
       continue;
     }
     unit_joined(hello.unit, hello);

@@ -30,6 +30,16 @@
 
 namespace ddiloco::syncer {
 
+/// Admits connection `id` as unit `unit` through `door`. When the link cannot take it (a
+/// malformed remote key, out of threads or descriptors: admit() throws) the connection is
+/// refused instead, a refusal that fails too is ignored (the link dropped it), and the reason
+/// is returned; "" when admitted. Never throws: one unit's bad key must not stop the syncer.
+std::string admit_or_refuse(comm::UnitListener& door, int64_t id, int unit);
+
+}  // namespace ddiloco::syncer
+
+namespace ddiloco::syncer {
+
 class Syncer {
  public:
   Syncer(const Config& config, const OuterPlan& plan, const Topology& topo, const ValidationSet& val,
