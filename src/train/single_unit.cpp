@@ -37,7 +37,7 @@ struct Setup {
   std::unique_ptr<UnitTrainer> trainer;
   std::unique_ptr<ValidationSet> val;
   std::optional<single::Resumed> resumed;
-  bool replace = false;  // run.dir's outputs are replaced (--overwrite, or --resume auto with none)
+  bool replace = false;  // run.dir's outputs are cleared (a fresh start with --overwrite, or --resume auto with none)
 };
 
 // Did run.dir's metrics.jsonl end with a "done" event (a run that completed)?
@@ -51,20 +51,19 @@ bool finished_run(const std::filesystem::path& dir) {
 
 Setup set_up(const Config& config, MPI_Comm world, bool overwrite, const std::string& resume) {
   std::optional<single::Resumed> resumed = single::read_resume(config, world, resume);
-  // --resume auto with nothing to resume starts over, replacing an interrupted attempt's
-  // outputs (what a requeued job wants), but never a run that completed without checkpoints.
-  mpi::agree(world, [&] {
-    if (mpi::rank(world) == 0 && resume == "auto" && !resumed && !overwrite && finished_run(config.run.dir))
-      fail("--resume auto: {} holds a completed run and no checkpoint to resume; pass --overwrite to "
-           "replace it, or choose another run.dir",
-           config.run.dir);
-  });
-  const bool replace = overwrite || (resume == "auto" && !resumed);
   return mpi::agree(world, [&] {
     Setup s;
     s.resumed = resumed;
-    s.replace = replace;
-    if (mpi::rank(world) == 0) check_run_dir(config.run.dir, replace || resumed);
+    s.replace = !resumed && (overwrite || resume == "auto");
+    if (mpi::rank(world) == 0) {
+      // --resume auto with nothing to resume starts over, replacing an interrupted attempt's
+      // outputs (what a requeued job wants), but never a run that completed without checkpoints.
+      if (resume == "auto" && !resumed && !overwrite && finished_run(config.run.dir))
+        fail("--resume auto: {} holds a completed run and no checkpoint to resume; pass --overwrite to "
+             "replace it, or choose another run.dir",
+             config.run.dir);
+      check_run_dir(config.run.dir, s.replace || resumed);
+    }
     const auto train_files = expand_shard_pattern(config.data.train, "data.train");
     const auto val_files = expand_shard_pattern(config.data.val, "data.val");
     check_disjoint_splits(train_files, val_files);
@@ -193,7 +192,7 @@ class SingleUnit final : public StepPolicy {
 };
 
 void SingleUnit::start_log() {
-  if (setup_.replace && !setup_.resumed) clear_run_outputs(dir_);
+  if (setup_.replace) clear_run_outputs(dir_);
   const std::string yaml = to_yaml(config_);
   write_text_atomically(dir_ / "config.yaml", yaml);
   std::printf("ddiloco %s: effective configuration (saved to %s)\n%s", DDILOCO_VERSION,
