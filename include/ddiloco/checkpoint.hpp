@@ -20,7 +20,7 @@
 //   unit_<u>.h5 attrs format, format_version, role = "unit", id, unit, ranks, step, tokens,
 //              schedule_step, rejoins, lost (1: down after a crash, no parameters), run_seed,
 //              sample_rng (mode single only: the sampler's generator, Rng::state text),
-//              log_loss_sum, log_steps (mode single: the losses since the last train event)
+//              log_loss_sum, log_steps (the losses since the unit's last train event)
 //              /model  /params/<tensor> θ  /adamw/m/<tensor>  /adamw/v/<tensor> (attr step)
 //              /outer/{c_steps, c_tok, sent_step, last_seq, sent_c_steps, sent_c_tok} int64 (P)
 //              /outer/sent_theta_<p> float32 (numel of fragment p; outer.apply = carry only)
@@ -98,8 +98,8 @@ struct UnitState {
   std::vector<std::vector<float>> wire_residual;  ///< per fragment: E (empty: none)
   std::vector<DataCursor> cursors;             ///< per rank of the unit
   std::string sample_rng;  ///< mode single: the sampler's Rng::state (empty: none)
-  /// Mode single: the sum of the losses of the steps since the last `train` event, and their
-  /// count, so that a resumed run logs the same means (0 and 0: none).
+  /// The sum of the losses of the steps since the unit's last `train` event, and their count,
+  /// so that a resumed run logs the same means (0 and 0: none).
   double log_loss_sum = 0;
   int64_t log_steps = 0;
   /// Every field (a read back file equals what was written, tests/unit/test_checkpoint.cpp).

@@ -228,7 +228,7 @@ struct WanConfig {
 /// Checkpoints (README "Checkpoints and resume"): HDF5 files per role under
 /// <dir>/ckpt_<id>/, manifest.json written last. Modes diloco, streaming and decoupled.
 struct CheckpointConfig {
-  int64_t every = 0;     ///< merges (mode single: inner steps) between two checkpoints; 0 = only at a stop
+  int64_t every = 0;     ///< merges (modes single and ddp: inner steps) between two checkpoints; 0 = only at a stop
   /// seconds between two checkpoints (the first merge after), besides `every`; 0 = none. On
   /// by default: what a syncer that loses every unit too can lose at most.
   double every_s = 60;

@@ -32,10 +32,6 @@ namespace ddiloco::deploy {
 /// Returns the stop signal that ended the job early, or 0.
 int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::string& resume = "");
 
-/// The checkpoint a job resumes from for --resume `resume` ("auto" or a directory): "" for a
-/// fresh start. Throws Error for a checkpoint that is corrupt or of another job.
-std::string choose_checkpoint(const Config& config, const std::string& resume);
-
 /// The syncer's validated inputs: run.dir and the checkpoint directory usable, the resumed
 /// state (checked against the configuration), and the validation set.
 struct SyncerSetup {
@@ -45,7 +41,7 @@ struct SyncerSetup {
 /// The syncer's set-up, the same in both deployments (setup.cpp): its inputs validated,
 /// agreed over `world` (collective: every rank of the job hears of a failure, as
 /// mpi::SetupFailed), then run.dir's earlier outputs cleared where `replace` and no checkpoint
-/// is resumed, and the stop signals installed. `resume`: choose_checkpoint's; `restart`: a
+/// is resumed, and the stop signals installed. `resume`: checkpoint::choose's; `restart`: a
 /// syncer replacing one of this run that died (isolated), which keeps run.dir as it is.
 SyncerSetup set_up_syncer(const Config& config, const OuterPlan& plan, MPI_Comm world, const std::string& resume,
                           bool replace, bool restart = false);

@@ -297,12 +297,12 @@ const std::vector<Entry<Config>>& entries() {
                     "chaos_schedule.yaml in a run directory)"),
       // checkpoint
       DDILOCO_FIELD(int64_t, "checkpoint.every", checkpoint.every,
-                    "outer updates (merges) between two checkpoints, inner steps in mode single; "
-                    "0 = none by count (see checkpoint.every_s, and at_stop). Mode ddp writes none",
+                    "outer updates (merges) between two checkpoints, inner steps in modes single and "
+                    "ddp; 0 = none by count (see checkpoint.every_s, and at_stop)",
                     at_least<int64_t>(0)),
       DDILOCO_FIELD(double, "checkpoint.every_s", checkpoint.every_s,
-                    "seconds between two checkpoints (taken at the first merge after; mode single: "
-                    "the next step boundary), besides "
+                    "seconds between two checkpoints (taken at the first merge after; modes single and "
+                    "ddp: the next step boundary), besides "
                     "checkpoint.every; 0 = none by time. What a restarted syncer that no unit can give "
                     "Θ back to loses at most (README \"The syncer dying\")", at_least(0.0)),
       DDILOCO_FIELD(std::string, "checkpoint.dir", checkpoint.dir,
@@ -610,9 +610,6 @@ void check_debug_and_checkpoints(const Config& c) {
   // Elsewhere every merge needs every unit: the refused snapshot would stall the job.
   if (c.debug.nan_unit >= 0 && !mode_traits(c.mode).quorum)
     fail("debug.nan_unit: needs mode decoupled, got mode {}", mode_name(c.mode));
-  if (c.checkpoint.every > 0 && c.mode == Mode::ddp)
-    fail("checkpoint.every: checkpoints are written in modes single, diloco, streaming and "
-         "decoupled, got mode ddp");
 }
 }  // namespace
 

@@ -221,7 +221,7 @@ int run_syncer_process(const Config& config, bool overwrite, const std::string& 
   const Topology topology(config, MPI_COMM_WORLD, -1);
   configure_threads(config.run.threads, MPI_COMM_WORLD);
   const bool never = resume_arg == "never";
-  const std::string resume = resume_arg.empty() || never ? "" : choose_checkpoint(config, resume_arg);
+  const std::string resume = resume_arg.empty() || never ? "" : checkpoint::choose(config, resume_arg);
   // --resume auto where a syncer of this run died (its rendezvous file is still there: a
   // syncer that ends removes it): this one replaces it, recovering Θ from the units.
   const bool restart = resume_arg == "auto" && !overwrite &&

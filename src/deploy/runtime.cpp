@@ -16,13 +16,6 @@
 
 namespace ddiloco::deploy {
 
-// The checkpoint a job resumes from ("" = a fresh start), chosen on one rank.
-std::string choose_checkpoint(const Config& config, const std::string& resume) {
-  if (!OuterPlan::from(config).outer_steps)
-    fail("--resume: mode ddp writes no checkpoints (modes single, diloco, streaming and decoupled do)");
-  return checkpoint::choose(config, resume);
-}
-
 int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::string& resume_arg) {
   const OuterPlan plan = mpi::agree(world, [&] {
     if (mpi::size(world) != config.world_size())
@@ -33,7 +26,7 @@ int run_job(const Config& config, MPI_Comm world, bool overwrite, const std::str
     return OuterPlan::from(config);
   });
   const std::string resume = mpi::broadcast(mpi::agree(world, [&] {
-    return mpi::rank(world) == 0 && !resume_arg.empty() ? choose_checkpoint(config, resume_arg)
+    return mpi::rank(world) == 0 && !resume_arg.empty() ? checkpoint::choose(config, resume_arg)
                                                         : std::string();
   }), 0, world);
   // --resume auto with nothing to resume starts over, replacing an earlier attempt's outputs.

@@ -17,7 +17,7 @@ SyncerSetup prepare_syncer(const Config& config, const OuterPlan& plan, const st
   SyncerSetup setup;
   const std::filesystem::path dir = config.run.dir;
   check_run_dir(dir, replace || !resume.empty());
-  if (plan.outer_steps && config.checkpoint.enabled())
+  if (config.checkpoint.enabled())
     checkpoint::check_directory(config.checkpoint.directory(config.run.dir));
   if (!resume.empty()) {
     setup.state = checkpoint::read_syncer(checkpoint::syncer_file(resume));
@@ -34,14 +34,14 @@ SyncerSetup prepare_syncer(const Config& config, const OuterPlan& plan, const st
   return setup;
 }
 
-std::unique_ptr<UnitTrainer> make_unit_trainer(const Config& config, const OuterPlan& plan,
-                                               const Topology& topology, MPI_Comm learners) {
+std::unique_ptr<UnitTrainer> make_unit_trainer(const Config& config, const Topology& topology,
+                                               MPI_Comm learners) {
   auto t = std::make_unique<UnitTrainer>(config, topology.unit_comm, learners);
   t->attach_data(std::make_unique<TrainStream>(
       expand_shard_pattern(config.data.train, "data.train"), config.model.vocab_size,
       config.train.batch_size, config.model.seq_len, topology.stream_index,
       topology.stream_count, static_cast<uint64_t>(config.run.seed), config.data.shuffle));
-  if (topology.leader && plan.outer_steps && config.checkpoint.enabled())
+  if (topology.leader && config.checkpoint.enabled())
     checkpoint::check_directory(config.checkpoint.directory(config.run.dir));
   return t;
 }
@@ -76,7 +76,7 @@ UnitSetup set_up_unit(const Config& config, const OuterPlan& plan, const Topolog
                       const std::string& resume) {
   UnitSetup s;
   s.trainer = mpi::agree(topology.world, [&] {
-    auto t = make_unit_trainer(config, plan, topology, learners);
+    auto t = make_unit_trainer(config, topology, learners);
     if (!resume.empty()) s.resumed = read_learner_resume(config, plan, topology, resume);
     return t;
   });

@@ -22,10 +22,13 @@ UnitTrainer::GradientReducer hierarchical_reducer(const Topology& topo, int tota
       // knows whether the gradients can travel in the wire format (which refuses non-finite
       // values) or must go raw, and the step fails as diverged on every unit.
       const bool finite = std::all_of(grads.begin(), grads.end(), [](float g) { return std::isfinite(g); });
-      double words[2] = {finite ? loss_sum : std::numeric_limits<double>::quiet_NaN(), stop->vote ? 1.0 : 0.0};
+      // Checkpoint ids are below 2^53: exact in a double, and so is their sum over the leaders.
+      double words[4] = {finite ? loss_sum : std::numeric_limits<double>::quiet_NaN(), stop->vote ? 1.0 : 0.0,
+                         stop->want > 0 ? 1.0 : 0.0, static_cast<double>(stop->want)};
       mpi::allreduce_sum_patient(std::span<double>(words), topo.leaders_comm);
       loss_sum = words[0];
       stop->agreed = words[1] > 0;
+      stop->agreed_want = words[2] > 0 ? static_cast<int64_t>(words[3] / words[2]) : 0;
       ring->allreduce_sum(grads, !std::isfinite(loss_sum));
       const float inv = 1.0f / static_cast<float>(total_ranks);
       const long n = static_cast<long>(grads.size());

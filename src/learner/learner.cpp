@@ -40,7 +40,7 @@ Learner::Settings Learner::Settings::of(const Config& config, const OuterPlan& p
   s.blend = config.outer.apply == "blend";
   s.alpha = static_cast<float>(config.outer.blend_alpha);
   s.tracks_fragments = plan.outer_steps;
-  s.checkpoints = plan.outer_steps && config.checkpoint.enabled();
+  s.checkpoints = config.checkpoint.enabled();
   s.ckpt_root = config.checkpoint.directory(config.run.dir);
   s.eval_period = static_cast<int64_t>(plan.h) * config.syncer.eval_every;
   return s;
@@ -116,7 +116,10 @@ TimeBook Learner::run() {
 }
 
 bool Learner::before_step(int64_t) {
-  if (!plan_.outer_steps && topo_.leader) ddp_.stop->vote = core_->stop_requested();
+  if (!plan_.outer_steps && topo_.leader) {
+    ddp_.stop->vote = core_->stop_requested();
+    ddp_.stop->want = set_.checkpoints ? core_->requested_checkpoint() : 0;
+  }
   return true;
 }
 

@@ -59,6 +59,9 @@ checkpoint::UnitState Learner::unit_state(int64_t t, bool lost, UnitTrainer::Mom
   st.schedule_step = trainer_.schedule_step();
   st.rejoins = core_->rejoins();
   st.run_seed = config_.run.seed;
+  // The losses since the last train event: a resumed unit logs the same means.
+  st.log_loss_sum = since_log_.loss;
+  st.log_steps = since_log_.steps;
   if (!lost) {
     // (gather_moments downloaded the device's parameters and moments with cuda)
     const auto params = trainer_.model().parameters();
@@ -89,12 +92,13 @@ checkpoint::UnitState Learner::unit_state(int64_t t, bool lost, UnitTrainer::Mom
 }
 
 // Stopped while down after a crash: the unit's file says it is lost, and a resumed unit starts
-// from Θ (collective over the unit, like write_checkpoint).
+// from Θ (collective over the unit, like write_checkpoint); ddp's holds the replica it kept.
 void Learner::checkpoint_while_down() {
   int64_t id = 0;
-  if (topo_.leader) id = core_->decide_checkpoint(true);
+  if (topo_.leader) id = core_->decide_checkpoint(true, core_->requested_checkpoint());
   if (topo_.unit_size > 1) mpi::check(MPI_Bcast(&id, 1, MPI_INT64_T, 0, topo_.unit_comm), "Bcast(checkpoint)");
-  if (id > 0) write_checkpoint(id, trainer_.steps_done(), true, true);
+  // ddp keeps its replica while down (learner_faults.cpp): its file holds it.
+  if (id > 0) write_checkpoint(id, trainer_.steps_done(), /*lost=*/plan_.outer_steps, true);
 }
 
 }  // namespace ddiloco::learner

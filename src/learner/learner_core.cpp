@@ -227,10 +227,14 @@ int64_t LearnerCore::schedule_step() const {
 
 // ---------------------------------------------------------------- checkpoints
 
-int64_t LearnerCore::decide_checkpoint(bool stop) const {
+int64_t LearnerCore::requested_checkpoint() const {
   const int64_t want = window_->control(protocol::kCheckpointWant);
-  if (stop && (settings_.checkpoint_at_stop || want > ckpt_done_)) return next_checkpoint_id();
   return want > ckpt_done_ ? want : 0;
+}
+
+int64_t LearnerCore::decide_checkpoint(bool stop, int64_t requested) const {
+  if (stop && (settings_.checkpoint_at_stop || requested > 0)) return next_checkpoint_id();
+  return requested;
 }
 
 int64_t LearnerCore::next_checkpoint_id() const {

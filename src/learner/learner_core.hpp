@@ -190,9 +190,13 @@ class LearnerCore {
   /// chaos crash's down time and lost snapshots). `loss`, `grad_norm`: the step's, logged.
   void decide_crash(Actions& actions, int64_t t, bool non_finite, bool crash_ready, double loss, double grad_norm);
 
-  /// The checkpoint whose unit file the unit writes after this step (0: none): when the
-  /// syncer asks (kCheckpointWant) or, with checkpoint.at_stop, when the job stops.
-  int64_t decide_checkpoint(bool stop) const;
+  /// The checkpoint the syncer asks for (kCheckpointWant) whose file we have not written
+  /// (0: none).
+  int64_t requested_checkpoint() const;
+  /// The checkpoint whose unit file the unit writes after this step (0: none): `requested`
+  /// (requested_checkpoint(); ddp: the one the leaders agreed on) or, with checkpoint.at_stop or
+  /// one requested, at the stop, the next one the syncer completes.
+  int64_t decide_checkpoint(bool stop, int64_t requested) const;
   /// Our own checkpoint at a stop: the next one the syncer will complete.
   int64_t next_checkpoint_id() const;
   /// The unit file of checkpoint `id` is written (true) or could not be (false).

@@ -20,7 +20,9 @@ Actions Learner::decide(int64_t t, const StepStats& s, double step_s, bool non_f
   const bool crash_ready = core.take_merges(t, actions);  // a crash came due while waiting
   actions.stop = core.decide_stop(actions, t, ddp_.stop->agreed);
   if (!actions.stop) core.wait_if_budget_spent_alone(t);
-  if (set_.checkpoints) actions.checkpoint = core.decide_checkpoint(actions.stop);
+  if (set_.checkpoints)  // ddp: the checkpoint the leaders agreed on (ddp_reducer.hpp)
+    actions.checkpoint = core.decide_checkpoint(
+        actions.stop, plan_.outer_steps ? core.requested_checkpoint() : ddp_.stop->agreed_want);
   if (plan_.lr_on_job_clock) actions.schedule_step = core.schedule_step();
   core.decide_crash(actions, t, non_finite, crash_ready, s.loss, s.grad_norm);
   if (actions.crash) {

@@ -27,6 +27,8 @@ void Learner::resume_from_checkpoint() {
   if (plan_.lr_on_job_clock) trainer_.set_schedule_step(st.schedule_step);
   trainer_.data()->seek(st.cursors[topo_.unit_rank]);
   tokens_ = st.tokens;
+  since_log_.loss = st.log_loss_sum;
+  since_log_.steps = st.log_steps;
   core_->resumed(st.rejoins);
   first_step_ = st.step + 1;
   for (int p = 0; p < fragments_.size(); ++p) resume_fragment(p, params);

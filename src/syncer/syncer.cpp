@@ -143,6 +143,7 @@ bool Syncer::poll_once() {
   core_.observe_step_times();
   core_.serve_rejoins();
   core_.watch_ddp_steps();
+  if (!plan_.outer_steps) checkpoints_.after_merge();  // ddp: checkpoints count inner steps
   check_stop();
   const int64_t tokens = core_.tokens_total();
   core_.publish_progress(tokens);

@@ -18,7 +18,7 @@ SyncerCheckpoints::SyncerCheckpoints(const Config& config, const OuterPlan& plan
       clock_(std::move(clock)),
       log_(std::move(log)),
       bar_(bar),
-      on_(plan.outer_steps && config.checkpoint.enabled()),
+      on_(config.checkpoint.enabled()),
       root_(config.checkpoint.directory(config.run.dir)),
       last_unit_file_(config.units.count) {
   if (!resumed_dir.empty())
@@ -31,7 +31,7 @@ void SyncerCheckpoints::restore(SyncerCore& core, const Config& config, const ch
   const int M = core.units(), P = core.fragments();
   std::vector<std::vector<int64_t>> last_seq(M);
   std::vector<std::vector<std::vector<float>>> refs(M);
-  const bool wire_refs = config.wan.format != "fp32";  // (ddp is never resumed)
+  const bool wire_refs = config.wan.format != "fp32" && config.mode != Mode::ddp;  // ddp's window is fp32
   for (int u = 0; u < M; ++u) {
     const std::filesystem::path file = checkpoint::unit_file(dir, u);
     last_seq[u] = checkpoint::unit_last_seq(file, P);
@@ -47,8 +47,16 @@ void SyncerCheckpoints::restore(SyncerCore& core, const Config& config, const ch
   core.restore(state, last_seq, refs);
 }
 
+// What checkpoint.every counts: merges; in ddp, whose merges only bring θ to evaluate, the inner
+// steps of unit 0 (every unit makes the same).
+int64_t SyncerCheckpoints::progress() const {
+  return plan_.outer_steps ? core_.total_merges() : core_.steps_total() / core_.units();
+}
+
 void SyncerCheckpoints::start() {
-  due_at_ = core_.total_merges() + config_.checkpoint.every;
+  // ddp: the units' steps are not known before they report them (a resumed job's start at its
+  // checkpoint's): counted from the first report (after_merge).
+  due_at_ = plan_.outer_steps ? progress() + config_.checkpoint.every : -1;
   due_at_s_ = clock_() + config_.checkpoint.every_s;
   for (int u = 0; u < core_.units(); ++u) window_.set_control(u, protocol::kCheckpointNext, next_);
 }
@@ -61,7 +69,8 @@ void SyncerCheckpoints::unit_connected(int u) {
 // Asked for before the merge is delivered: a diloco unit then writes its file on the round
 // boundary where it applies this merge.
 void SyncerCheckpoints::after_merge() {
-  const bool by_count = config_.checkpoint.every > 0 && core_.total_merges() >= due_at_;
+  if (due_at_ < 0 && progress() > 0) due_at_ = progress() + config_.checkpoint.every;
+  const bool by_count = config_.checkpoint.every > 0 && due_at_ >= 0 && progress() >= due_at_;
   const bool by_time = config_.checkpoint.every_s > 0 && clock_() >= due_at_s_;
   if ((by_count || by_time) && !wanted_ && !core_.stopping()) request();
 }
@@ -153,7 +162,9 @@ checkpoint::SyncerState SyncerCheckpoints::state(const std::filesystem::path& di
   st.units = core_.units();
   st.fragments = core_.fragments();
   st.h = plan_.h;
-  st.theta = core_.flat_theta();
+  // ddp: Θ is θ as unit 0 last shipped it for evaluation; the checkpoint's is its file's.
+  st.theta = plan_.outer_steps ? core_.flat_theta()
+                               : checkpoint::read_unit(checkpoint::unit_file(dir, 0), core_.fragments()).params;
   st.momentum = core_.flat_momentum();
   st.versions = core_.versions();
   for (const auto& row : core_.merged_seq()) st.merged_seq.insert(st.merged_seq.end(), row.begin(), row.end());
@@ -181,7 +192,7 @@ void SyncerCheckpoints::abandon(const std::string& why) {
 void SyncerCheckpoints::next() {
   ++next_;
   wanted_ = false;
-  due_at_ = core_.total_merges() + config_.checkpoint.every;
+  due_at_ = progress() + config_.checkpoint.every;
   due_at_s_ = clock_() + config_.checkpoint.every_s;
   for (int u = 0; u < core_.units(); ++u)
     if (!core_.unit_done(u)) window_.set_control(u, protocol::kCheckpointNext, next_);

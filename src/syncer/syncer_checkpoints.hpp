@@ -39,8 +39,8 @@ class SyncerCheckpoints {
   void start();
   /// A unit (re)connected: it is told the same, and asked for the file if one is wanted.
   void unit_connected(int u);
-  /// After a merge: asks the units for their files when checkpoint.every merges or
-  /// checkpoint.every_s seconds have passed.
+  /// After a merge (ddp: after the syncer saw unit 0 step): asks the units for their files
+  /// when checkpoint.every merges (ddp: inner steps) or checkpoint.every_s seconds have passed.
   void after_merge();
   /// Is a checkpoint asked for and not complete yet?
   bool wanted() const { return wanted_; }
@@ -51,6 +51,7 @@ class SyncerCheckpoints {
 
  private:
   void request();
+  int64_t progress() const;
   bool unit_file_ready(int u, bool final, std::vector<int>& linked);
   checkpoint::SyncerState state(const std::filesystem::path& dir, double elapsed_s, int64_t next_eval);
   void link_unit_files(const std::filesystem::path& dir, const std::vector<int>& linked) const;
@@ -69,7 +70,7 @@ class SyncerCheckpoints {
   std::filesystem::path root_;
   int64_t next_ = 1;        // id of the checkpoint being (or next to be) written
   bool wanted_ = false;     // the units were asked for checkpoint next_
-  int64_t due_at_ = 0;      // merges at which the next periodic checkpoint is asked for
+  int64_t due_at_ = 0;      // progress() at which the next periodic checkpoint is asked for
   double due_at_s_ = 0;     // ... or the time, s (checkpoint.every_s)
   std::vector<std::filesystem::path> last_unit_file_;  // per unit: its newest checkpoint file
 };

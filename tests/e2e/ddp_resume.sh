@@ -1,0 +1,97 @@
+# Exact resume of mode ddp (2 units of 1 and 2 ranks all-reducing gradients every step, and the
+# syncer that evaluates; ddp_reducer.hpp): a run straight through, the same run resumed from a
+# periodic checkpoint by path, and the same run stopped by SIGTERM to its ranks (as Slurm sends
+# it: every unit stops after the same step, writes its file, the syncer completes the
+# checkpoint, exit 143) then resumed with --resume auto, all end on bit-identical parameters
+# and AdamW state, with the same losses at every step both logged and the same global
+# evaluations (each rank's data cursor is saved and restored). Also: a complete run resumed
+# again trains nothing.
+source "$(dirname "$0")/lib/common.sh"
+source "$(dirname "$0")/lib/text_data.sh"
+cd "$WORK"
+make_text_shards text
+cat > p.yaml <<'YAML'
+mode: ddp
+run: {dir: A, log_every: 10, progress: false, threads: 1}
+model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16}
+data: {train: text/train_*.bin, val: text/val_*.bin}
+train: {batch_size: 2, steps: 600, warmup_steps: 2}
+eval: {val_tokens: 512, sample_tokens: 0}
+units: {count: 2, ranks: [1, 2]}
+syncer: {eval_every: 3}  # θ to evaluate every 150 steps (H = 50)
+checkpoint: {every: 100, every_s: 0, keep: 100}
+YAML
+run() { "${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config p.yaml "$@"; }
+
+run > A.log 2>&1 || { cat A.log; fail "straight run failed"; }
+mid=A/checkpoints/ckpt_00000002
+[[ -f $mid/manifest.json ]] || { ls A/checkpoints; fail "no periodic checkpoint $mid"; }
+grep -q '"mode": "ddp"' $mid/manifest.json || { cat $mid/manifest.json; fail "manifest of $mid"; }
+"$DDILOCO" inspect "$mid" > inspect.txt || { cat inspect.txt; fail "inspect $mid failed"; }
+run --set run.dir=B --resume "$mid" > B.log 2>&1 || { cat B.log; fail "resume from $mid failed"; }
+
+# SIGTERM while unit 1's leader waits after step 300 (debug.stall_*; unit 0 waits for it in the
+# all-reduce of step 301): unit 1 votes to stop in step 301, and every unit stops after it.
+"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config p.yaml --set run.dir=C --set debug.stall_unit=1 \
+  --set debug.stall_at_step=300 --set debug.stall_until_merges=1000000000 > C1.log 2>&1 &
+pid=$!
+wait_event C/unit_0.jsonl $pid 300 "any(e['event'] == 'train' and e['step'] >= 300 for e in ev)" ||
+  { cat C1.log; fail "C never reached step 300"; }
+ranks=$(pgrep -P $pid | tr '\n' ' ')
+[[ $(wc -w <<< "$ranks") == 4 ]] || fail "mpirun $pid has children '$ranks', expected its 4 ranks"
+kill -TERM $ranks
+rc=0
+wait $pid || rc=$?
+((rc == 143)) || { cat C1.log; fail "the job exited $rc after SIGTERM, expected 143"; }
+run --set run.dir=C --resume auto > C2.log 2>&1 || { cat C2.log; fail "C: resume auto failed"; }
+run --set run.dir=C --resume auto > C3.log 2>&1 || { cat C3.log; fail "C: resume of the complete run failed"; }
+
+/usr/bin/python3 - <<'PY' || fail "resumed runs differ from the straight one"
+import json, glob, h5py, numpy as np
+def events(path):
+    return [json.loads(l) for l in open(path)]
+def final_state(run):
+    last = sorted(glob.glob(f"{run}/checkpoints/ckpt_*"))[-1]
+    st = {}
+    for u in (0, 1):
+        with h5py.File(f"{last}/unit_{u}.h5", "r") as f:
+            for g in ("params", "adamw/m", "adamw/v"):
+                st.update({f"{u}/{g}/{k}": f[g][k][()] for k in f[g]})
+            st[f"{u}/adam_step"] = f["adamw"].attrs["step"]
+            st[f"{u}/step"] = f.attrs["step"]
+            st[f"{u}/cursor"] = f["data"]["cursor"][()]
+    with h5py.File(f"{run}/model.h5", "r") as f:
+        st.update({"model/" + k: f["params"][k][()] for k in f["params"]})
+    return st
+a = final_state("A")
+assert a["0/step"] == 600 and a["0/adam_step"] == 600 and a["1/step"] == 600, a["0/step"]
+assert a["1/cursor"].shape == (2, 2), a["1/cursor"]
+for k in [k for k in a if k.startswith("0/params/")]:
+    assert np.array_equal(a[k], a["1" + k[1:]]), f"A: the units' replicas differ in {k}"
+for run in ("B", "C"):
+    s = final_state(run)
+    diff = [k for k in a if not np.array_equal(a[k], s[k])]
+    assert not diff, f"{run}: differs from A in {diff[:5]}"
+    for u in (0, 1):
+        la = {e["step"]: e["train_loss"] for e in events(f"A/unit_{u}.jsonl") if e["event"] == "train"}
+        ls = {e["step"]: e["train_loss"] for e in events(f"{run}/unit_{u}.jsonl") if e["event"] == "train"}
+        common = sorted(set(la) & set(ls))
+        assert len(common) >= 20, (run, u, common)
+        bad = [t for t in common if la[t] != ls[t]]
+        assert not bad, f"{run}: unit {u}'s loss differs from A at steps {bad[:5]}"
+    # Version v: θ of step 150·v, which unit 0 shipped to the syncer.
+    ga = {e["version"]: e["val_loss"] for e in events("A/metrics.jsonl") if e["event"] == "global_eval"}
+    gs = {e["version"]: e["val_loss"] for e in events(f"{run}/metrics.jsonl") if e["event"] == "global_eval"}
+    assert sorted(ga) == [1, 2, 3, 4] and 4 in gs, (ga, gs)
+    assert all(ga[v] == gs[v] for v in gs), (run, ga, gs)
+c = events("C/unit_1.jsonl")
+stops = [e for e in c if e["event"] == "checkpoint" and e["step"] == 301]
+assert len(stops) == 1, "C: no checkpoint at step 301, where every unit stopped"
+resume = [e for e in c if e["event"] == "resume"]
+assert [e["step"] for e in resume] == [301, 600], resume
+trained = [e["step"] for e in c if e["event"] == "train"]
+assert trained == sorted(set(trained)), "C: a step was logged twice (the complete run trained again)"
+print("A, B (from a periodic checkpoint) and C (SIGTERM after step 301, --resume auto): bit-identical "
+      "θ, AdamW state and cursors of both units; losses and global evaluations equal")
+PY
+echo "PASS: ddp_resume"
