@@ -157,9 +157,14 @@ class SyncerCore {
   /// ddp: unit 0's steps, each an update of Θ (global downtime counts their gaps).
   void watch_ddp_steps();
 
-  /// The job is ending: every snapshot published is merged, whatever the quorum, and a unit
-  /// that connects is told to stop.
-  void set_stopping();
+  /// The job is ending, and a unit that connects is told to stop. `flush` (the job's end: its
+  /// token budget): every snapshot published is merged, whatever the quorum. A stop by a signal,
+  /// which a resumed job goes on from, does not flush decoupled: a fragment still merges only
+  /// with its quorum K, and a snapshot short of one stays unmerged for its unit to send again
+  /// when resumed (learner_resume.cpp). Flushed alone, it would put its unit one round ahead
+  /// of a unit that stopped before sending its own, and once resumed each would wait (τ = 0)
+  /// for a merge that needs the other.
+  void set_stopping(bool flush);
   bool stopping() const { return stopping_; }
 
   /// A new process of unit u connected (isolated deployment): what was known of the old
@@ -354,6 +359,7 @@ class SyncerCore {
   };
   JobClock job_clock_;
   bool stopping_ = false;
+  bool flush_ = false;  // set_stopping's
   // How this syncer is deployed: units come and go (isolated); it replaces one that died.
   struct Deployment {
     bool isolated = false;

@@ -132,6 +132,9 @@ std::optional<protocol::SnapshotMeta> LearnerCore::claim_outbox(int p, int64_t t
 
 void LearnerCore::publish(int p, std::span<const float> packed, const protocol::SnapshotMeta& meta) {
   frag_[p].last_seq = frag_[p].seq_base + window_->publish(p, packed, meta);
+  // When each snapshot left, for whoever follows a run (and for tests that act once it has).
+  log({{"event", "snapshot"}, {"fragment", p}, {"step", meta.step}, {"seq", frag_[p].last_seq},
+       {"base_version", meta.base_version}, {"c_steps", meta.c_steps}});
 }
 
 int64_t LearnerCore::take(int p) {

@@ -2,6 +2,7 @@
 // merged fragments applied on every rank (README "Learner units and the syncer"). What is due
 // and when a merge applies is the core's (learner_core.hpp).
 #include <algorithm>
+#include <utility>
 
 #include "learner/learner.hpp"
 
@@ -10,6 +11,8 @@ namespace ddiloco::learner {
 void Learner::publish_due(int64_t t, bool non_finite, Actions& actions) {
   if (plan_.outer_steps) {
     for (int p : core_->due(t, non_finite)) publish(p, t, actions);
+    for (int p = 0; p < fragments_.size(); ++p)
+      if (std::exchange(work_[p].resend, false) && !actions.sent[p] && !non_finite) publish(p, t, actions);
   } else if (set_.unit == 0 && (t % set_.eval_period == 0 || t == core_->settings().max_steps)) {
     publish(0, t, actions);  // ddp: ship θ to the syncer for global evaluation
   }

@@ -10,7 +10,7 @@ namespace ddiloco::learner {
 // syncer's merged_seq says whether Θ_p already holds our last snapshot (or a later one, sent
 // after our file was written). Then Θ_p is applied as the merge of that snapshot would have
 // been; otherwise our θ_p and its counters are kept, and the next snapshot carries that
-// progress. Snapshots and merges in flight at the checkpoint are thereby accounted for, and
+// progress (decoupled sends it at once, in place of the one never merged). Snapshots and merges in flight at the checkpoint are thereby accounted for, and
 // every unit resumes holding Θ at the syncer's versions.
 void Learner::resume_from_checkpoint() {
   const checkpoint::UnitState& st = resume_->unit;
@@ -62,6 +62,10 @@ void Learner::resume_fragment(int p, std::span<float> params) {
     mix(theta, mine, has_sent_theta ? std::span<const float>(st.sent_theta[p]) : std::span<const float>());
     fragments_.unpack(p, theta, params);
     f.count_from_merge(core_->settings().carry, st.sent_c_steps[p], st.sent_c_tok[p]);
+  } else if (was_sent && !plan_.every_merge_has_all) {
+    // Decoupled, stopped by a signal with this snapshot short of a quorum (SyncerCore::
+    // set_stopping): a unit that resumes behind us will wait for a merge that needs it.
+    work_[p].resend = true;
   }
   f.fit_counters(config_.unit_tokens_per_step(set_.unit));
   f.applied = f.pending_version = f.sends = sy.versions[p];

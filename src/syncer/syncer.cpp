@@ -193,7 +193,7 @@ void Syncer::check_stop() {
     // Token budget reached (decoupled) or told to stop: every unit stops at its next step
     // boundary (units waiting for a merge stop waiting). Set before this round's deliveries,
     // so that a unit taking its last merge also sees the stop.
-    core_.set_stopping();
+    core_.set_stopping(/*flush=*/signal == 0);
     stop_.signal = signal;
     log_.write({{"event", signal != 0 ? "interrupted" : "stop"}, {"signal", signal},
                 {"tokens", tokens}, {"elapsed_s", now()}});

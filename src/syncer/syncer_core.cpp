@@ -144,8 +144,9 @@ void SyncerCore::poll() {
 }
 
 
-void SyncerCore::set_stopping() {
+void SyncerCore::set_stopping(bool flush) {
   stopping_ = true;
+  flush_ = flush;
   for (int u = 0; u < M_; ++u) window_.request_stop(u);
 }
 
@@ -578,8 +579,9 @@ std::vector<int> SyncerCore::ready_units(int p) const {
 // Synchronous modes need every unit but those finished with nothing left to merge (all finish
 // on the same round; one that finished early must not hold the rest forever); decoupled needs
 // K (fewer if fewer are still alive). Once the job is ending, whatever was published is
-// merged: that is the final flush.
+// merged: that is the final flush; but not at a signal's stop in decoupled (set_stopping).
 int SyncerCore::quorum_needed(int p, int live, int done) const {
+  if (stopping_ && !flush_ && !plan_.every_merge_has_all) return plan_.quorum;
   if (stopping_ || done == M_) return 1;
   if (!plan_.every_merge_has_all) return std::min(plan_.quorum, std::max(live, 1));
   int finished = 0;

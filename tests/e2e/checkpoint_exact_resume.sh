@@ -109,20 +109,25 @@ PY
 
 # Decoupled: its merges, and the learning rate, which follows the job's tokens as the syncer
 # last published them, depend on timing; a unit's data position and tokens at a step do not.
-# Quorum 2 of 2 and no overlap: while unit 0 is held after its step 400 (until the stop; its
-# heartbeat is never timed out) unit 1 waits for merges, so the job cannot end before the
-# signal, which comes once unit 0 has logged step 390.
+# Quorum 2 of 2 and no overlap (τ = 0: a unit waits for the merge after each snapshot), and
+# the stop falls between two units on either side of a round: unit 1 is held after its step
+# 399 (until the stop; its heartbeat is never timed out), and the signal comes once unit 0 has
+# sent fragment 0 of step 400 and waits for its merge, which needs unit 1's. A signal's stop
+# merges nothing short of a quorum (SyncerCore::set_stopping); resumed, unit 0 sends that
+# fragment again, and the round completes. (Flushed alone, it put unit 0 a round ahead, and the
+# resumed units waited for each other forever.)
 dec=(--config d.yaml --set mode=decoupled --set train.steps=1500 --set outer.fragments=2
   --set outer.overlap=0 --set syncer.quorum=2 --set syncer.heartbeat_timeout_s=3600 --set checkpoint.every=0)
 "${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train "${dec[@]}" --set run.dir=E > E.log 2>&1 ||
   { cat E.log; fail "decoupled straight run failed"; }
-"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train "${dec[@]}" --set run.dir=F --set debug.stall_unit=0 \
-  --set debug.stall_at_step=400 --set debug.stall_until_merges=1000000000 > F1.log 2>&1 &
+"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train "${dec[@]}" --set run.dir=F --set debug.stall_unit=1 \
+  --set debug.stall_at_step=399 --set debug.stall_until_merges=1000000000 > F1.log 2>&1 &
 pid=$!
-wait_for F/unit_0.jsonl '"step":390,' $pid
+wait_event F/unit_0.jsonl $pid 120 "any(e['event'] == 'snapshot' and e['step'] == 400 and e['fragment'] == 0 for e in ev)" ||
+  { cat F1.log; fail "unit 0 never sent fragment 0 of step 400"; }
 term_ranks $pid F1.log
-"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train "${dec[@]}" --set run.dir=F --resume auto > F2.log 2>&1 ||
-  { cat F2.log; fail "decoupled resume auto failed"; }
+timeout 300 "${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train "${dec[@]}" --set run.dir=F --resume auto > F2.log 2>&1 ||
+  { cat F2.log; fail "decoupled resume auto failed (exit 124: it hung)"; }
 /usr/bin/python3 - <<'PY' || fail "the resumed decoupled run's data positions differ from the straight one's"
 import json
 def events(path):
@@ -139,12 +144,19 @@ for u in (0, 1):
         return out
     a, f = train("E"), train("F")
     resume = [e for e in events(f"F/unit_{u}.jsonl") if e["event"] == "resume"]
-    assert len(resume) == 1 and resume[0]["step"] >= 380 and not resume[0]["lost"], resume
+    assert len(resume) == 1 and resume[0]["step"] == 400 - u and not resume[0]["lost"], resume
     common = sorted(set(a) & set(f))
     bad = [(s, a[s], f[s]) for s in common if a[s] != f[s]]
     after = [s for s in common if s > resume[0]["step"]]
     assert not bad and len(after) >= 20, (u, len(common), len(after), bad[:3])
     print(f"decoupled unit {u}: resumed at step {resume[0]['step']}; data position and tokens as "
           f"in the straight run at all {len(common)} steps both logged, {len(after)} after the resume")
+u0 = events("F/unit_0.jsonl")
+after = u0[[e["event"] for e in u0].index("resume"):]
+sent = [e["step"] for e in after if e["event"] == "snapshot" and e["fragment"] == 0]
+assert sent[:1] == [401], f"resumed unit 0 did not send fragment 0 again at its first step: {sent[:3]}"
+merges = [e for e in events("F/metrics.jsonl") if e["event"] == "merge" and e["fragment"] == 0]
+assert any(sorted(m["at_steps"]) == [400, 401] for m in merges), "no merge of unit 1's step 400 and unit 0's resent 401"
+print("decoupled: stopped with unit 0 at step 400 and unit 1 at 399; unit 0 sent fragment 0 again at 401, merged with unit 1's 400")
 PY
 echo "checkpoint_exact_resume: passed"

@@ -661,7 +661,7 @@ TEST(SyncerCore, WordsForAUnitWithATransferOnItsWayWaitInOrderUntilWritten) {
   ASSERT_TRUE(h.core.transfers_in_flight());
   h.remote.words_written.clear();
   ASSERT_TRUE(h.window.set_control(1, protocol::kCheckpointWant, 7));
-  h.core.set_stopping();  // kStop to every unit
+  h.core.set_stopping(true);  // kStop to every unit
   EXPECT_EQ(h.unit(1).control(protocol::kCheckpointWant), 0) << "written behind a transfer on its way";
   EXPECT_EQ(h.unit(1).control(protocol::kStop), 0);
   EXPECT_EQ(h.unit(0).control(protocol::kStop), 1) << "a unit with no transfer waits for nothing";
@@ -1064,10 +1064,29 @@ TEST(SyncerCore, StoppingFlushesWhateverWasPublishedAndTellsEveryUnit) {
   h.publish(2, 1, 1.0f, 4, 400);
   h.tick();
   EXPECT_TRUE(h.merges(1).empty());
-  h.core.set_stopping();
+  h.core.set_stopping(true);
   h.tick();
   ASSERT_EQ(h.merges(1).size(), 1u);
   EXPECT_EQ(h.merges(1)[0]["units"], json({2}));
+  for (int u = 0; u < 3; ++u) EXPECT_EQ(h.unit(u).control(protocol::kStop), 1) << u;
+}
+
+// A signal's stop, which a resumed job goes on from: a snapshot short of the quorum stays
+// unmerged (its unit sends it again when resumed), even once every unit is done; a fragment
+// with its quorum still merges without waiting out the grace window.
+TEST(SyncerCore, ASignalsStopMergesOnlyWithAQuorum) {
+  Harness h(small_config(Mode::decoupled, 3, 2));
+  h.publish(0, 0, 1.0f, 4, 400);
+  h.publish(1, 1, 1.0f, 4, 400);
+  h.publish(2, 1, 1.0f, 4, 400);
+  h.tick();
+  h.core.set_stopping(false);
+  for (int u = 0; u < 3; ++u) h.unit(u).set_control(protocol::kState, protocol::kDone);
+  h.tick();
+  h.tick();
+  EXPECT_TRUE(h.merges(0).empty()) << "one snapshot of 2 was merged at a signal's stop";
+  ASSERT_EQ(h.merges(1).size(), 1u);
+  EXPECT_EQ(h.merges(1)[0]["units"], json({1, 2}));
   for (int u = 0; u < 3; ++u) EXPECT_EQ(h.unit(u).control(protocol::kStop), 1) << u;
 }
 
