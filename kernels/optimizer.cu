@@ -65,17 +65,26 @@ __global__ void adamw_kernel(float* params, bf16* params_bf16, const float* grad
 
 }  // namespace
 
+void grad_sum_squares(double* accum, const float* grads, size_t n, cudaStream_t stream) {
+  sum_squares_kernel<<<kGradNormPartials, kThreads, 0, stream>>>(accum, grads, n);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
+void clip_scale_from_partials(float* norm_out, float* scale_out, const double* accum, float max_norm,
+                              cudaStream_t stream) {
+  clip_scale_kernel<<<1, kThreads, 0, stream>>>(norm_out, scale_out, accum, max_norm);
+  DDILOCO_CUDA_CHECK_LAUNCH();
+}
+
 void grad_norm_and_clip_scale(float* norm_out, float* scale_out, double* accum,
                               const float* grads, size_t n, float max_norm,
                               cudaStream_t stream, OpProfiler* prof) {
   {
     ProfileScope ps(prof, "sum of squares");
-    sum_squares_kernel<<<kGradNormPartials, kThreads, 0, stream>>>(accum, grads, n);
-    DDILOCO_CUDA_CHECK_LAUNCH();
+    grad_sum_squares(accum, grads, n, stream);
   }
   ProfileScope ps(prof, "clip coefficient");
-  clip_scale_kernel<<<1, kThreads, 0, stream>>>(norm_out, scale_out, accum, max_norm);
-  DDILOCO_CUDA_CHECK_LAUNCH();
+  clip_scale_from_partials(norm_out, scale_out, accum, max_norm, stream);
 }
 
 void adamw_step(float* params, bf16* params_bf16, const float* grads, float* m, float* v,

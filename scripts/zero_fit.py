@@ -2,12 +2,15 @@
 """The largest GPT-2 shape (layers at a given width) whose training state fits one device, with
 AdamW's state whole or sharded over R ranks (units.zero, include/ddiloco/zero.hpp).
 
-Bytes per rank, float32, as ddiloco's own estimate counts them (GptConfig::training_bytes,
-src/model/gpt.cpp; the same terms): θ 4·P, gradients 4·P, AdamW's m and v 8·P/R, activations
-4·A at the batch. P: GPT-2's parameter count (tied embeddings); A: per layer 15·N·C + 4·N +
-B·H·T² (the attention probabilities), plus 12·N·C + N·V (N = B·T).
+Bytes per rank. The parameter state as the GPU unit allocates it (GptCuda, src/gpu/gpt_cuda.cpp):
+fp32 master θ 4·P, its bf16 copy 2·P, fp32 gradients 4·P, the weight-decay mask 1·P, AdamW's m
+and v 8·P/R (units.zero = 1 shards only these). Activations as ddiloco's own estimate counts
+them (GptConfig::training_bytes, src/model/gpt.cpp), 4·A at the batch: an upper bound on the
+GPU, which keeps most of them in bf16. P: GPT-2's parameter count (tied embeddings); A: per
+layer 15·N·C + 4·N + B·H·T² (the attention probabilities), plus 12·N·C + N·V (N = B·T).
+--device cpu counts the CPU path's state instead: θ and gradients 8·P, AdamW 8·P/R.
 
-    /usr/bin/python3 scripts/zero_fit.py [--gib 139] [--batch 16] [--seq 128] [--vocab 50257]
+    /usr/bin/python3 scripts/zero_fit.py [--device gpu|cpu] [--gib 139] [--batch 16] [--seq 128] [--vocab 50257]
 """
 import argparse
 
@@ -27,7 +30,9 @@ def main():
     ap.add_argument("--batch", type=int, default=16, help="train.batch_size (the default: 16)")
     ap.add_argument("--seq", type=int, default=128, help="model.seq_len (the default: 128)")
     ap.add_argument("--vocab", type=int, default=50257, help="model.vocab_size (GPT-2: 50257)")
+    ap.add_argument("--device", choices=("gpu", "cpu"), default="gpu", help="whose allocations to count")
     a = ap.parse_args()
+    whole = 11 if a.device == "gpu" else 8  # bytes per parameter that every rank holds
     cap = a.gib * 2**30
     ranks = (1, 2, 4, 8)
     print(f"| width C (heads) | " + " | ".join(f"R = {r}: layers, parameters" for r in ranks) + " |")
@@ -38,7 +43,7 @@ def main():
             L = 0
             while True:
                 p, act = params(a.vocab, a.seq, C, L + 1), acts(a.batch, a.seq, C, L + 1, H, a.vocab)
-                if 8 * p + 8 * p / R + 4 * act > cap:
+                if whole * p + 8 * p / R + 4 * act > cap:
                     break
                 L += 1
             cells.append(f"{L}, {params(a.vocab, a.seq, C, L) / 1e9:.1f} B")

@@ -4,10 +4,12 @@
 // gradient, same update). One inner step = forward + backward on the rank's own batch,
 // MPI_Allreduce of the gradients over the unit (mean), clipping by global norm, AdamW. With
 // units.zero = 1 each rank holds the AdamW state of its shard only and the step reduce-scatters
-// the gradients and all-gathers the updated shards instead (zero.hpp): the same update.
+// the gradients and all-gathers the updated shards instead (zero.hpp): the same update; in ddp,
+// whose reducer leaves the whole mean gradient on every rank, only the update is sharded.
 //
 // With run.device: cuda the same step runs on this rank's GPU (unit_backend.hpp: GptCuda,
-// NCCL mean of the gradients, clip and AdamW on the device). The host model and optimizer
+// NCCL mean of the gradients, clip and AdamW on the device; with units.zero = 1 NCCL's
+// reduce-scatter and all-gather around AdamW on the shard). The host model and optimizer
 // then are a mirror that is NOT kept current step by step: download_state() copies the
 // device's parameters and AdamW state into them, upload_state() the other way; callers that
 // read or write model().parameters() or optimizer() (checkpoints, samples, saving, resume,

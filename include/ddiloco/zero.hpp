@@ -50,6 +50,11 @@ class ZeroStep {
   /// is shard()) and then all-gathered. Returns the global norm of the mean gradient before
   /// clipping (max_norm ≤ 0: no clipping).
   double step(std::span<float> params, std::span<float> grads, AdamW<float>& opt, double lr, double max_norm);
+  /// Steps 3 and 4 alone, for gradients every rank already holds reduced and clipped (mode
+  /// ddp, whose reducer averages them across units: ddp_reducer.hpp): `opt` updates this
+  /// rank's shard of params from grads' (both n), then the shards are all-gathered. The same
+  /// update as AdamW on the whole buffer on every rank, bit for bit.
+  void step_reduced(std::span<float> params, std::span<const float> grads, AdamW<float>& opt, double lr);
 
   /// The whole buffer of a shard-sized vector on rank 0 (in messages of ring_segment; empty on
   /// the others).

@@ -152,7 +152,8 @@ const std::vector<Entry<Config>>& entries() {
       DDILOCO_FIELD(int, "units.zero", units.zero,
                     "0: every rank of a unit holds the whole AdamW state; 1: each of its R ranks "
                     "holds 1/R of it (ZeRO stage 1: gradients reduce-scattered, updated shards "
-                    "all-gathered; the same update). CPU path, modes other than ddp",
+                    "all-gathered; the same update). CPU (MPI) and GPU (NCCL); in ddp the reduced "
+                    "gradient is whole on every rank, only the update and its state are sharded",
                     in_int_range(0, 1)),
       // outer
       DDILOCO_FIELD(int, "outer.fragments", outer.fragments,
@@ -500,16 +501,6 @@ void check_wire(const WanConfig& w) {
   if (!(w.ef_decay >= 0 && w.ef_decay <= 1)) fail("wan.ef_decay: must be in [0, 1], got {}", w.ef_decay);
 }
 
-// ZeRO-1 (zero.hpp) where it is implemented.
-void check_zero(const Config& c) {
-  if (c.units.zero == 1 && c.run.device == "cuda")
-    fail("units.zero: 1 shards the AdamW state on the CPU path only so far; with run.device: cuda "
-         "set units.zero: 0");
-  if (c.units.zero == 1 && c.mode == Mode::ddp)
-    fail("units.zero: 1 is not available in mode ddp (its gradients are reduced across units "
-         "through the leaders); set units.zero: 0");
-}
-
 // The device asked for exists, and the model and its batch fit this machine's memory.
 void check_machine(const Config& c) {
   if (c.run.device == "cuda") {
@@ -625,7 +616,6 @@ void validate(const Config& c, const std::string& source) {
     chaos::validate(c);
     check_launch(c.launch);
     check_debug_and_checkpoints(c);
-    check_zero(c);
   } catch (const Error& err) {
     fail("{}: {}", source, err.what());
   }

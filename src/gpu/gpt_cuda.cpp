@@ -146,6 +146,7 @@ struct GptCuda::Impl {
   ParameterLayout layout;
   AdamWConfig adamw;
   AttentionKind attention;
+  OptimizerShard shard;  // {0, P, P} unsharded
   cudaStream_t stream = nullptr;
   std::unique_ptr<BlasContext> blas;
 #if DDILOCO_HAVE_CUDNN
@@ -166,8 +167,13 @@ struct GptCuda::Impl {
   OpProfiler* prof = nullptr;  // per-operation timing (bench gpu --profile); null = off
   enum class Pass { none, inference, training, backward_done } pass = Pass::none;
 
-  Impl(const GptConfig& c, const AdamWConfig& a, AttentionKind kind)
-      : config(c), layout((c.validate(), ParameterLayout::gpt2(c))), adamw(a), attention(kind) {
+  Impl(const GptConfig& c, const AdamWConfig& a, AttentionKind kind, OptimizerShard sh)
+      : config(c), layout((c.validate(), ParameterLayout::gpt2(c))), adamw(a), attention(kind), shard(sh) {
+    const size_t P = layout.size();
+    if (shard.padded == 0) shard = {0, P, P};
+    if (shard.padded < P || shard.lo > P || shard.n > P - shard.lo)
+      fail("GPU model: optimizer shard [{}, {}) padded to {} does not fit {} parameters", shard.lo,
+           shard.lo + shard.n, shard.padded, P);
     if (kind == AttentionKind::flash && c.n_embd / c.n_head != 64)
       fail("GPU model: flash attention needs head size n_embd/n_head = 64, got {}",
            c.n_embd / c.n_head);
@@ -177,20 +183,22 @@ struct GptCuda::Impl {
     DDILOCO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     blas = std::make_unique<BlasContext>(stream);
     if (kind == AttentionKind::cudnn) make_cudnn();
-    const size_t P = layout.size();
-    params.resize(P);
-    grads.resize(P);
-    m.resize(P);
-    v.resize(P);
-    params_bf16.resize(P);
+    // Sharded: the padding past P stays zero (nothing writes it but the collectives, which
+    // carry zeros there), and the moments cover the shard only: what ZeRO-1 saves.
+    const size_t padded = shard.padded, S = std::max<size_t>(shard.n, 1);
+    params.resize(padded);
+    grads.resize(padded);
+    m.resize(S);
+    v.resize(S);
+    params_bf16.resize(padded);
     decay_mask.resize(P);
     clip.resize(2);
     accum.resize(kGradNormPartials);
-    DDILOCO_CUDA_CHECK(cudaMemsetAsync(params.get(), 0, P * sizeof(float), stream));
-    DDILOCO_CUDA_CHECK(cudaMemsetAsync(grads.get(), 0, P * sizeof(float), stream));
-    DDILOCO_CUDA_CHECK(cudaMemsetAsync(m.get(), 0, P * sizeof(float), stream));
-    DDILOCO_CUDA_CHECK(cudaMemsetAsync(v.get(), 0, P * sizeof(float), stream));
-    DDILOCO_CUDA_CHECK(cudaMemsetAsync(params_bf16.get(), 0, P * sizeof(bf16), stream));
+    DDILOCO_CUDA_CHECK(cudaMemsetAsync(params.get(), 0, padded * sizeof(float), stream));
+    DDILOCO_CUDA_CHECK(cudaMemsetAsync(grads.get(), 0, padded * sizeof(float), stream));
+    DDILOCO_CUDA_CHECK(cudaMemsetAsync(m.get(), 0, S * sizeof(float), stream));
+    DDILOCO_CUDA_CHECK(cudaMemsetAsync(v.get(), 0, S * sizeof(float), stream));
+    DDILOCO_CUDA_CHECK(cudaMemsetAsync(params_bf16.get(), 0, padded * sizeof(bf16), stream));
     // AdamW decays the tensors the layout marks (matmul weights, embeddings), per element.
     std::vector<uint8_t> mask(P, 0);
     for (const auto& tv : layout.tensors())
@@ -550,8 +558,9 @@ AttentionKind parse_attention_kind(std::string_view name) {
   fail("GPU attention '{}' is unknown; expected {}", name, valid);
 }
 
-GptCuda::GptCuda(const GptConfig& config, const AdamWConfig& adamw, AttentionKind attention)
-    : impl_(std::make_unique<Impl>(config, adamw, attention)) {}
+GptCuda::GptCuda(const GptConfig& config, const AdamWConfig& adamw, AttentionKind attention,
+                 OptimizerShard shard)
+    : impl_(std::make_unique<Impl>(config, adamw, attention, shard)) {}
 GptCuda::~GptCuda() = default;
 
 const GptConfig& GptCuda::config() const { return impl_->config; }
@@ -675,8 +684,9 @@ void GptCuda::step(double lr) {
   const double bc1 = 1.0 - std::pow(s.adamw.beta1, static_cast<double>(s.t));
   const double bc2 = 1.0 - std::pow(s.adamw.beta2, static_cast<double>(s.t));
   ProfileScope ps(s.prof, "opt AdamW (applies clip, writes bf16 copy)");
-  adamw_step(s.params.get(), s.params_bf16.get(), s.grads.get(), s.m.get(), s.v.get(),
-             s.decay_mask.get(), s.layout.size(), static_cast<float>(lr),
+  const size_t lo = s.shard.lo;
+  adamw_step(s.params.get() + lo, s.params_bf16.get() + lo, s.grads.get() + lo, s.m.get(), s.v.get(),
+             s.decay_mask.get() + lo, s.shard.n, static_cast<float>(lr),
              static_cast<float>(s.adamw.beta1), static_cast<float>(s.adamw.beta2),
              static_cast<float>(bc1), static_cast<float>(bc2), static_cast<float>(s.adamw.eps),
              static_cast<float>(s.adamw.weight_decay), s.clip_pending ? s.clip.get() + 1 : nullptr,
@@ -686,15 +696,31 @@ void GptCuda::step(double lr) {
 
 int64_t GptCuda::step_count() const { return impl_->t; }
 
+const OptimizerShard& GptCuda::shard() const { return impl_->shard; }
+
+void GptCuda::shard_grad_sum_squares() {
+  ProfileScope ps(impl_->prof, "opt grad norm: shard's sum of squares");
+  grad_sum_squares(impl_->accum.get(), impl_->grads.get() + impl_->shard.lo, impl_->shard.n, impl_->stream);
+}
+
+double* GptCuda::norm_partials_device() { return impl_->accum.get(); }
+size_t GptCuda::norm_partials() const { return kGradNormPartials; }
+
+void GptCuda::clip_from_partials(float max_norm) {
+  ProfileScope ps(impl_->prof, "opt clip coefficient");
+  clip_scale_from_partials(impl_->clip.get(), impl_->clip.get() + 1, impl_->accum.get(), max_norm, impl_->stream);
+  impl_->clip_pending = true;
+}
+
 void GptCuda::reset_optimizer() {
-  const size_t bytes = impl_->layout.size() * sizeof(float);
+  const size_t bytes = impl_->shard.n * sizeof(float);
   DDILOCO_CUDA_CHECK(cudaMemsetAsync(impl_->m.get(), 0, bytes, impl_->stream));
   DDILOCO_CUDA_CHECK(cudaMemsetAsync(impl_->v.get(), 0, bytes, impl_->stream));
   impl_->t = 0;
 }
 
 void GptCuda::get_optimizer_state(std::span<float> m, std::span<float> v) const {
-  const size_t P = impl_->layout.size();
+  const size_t P = impl_->shard.n;
   if (m.size() != P || v.size() != P)
     fail("get_optimizer_state: expected {} moments each, got {} and {}", P, m.size(), v.size());
   DDILOCO_CUDA_CHECK(cudaMemcpyAsync(m.data(), impl_->m.get(), P * sizeof(float),
@@ -706,7 +732,7 @@ void GptCuda::get_optimizer_state(std::span<float> m, std::span<float> v) const 
 
 void GptCuda::set_optimizer_state(std::span<const float> m, std::span<const float> v,
                                   int64_t step) {
-  const size_t P = impl_->layout.size();
+  const size_t P = impl_->shard.n;
   if (m.size() != P || v.size() != P)
     fail("set_optimizer_state: expected {} moments each, got {} and {}", P, m.size(), v.size());
   if (step < 0) fail("set_optimizer_state: step count must be ≥ 0, got {}", step);
@@ -738,6 +764,7 @@ float* GptCuda::loss_device() {
 
 float* GptCuda::parameters_device() { return impl_->params.get(); }
 float* GptCuda::gradients_device() { return impl_->grads.get(); }
+void* GptCuda::parameters_bf16_device() { return impl_->params_bf16.get(); }
 
 void GptCuda::refresh_bf16() {
   fp32_to_bf16(impl_->params_bf16.get(), impl_->params.get(), impl_->layout.size(),

@@ -15,6 +15,7 @@
 #include "ddiloco/gpu/nccl.hpp"
 #include "ddiloco/unit_backend.hpp"
 #include "ddiloco/mpi.hpp"
+#include "ddiloco/zero.hpp"
 
 namespace ddiloco::gpu {
 
@@ -57,6 +58,15 @@ AttentionKind attention_of(const Config& config) {
   return parse_attention_kind(resolve_attention(config));
 }
 
+// units.zero = 1 on R > 1 ranks: this rank's AdamW shard is zero_shard's (the host optimizer's,
+// which checkpoints gather), and the buffers are padded to R pieces of the largest shard.
+OptimizerShard optimizer_shard(const Config& config, int rank, int ranks) {
+  if (config.units.zero != 1 || ranks <= 1) return {};
+  const size_t n = ParameterLayout::gpt2(config.model).size();
+  const StateShard mine = zero_shard(n, rank, ranks);
+  return {mine.lo, mine.size(), zero_shard(n, 0, ranks).size() * static_cast<size_t>(ranks)};
+}
+
 class CudaUnit final : public UnitBackend {
  public:
   CudaUnit(const Config& config, MPI_Comm unit_comm, MPI_Comm device_comm,
@@ -70,7 +80,8 @@ class CudaUnit final : public UnitBackend {
         model_(config.model,
                AdamWConfig{config.train.beta1, config.train.beta2, config.train.eps,
                            config.train.weight_decay},
-               attention_of(config)),
+               attention_of(config), optimizer_shard(config, rank_, ranks_)),
+        sharded_(config.units.zero == 1 && ranks_ > 1),
         tokens_(batch_elems() * 2),
         d_tokens_(batch_elems() * 2) {
     if (initial.size() != model_.num_parameters())
@@ -93,7 +104,9 @@ class CudaUnit final : public UnitBackend {
     model_.forward_device(d_tokens_.get(), d_tokens_.get() + N, B, T, /*for_backward=*/true);
     model_.zero_grad();
     model_.backward();
-    if (nccl_) {
+    if (sharded_) {
+      sharded_update(lr);
+    } else if (nccl_) {
       // Mean gradient and mean loss over the unit in one NCCL group, on the communicator's
       // stream; the compute stream waits for it on the GPU before clipping reads the norm.
       const DeviceBuffer buffers[2] = {{model_.gradients_device(), model_.num_parameters()},
@@ -101,12 +114,37 @@ class CudaUnit final : public UnitBackend {
       nccl_->allreduce(std::span<const DeviceBuffer>(buffers), DType::f32, ReduceOp::avg, s);
       nccl_->join(s);
     }
-    model_.clip_grad_norm(static_cast<float>(config_.train.grad_clip));
-    model_.step(lr);
+    if (!sharded_) {
+      model_.clip_grad_norm(static_cast<float>(config_.train.grad_clip));
+      model_.step(lr);
+    }
     float loss = 0, norm = 0;
     model_.read_loss_and_grad_norm(loss, norm);  // the step's one host wait
     if (nccl_) nccl_->check_async();
     return {loss, norm};
+  }
+
+  // ZeRO-1 (zero.hpp's four steps on the GPU, every collective on the NCCL stream, ordered
+  // against the compute stream by events, with no host wait):
+  //   1. the mean gradient reduce-scattered into this rank's piece, the mean loss all-reduced;
+  //   2. the global norm from every rank's shard partials (summed as float64), so clipping is
+  //      exact and every rank gets the same coefficient;
+  //   3. AdamW on this rank's shard;
+  //   4. the updated pieces all-gathered, and the bf16 copy refreshed from them.
+  void sharded_update(double lr) {
+    cudaStream_t s = stream();
+    const size_t piece = model_.shard().padded / static_cast<size_t>(ranks_);
+    nccl_->reduce_scatter(model_.gradients_device(), piece, DType::f32, ReduceOp::avg, s);
+    nccl_->allreduce(model_.loss_device(), 1, DType::f32, ReduceOp::avg, s);
+    nccl_->join(s);
+    model_.shard_grad_sum_squares();
+    nccl_->allreduce(model_.norm_partials_device(), model_.norm_partials(), DType::f64, ReduceOp::sum, s);
+    nccl_->join(s);
+    model_.clip_from_partials(static_cast<float>(config_.train.grad_clip));
+    model_.step(lr);
+    nccl_->all_gather(model_.parameters_device(), piece, DType::f32, s);
+    nccl_->join(s);
+    model_.refresh_bf16();
   }
 
   double validation_loss(const ValidationSet& val, int batch) override {
@@ -283,6 +321,7 @@ class CudaUnit final : public UnitBackend {
   int rank_, ranks_;
   DeviceChoice choice_;
   GptCuda model_;
+  const bool sharded_;  // units.zero = 1 on more than one rank (sharded_update)
   Pinned<int32_t> tokens_;        // (2, B, T): inputs then targets
   DeviceArray<int32_t> d_tokens_;
   std::unique_ptr<NcclComm> nccl_;        // unit with > 1 rank

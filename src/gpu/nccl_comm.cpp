@@ -76,7 +76,19 @@ DeviceId device_id(int device) {
   return id;
 }
 
-ncclDataType_t nccl_type(DType type) { return type == DType::f32 ? ncclFloat32 : ncclBfloat16; }
+ncclDataType_t nccl_type(DType type) {
+  switch (type) {
+    case DType::f32: return ncclFloat32;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f64: return ncclFloat64;
+  }
+  fail("NCCL: unknown element type {}", static_cast<int>(type));
+}
+
+// Rank r's piece of a buffer of `count`-element pieces.
+void* piece(void* data, int r, size_t count, DType type) {
+  return static_cast<char*>(data) + static_cast<size_t>(r) * count * dtype_bytes(type);
+}
 
 }  // namespace
 
@@ -206,6 +218,20 @@ void NcclComm::allreduce(std::span<const DeviceBuffer> buffers, DType type, Redu
   const ncclResult_t end = ncclGroupEnd();
   DDILOCO_NCCL_CHECK(comm_, status);
   DDILOCO_NCCL_CHECK(comm_, end);
+  after();
+}
+
+void NcclComm::reduce_scatter(void* data, size_t count, DType type, ReduceOp op, cudaStream_t compute) {
+  before(compute);
+  DDILOCO_NCCL_CHECK(comm_, ncclReduceScatter(data, piece(data, rank_, count, type), count, nccl_type(type),
+                                              op == ReduceOp::sum ? ncclSum : ncclAvg, comm_, stream_));
+  after();
+}
+
+void NcclComm::all_gather(void* data, size_t count, DType type, cudaStream_t compute) {
+  before(compute);
+  DDILOCO_NCCL_CHECK(comm_, ncclAllGather(piece(data, rank_, count, type), data, count, nccl_type(type), comm_,
+                                          stream_));
   after();
 }
 

@@ -115,9 +115,8 @@ StepStats UnitTrainer::step_on(const int32_t* inputs, const int32_t* targets) {
   model_.backward();
   s.compute_s = clock.seconds();
 
-  if (zero_) {
+  if (zero_ && !reducer_) {
     // The reduce-scatter, the update and the all-gather in one (zero.hpp): all-reduce time.
-    if (reducer_) fail("UnitTrainer: units.zero = 1 has no custom gradient reducer (mode ddp)");
     Stopwatch reduce_clock;
     s.grad_norm = zero_->step(model_.parameters(), model_.gradients(), optimizer_, s.lr, config_.train.grad_clip);
     s.loss = mpi::allreduce_sum(s.loss, comm_) / ranks_;
@@ -146,7 +145,10 @@ StepStats UnitTrainer::step_on(const int32_t* inputs, const int32_t* targets) {
 
   Stopwatch update_clock;
   s.grad_norm = clip_grad_norm(model_.gradients(), config_.train.grad_clip);
-  optimizer_.step(model_.parameters(), model_.gradients(), s.lr);
+  if (zero_)  // ddp: the reducer gave every rank the whole mean gradient; our shard's update
+    zero_->step_reduced(model_.parameters(), model_.gradients(), optimizer_, s.lr);
+  else
+    optimizer_.step(model_.parameters(), model_.gradients(), s.lr);
   s.compute_s += update_clock.seconds();
   s.tokens = tokens_per_step();
   ++step_;

@@ -37,6 +37,15 @@ ZeroStep::ZeroStep(size_t n, MPI_Comm comm, size_t ring_segment)
   partials_.resize((n + kNormBlock - 1) / kNormBlock);
 }
 
+void ZeroStep::step_reduced(std::span<float> params, std::span<const float> grads, AdamW<float>& opt, double lr) {
+  if (opt.shard() != shard_) fail("ZeroStep: the optimizer's shard is not this rank's");
+  if (params.size() != grads.size() || partials_.size() != (grads.size() + kNormBlock - 1) / kNormBlock)
+    fail("ZeroStep: {} parameters and {} gradients for a buffer of {} blocks", params.size(), grads.size(),
+         partials_.size());
+  opt.step(params, grads.subspan(shard_.lo, shard_.size()), lr);
+  all_gather(params);
+}
+
 double ZeroStep::step(std::span<float> params, std::span<float> grads, AdamW<float>& opt, double lr,
                       double max_norm) {
   if (opt.shard() != shard_) fail("ZeroStep: the optimizer's shard is not this rank's");

@@ -5,7 +5,7 @@
 # checkpoint, exit 143) then resumed with --resume auto, all end on bit-identical parameters
 # and AdamW state, with the same losses at every step both logged and the same global
 # evaluations (each rank's data cursor is saved and restored). Also: a complete run resumed
-# again trains nothing.
+# again trains nothing. D: run C with AdamW sharded over unit 1's ranks (units.zero: 1).
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
 cd "$WORK"
@@ -46,6 +46,21 @@ wait $pid || rc=$?
 run --set run.dir=C --resume auto > C2.log 2>&1 || { cat C2.log; fail "C: resume auto failed"; }
 run --set run.dir=C --resume auto > C3.log 2>&1 || { cat C3.log; fail "C: resume of the complete run failed"; }
 
+# D: unit 1's 2 ranks shard AdamW's state (units.zero: 1; in ddp the update of each rank's
+# shard from the whole reduced gradient, zero.hpp step_reduced), stopped the same way and
+# resumed: the same run, bit for bit.
+"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config p.yaml --set run.dir=D --set units.zero=1 \
+  --set debug.stall_unit=1 --set debug.stall_at_step=300 --set debug.stall_until_merges=1000000000 > D1.log 2>&1 &
+pid=$!
+wait_event D/unit_0.jsonl $pid 300 "any(e['event'] == 'train' and e['step'] >= 300 for e in ev)" ||
+  { cat D1.log; fail "D never reached step 300"; }
+ranks=$(pgrep -P $pid | tr '\n' ' ')
+kill -TERM $ranks
+rc=0
+wait $pid || rc=$?
+((rc == 143)) || { cat D1.log; fail "D exited $rc after SIGTERM, expected 143"; }
+run --set run.dir=D --set units.zero=1 --resume auto > D2.log 2>&1 || { cat D2.log; fail "D: resume auto failed"; }
+
 /usr/bin/python3 - <<'PY' || fail "resumed runs differ from the straight one"
 import json, glob, h5py, numpy as np
 def events(path):
@@ -68,7 +83,7 @@ assert a["0/step"] == 600 and a["0/adam_step"] == 600 and a["1/step"] == 600, a[
 assert a["1/cursor"].shape == (2, 2), a["1/cursor"]
 for k in [k for k in a if k.startswith("0/params/")]:
     assert np.array_equal(a[k], a["1" + k[1:]]), f"A: the units' replicas differ in {k}"
-for run in ("B", "C"):
+for run in ("B", "C", "D"):
     s = final_state(run)
     diff = [k for k in a if not np.array_equal(a[k], s[k])]
     assert not diff, f"{run}: differs from A in {diff[:5]}"
@@ -91,7 +106,8 @@ resume = [e for e in c if e["event"] == "resume"]
 assert [e["step"] for e in resume] == [301, 600], resume
 trained = [e["step"] for e in c if e["event"] == "train"]
 assert trained == sorted(set(trained)), "C: a step was logged twice (the complete run trained again)"
-print("A, B (from a periodic checkpoint) and C (SIGTERM after step 301, --resume auto): bit-identical "
-      "θ, AdamW state and cursors of both units; losses and global evaluations equal")
+print("A, B (from a periodic checkpoint), C (SIGTERM after step 301, --resume auto) and D (C with "
+      "units.zero 1): bit-identical θ, AdamW state and cursors of both units; losses and global "
+      "evaluations equal")
 PY
 echo "PASS: ddp_resume"

@@ -60,13 +60,23 @@ bool attention_kind_built(AttentionKind kind);
 /// ones this build has else (and, for cudnn in a build without it, saying so).
 AttentionKind parse_attention_kind(std::string_view name);
 
+/// ZeRO stage 1 on a unit's GPUs (units.zero = 1, include/ddiloco/zero.hpp): this rank's AdamW
+/// moments cover the flat buffer's elements [lo, lo + n) only, and the fp32 parameter, bf16
+/// parameter and gradient buffers hold `padded` ≥ num_parameters() elements, the tail zeros,
+/// so that NCCL's reduce-scatter and all-gather see R equal pieces of padded / R. n = 0 with
+/// padded = 0 (the default): the whole buffer, unpadded.
+struct OptimizerShard {
+  size_t lo = 0, n = 0, padded = 0;
+};
+
 class GptCuda {
  public:
-  /// Allocates parameters, gradients and AdamW state on the current device (throws Error
-  /// when that fails, or when `attention` is not attention_kind_built or cannot run the
-  /// config's head size) and zeroes them; call init_weights or set_parameters next.
+  /// Allocates parameters, gradients and AdamW state (for `shard`'s elements) on the current
+  /// device (throws Error when that fails, when `shard` does not fit the model, or when
+  /// `attention` is not attention_kind_built or cannot run the config's head size) and zeroes
+  /// them; call init_weights or set_parameters next.
   explicit GptCuda(const GptConfig& config, const AdamWConfig& adamw = {},
-                   AttentionKind attention = AttentionKind::cublas);
+                   AttentionKind attention = AttentionKind::cublas, OptimizerShard shard = {});
   ~GptCuda();
   GptCuda(const GptCuda&) = delete;
   GptCuda& operator=(const GptCuda&) = delete;
@@ -124,19 +134,29 @@ class GptCuda {
   /// Global gradient norm and clip coefficient min(1, max_norm/(norm+1e-6)) on the device
   /// (max_norm ≤ 0: no clipping); the next step() applies the coefficient. No sync.
   void clip_grad_norm(float max_norm);
+  /// Sharded (OptimizerShard): clip_grad_norm in two halves around the caller's all-reduce
+  /// (sum, float64) of the kGradNormPartials partial sums at norm_partials_device(), which
+  /// shard_grad_sum_squares() writes for this rank's shard of the gradients. No sync.
+  void shard_grad_sum_squares();
+  double* norm_partials_device();
+  size_t norm_partials() const;  ///< how many (kernels.hpp kGradNormPartials)
+  void clip_from_partials(float max_norm);
   /// The norm computed by the last clip_grad_norm, before clipping. Synchronises.
   float grad_norm() const;
   /// One AdamW step (ddiloco::AdamW's math) with learning rate lr > 0 on the fp32 master
-  /// weights, using the clip coefficient of a clip_grad_norm since the last step (if any);
-  /// then refreshes the bf16 copy. The gradients themselves are left unscaled.
+  /// weights of the optimizer's shard (all of them unless sharded), using the clip coefficient
+  /// of a clip_grad_norm since the last step (if any); then refreshes the shard's bf16 copy.
+  /// The gradients themselves are left unscaled.
   void step(double lr);
+  const OptimizerShard& shard() const;
   int64_t step_count() const;
   /// Forget AdamW's moments and step count.
   void reset_optimizer();
-  /// host ← AdamW's fp32 first/second moments (num_parameters() each, layout order), the
-  /// state a checkpoint holds. Synchronises. Error when a span has the wrong size.
+  /// host ← AdamW's fp32 first/second moments (shard().n each — num_parameters() unsharded —,
+  /// layout order), the state a checkpoint holds. Synchronises. Error when a span has the
+  /// wrong size.
   void get_optimizer_state(std::span<float> m, std::span<float> v) const;
-  /// AdamW's moments ← host (num_parameters() each) and its step count ← step (≥ 0), e.g. a
+  /// AdamW's moments ← host (shard().n each) and its step count ← step (≥ 0), e.g. a
   /// resumed checkpoint's. Synchronises. Error when a span has the wrong size or step < 0.
   void set_optimizer_state(std::span<const float> m, std::span<const float> v, int64_t step);
 
@@ -147,10 +167,14 @@ class GptCuda {
   /// it with the gradients; valid until the next forward pass with a larger (B,T).
   float* loss_device();
 
-  /// Device pointers (fp32, num_parameters() elements) for collectives (NCCL all-reduce of
-  /// gradients, fragment exchange); use them on stream() or after synchronize().
+  /// Device pointers (fp32, num_parameters() elements, shard().padded when sharded) for
+  /// collectives (NCCL all-reduce of gradients, fragment exchange); use them on stream() or
+  /// after synchronize().
   float* parameters_device();
   float* gradients_device();
+  /// The bf16 copy of the parameters (16-bit patterns; as many elements as
+  /// parameters_device()), e.g. to all-gather it with the fp32 shards.
+  void* parameters_bf16_device();
   /// After changing parameters_device() directly: refresh the bf16 copy from fp32.
   void refresh_bf16();
   /// The model's cudaStream_t, as void* to keep CUDA types out of this header.

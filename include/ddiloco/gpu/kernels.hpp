@@ -326,6 +326,14 @@ constexpr int kGradNormPartials = 1024;
 void grad_norm_and_clip_scale(float* norm_out, float* scale_out, double* accum,
                               const float* grads, size_t n, float max_norm,
                               cudaStream_t stream, OpProfiler* prof = nullptr);
+/// The two halves of grad_norm_and_clip_scale, for a gradient sharded over ranks (units.zero =
+/// 1): each rank writes the kGradNormPartials partial sums Σ g² of its shard into accum, the
+/// ranks sum them element-wise (an NCCL all-reduce of float64), and every rank then turns the
+/// same sums into the same norm and coefficient. The partials' grouping differs from the
+/// unsharded buffer's, so the norm equals the unsharded one to double rounding, not bit for bit.
+void grad_sum_squares(double* accum, const float* grads, size_t n, cudaStream_t stream);
+void clip_scale_from_partials(float* norm_out, float* scale_out, const double* accum, float max_norm,
+                              cudaStream_t stream);
 
 /// AdamW step (ddiloco::AdamW, torch.optim.AdamW) on fp32 master weights, with the clip
 /// coefficient applied on the fly (g = grads·grad_scale[0]; grads are not modified):

@@ -51,13 +51,14 @@ void node_local_rank(MPI_Comm comm, int& local_rank, int& local_size);
 /// `comm`. Throws Error when this process sees no CUDA device.
 DeviceChoice select_device(MPI_Comm comm);
 
-/// NCCL element types we reduce: fp32 parameters/gradients and bf16 (2 bytes) gradients.
-enum class DType { f32, bf16 };
+/// NCCL element types we reduce: fp32 parameters/gradients, bf16 (2 bytes) gradients and
+/// parameter copies, and float64 partial sums (the sharded gradient norm).
+enum class DType { f32, bf16, f64 };
 /// Sum, or the mean over the communicator's ranks (ncclAvg, NCCL ≥ 2.10).
 enum class ReduceOp { sum, avg };
 
 /// Bytes of one element of `type`.
-constexpr size_t dtype_bytes(DType type) { return type == DType::f32 ? 4 : 2; }
+constexpr size_t dtype_bytes(DType type) { return type == DType::f64 ? 8 : type == DType::f32 ? 4 : 2; }
 
 /// A device buffer: `count` elements at device pointer `data` (e.g. one tensor of a fragment,
 /// or one gradient bucket).
@@ -125,6 +126,14 @@ class NcclComm {
                  cudaStream_t compute);
   void allreduce(std::span<const DeviceBuffer> buffers, DType type, ReduceOp op,
                  cudaStream_t compute);
+
+  /// ZeRO-1 (units.zero = 1), in place on a buffer of size() · `count` elements of `type` at
+  /// `data`: reduce_scatter leaves rank r's piece [r·count, (r+1)·count) holding the reduction of
+  /// every rank's piece r (ncclReduceScatter, recvbuff = sendbuff + r·count); all_gather copies
+  /// every rank's piece r into piece r of every rank's buffer (ncclAllGather, sendbuff =
+  /// recvbuff + r·count). After the work enqueued on `compute` so far; join() before reading.
+  void reduce_scatter(void* data, size_t count, DType type, ReduceOp op, cudaStream_t compute);
+  void all_gather(void* data, size_t count, DType type, cudaStream_t compute);
 
   /// Makes `compute` wait (on the GPU, not the host) for every collective issued so far.
   void join(cudaStream_t compute);

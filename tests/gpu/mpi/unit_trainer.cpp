@@ -21,32 +21,16 @@
 #include "ddiloco/shard.hpp"
 #include "ddiloco/trainer.hpp"
 #include "gpu_test.hpp"
+#include "unit_config.hpp"
 #include "mpi/mpi_test_main.hpp"
 
 namespace ddiloco {
 namespace {
 
-Config small_config(const char* device, const char* attention = "auto") {
-  Config c;
-  c.model.vocab_size = 256;
-  c.model.seq_len = 64;
-  c.model.n_layer = 2;
-  c.model.n_head = 2;
-  c.model.n_embd = 128;  // head size 64: flash runs (auto picks cublas)
-  c.train.batch_size = 4;
-  c.train.steps = 100;
-  c.train.warmup_steps = 2;
-  c.train.lr = 3e-3;
-  c.run.device = device;
-  c.run.gpu_attention = attention;
-  return c;
-}
+using gpu::test::random_tokens;
 
-std::vector<int32_t> random_tokens(size_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng.next_u64() % 256);
-  return t;
+Config small_config(const char* device, const char* attention = "auto") {
+  return gpu::test::small_unit_config(device, attention);
 }
 
 class GpuUnitTrainer : public ::testing::TestWithParam<const char*> {
