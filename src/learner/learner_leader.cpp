@@ -20,15 +20,21 @@ Actions Learner::decide(int64_t t, const StepStats& s, double step_s, bool non_f
   const bool crash_ready = core.take_merges(t, actions);  // a crash came due while waiting
   actions.stop = core.decide_stop(actions, t, ddp_.stop->agreed);
   if (!actions.stop) core.wait_if_budget_spent_alone(t);
-  if (set_.checkpoints)  // ddp: the checkpoint the leaders agreed on (ddp_reducer.hpp)
-    actions.checkpoint = core.decide_checkpoint(
-        actions.stop, plan_.outer_steps ? core.requested_checkpoint() : ddp_.stop->agreed_want);
+  if (set_.checkpoints) {
+    // ddp: the checkpoint the leaders agreed on (ddp_reducer.hpp), unless we wrote it already
+    // (a unit that voted for it again after a crash; none should, see below).
+    const int64_t agreed = ddp_.stop->agreed_want > core.checkpoint_done() ? ddp_.stop->agreed_want : 0;
+    actions.checkpoint = core.decide_checkpoint(actions.stop, plan_.outer_steps ? core.requested_checkpoint() : agreed);
+  }
   if (plan_.lr_on_job_clock) actions.schedule_step = core.schedule_step();
   core.decide_crash(actions, t, non_finite, crash_ready, s.loss, s.grad_norm);
   if (actions.crash) {
     if (core.crash_cause() == CrashCause::chaos) lose_unlanded(actions);
     actions.apply.clear();  // the unit starts over from Θ
-    actions.checkpoint = 0;  // ... and writes its file once it is back
+    // ... and writes its file once it is back. ddp keeps its replica through the crash and
+    // writes it now, at the step the leaders agreed on: the other units' files are of this
+    // step, and a later one would make the checkpoint's units a step apart.
+    if (plan_.outer_steps) actions.checkpoint = 0;
   } else if (gpu_ && (actions.stop || actions.checkpoint > 0)) {
     publish_all();  // the last snapshots reach the syncer; the checkpoint counts them sent
   }

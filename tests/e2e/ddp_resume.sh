@@ -5,7 +5,8 @@
 # checkpoint, exit 143) then resumed with --resume auto, all end on bit-identical parameters
 # and AdamW state, with the same losses at every step both logged and the same global
 # evaluations (each rank's data cursor is saved and restored). Also: a complete run resumed
-# again trains nothing. D: run C with AdamW sharded over unit 1's ranks (units.zero: 1).
+# again trains nothing. D: run C with AdamW sharded over unit 1's ranks (units.zero: 1). E: chaos
+# crashes at checkpoint steps leave every checkpoint's unit files of one step.
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
 cd "$WORK"
@@ -60,6 +61,27 @@ rc=0
 wait $pid || rc=$?
 ((rc == 143)) || { cat D1.log; fail "D exited $rc after SIGTERM, expected 143"; }
 run --set run.dir=D --set units.zero=1 --resume auto > D2.log 2>&1 || { cat D2.log; fail "D: resume auto failed"; }
+
+# E: units crashing (chaos) every 0.4 s on average, a checkpoint asked for every 2 steps: a unit
+# that crashes at the step its leaders agreed on still writes its file of that step (ddp keeps
+# its replica), so no checkpoint holds units a step apart, which its resume could never join.
+"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config p.yaml --set run.dir=E --set train.steps=3000 \
+  --set checkpoint.every=2 --set checkpoint.keep=100000 --set chaos.crash_mtbf_s=0.4 \
+  --set chaos.down_min_s=0.05 --set chaos.down_max_s=0.05 --set chaos.horizon_s=60 > E.log 2>&1 ||
+  { cat E.log; fail "E (chaos) failed"; }
+/usr/bin/python3 - <<'PY' || fail "a ddp checkpoint holds units at different steps"
+import glob, h5py, json, os
+complete = [d for d in sorted(glob.glob("E/checkpoints/ckpt_*")) if os.path.exists(f"{d}/manifest.json")]
+crashes = sum(1 for u in (0, 1) for l in open(f"E/unit_{u}.jsonl") if json.loads(l)["event"] == "crash")
+assert len(complete) >= 100 and crashes >= 3, (len(complete), crashes)
+for d in complete:
+    steps = []
+    for u in (0, 1):
+        with h5py.File(f"{d}/unit_{u}.h5", "r") as f:
+            steps.append(int(f.attrs["step"]))
+    assert steps[0] == steps[1], f"{d}: the units' files are of steps {steps}"
+print(f"E: {len(complete)} checkpoints through {crashes} crashes, each of one step")
+PY
 
 /usr/bin/python3 - <<'PY' || fail "resumed runs differ from the straight one"
 import json, glob, h5py, numpy as np
