@@ -159,11 +159,11 @@ class SyncerCore {
 
   /// The job is ending, and a unit that connects is told to stop. `flush` (the job's end: its
   /// token budget): every snapshot published is merged, whatever the quorum. A stop by a signal,
-  /// which a resumed job goes on from, does not flush decoupled: a fragment still merges only
-  /// with its quorum K, and a snapshot short of one stays unmerged for its unit to send again
-  /// when resumed (learner_resume.cpp). Flushed alone, it would put its unit one round ahead
-  /// of a unit that stopped before sending its own, and once resumed each would wait (τ = 0)
-  /// for a merge that needs the other.
+  /// which a resumed job goes on from, does not flush: a fragment still merges only with its
+  /// quorum (K in decoupled, every unit in streaming), and a snapshot short of one stays
+  /// unmerged for its unit to send again when resumed (learner_resume.cpp). Flushed alone, it
+  /// would put its unit one round ahead of a unit that stopped before sending its own, and once
+  /// resumed each would wait (streaming; decoupled with τ = 0) for a merge that needs the other.
   void set_stopping(bool flush);
   bool stopping() const { return stopping_; }
 

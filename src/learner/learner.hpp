@@ -89,7 +89,7 @@ class Learner : private StepPolicy {
     // cuda, leader: a snapshot started on the GPU but not yet published, with the counters
     // of the step boundary where it was taken (what the syncer must see, whenever it lands).
     std::optional<protocol::SnapshotMeta> snap_meta;
-    // Resumed (decoupled): the snapshot in flight when the checkpoint was taken was never
+    // Resumed (streaming, decoupled): the snapshot in flight when the checkpoint was taken was never
     // merged; it is sent again, with the work since, at the first step (learner_resume.cpp).
     bool resend = false;
   };

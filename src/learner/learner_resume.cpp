@@ -62,9 +62,10 @@ void Learner::resume_fragment(int p, std::span<float> params) {
     mix(theta, mine, has_sent_theta ? std::span<const float>(st.sent_theta[p]) : std::span<const float>());
     fragments_.unpack(p, theta, params);
     f.count_from_merge(core_->settings().carry, st.sent_c_steps[p], st.sent_c_tok[p]);
-  } else if (was_sent && !plan_.every_merge_has_all) {
-    // Decoupled, stopped by a signal with this snapshot short of a quorum (SyncerCore::
-    // set_stopping): a unit that resumes behind us will wait for a merge that needs it.
+  } else if (was_sent && !plan_.stops_on_named_round) {
+    // Stopped by a signal with this snapshot short of a quorum (SyncerCore::set_stopping;
+    // diloco stops on a round every unit ends, with nothing in flight): a unit that resumes
+    // behind us will wait for a merge that needs it.
     work_[p].resend = true;
   }
   f.fit_counters(config_.unit_tokens_per_step(set_.unit));

@@ -579,9 +579,11 @@ std::vector<int> SyncerCore::ready_units(int p) const {
 // Synchronous modes need every unit but those finished with nothing left to merge (all finish
 // on the same round; one that finished early must not hold the rest forever); decoupled needs
 // K (fewer if fewer are still alive). Once the job is ending, whatever was published is
-// merged: that is the final flush; but not at a signal's stop in decoupled (set_stopping).
+// merged: that is the final flush; but not at a signal's stop (set_stopping), where a merge
+// still needs its quorum: K in decoupled, every unit in streaming (whose units stop where
+// they are, not on a named round like diloco's).
 int SyncerCore::quorum_needed(int p, int live, int done) const {
-  if (stopping_ && !flush_ && !plan_.every_merge_has_all) return plan_.quorum;
+  if (stopping_ && !flush_) return plan_.every_merge_has_all ? M_ : plan_.quorum;
   if (stopping_ || done == M_) return 1;
   if (!plan_.every_merge_has_all) return std::min(plan_.quorum, std::max(live, 1));
   int finished = 0;

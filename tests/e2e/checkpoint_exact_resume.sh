@@ -3,8 +3,8 @@
 # checkpoint) then resumed with --resume auto all end on bit-identical parameters, with the
 # same losses and data positions at every logged step (no batch skipped or repeated). Unit 1
 # has two ranks: each rank's own data cursor is saved and restored.
-# Decoupled resumes consistently, not bit for bit (README, "Exact resume"): what is
-# deterministic in it is checked after the same kind of stop and resume, every unit's data
+# Decoupled and streaming resume consistently, not bit for bit (README, "Exact resume"): what is
+# deterministic in them is checked after the same kind of stop and resume, every unit's data
 # position and tokens at every step both runs logged.
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
@@ -107,32 +107,37 @@ print(f"bit-identical after resuming from ckpt 2 and from the SIGTERM checkpoint
       f"{resume[0]['version']} of 1500")
 PY
 
-# Decoupled: its merges, and the learning rate, which follows the job's tokens as the syncer
-# last published them, depend on timing; a unit's data position and tokens at a step do not.
-# Quorum 2 of 2 and no overlap (τ = 0: a unit waits for the merge after each snapshot), and
-# the stop falls between two units on either side of a round: unit 1 is held after its step
-# 399 (until the stop; its heartbeat is never timed out), and the signal comes once unit 0 has
-# sent fragment 0 of step 400 and waits for its merge, which needs unit 1's. A signal's stop
-# merges nothing short of a quorum (SyncerCore::set_stopping); resumed, unit 0 sends that
-# fragment again, and the round completes. (Flushed alone, it put unit 0 a round ahead, and the
-# resumed units waited for each other forever.)
-dec=(--config d.yaml --set mode=decoupled --set train.steps=1500 --set outer.fragments=2
-  --set outer.overlap=0 --set syncer.quorum=2 --set syncer.heartbeat_timeout_s=3600 --set checkpoint.every=0)
-"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train "${dec[@]}" --set run.dir=E > E.log 2>&1 ||
-  { cat E.log; fail "decoupled straight run failed"; }
-"${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train "${dec[@]}" --set run.dir=F --set debug.stall_unit=1 \
-  --set debug.stall_at_step=399 --set debug.stall_until_merges=1000000000 > F1.log 2>&1 &
-pid=$!
-wait_event F/unit_0.jsonl $pid 120 "any(e['event'] == 'snapshot' and e['step'] == 400 and e['fragment'] == 0 for e in ev)" ||
-  { cat F1.log; fail "unit 0 never sent fragment 0 of step 400"; }
-term_ranks $pid F1.log
-timeout 300 "${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train "${dec[@]}" --set run.dir=F --resume auto > F2.log 2>&1 ||
-  { cat F2.log; fail "decoupled resume auto failed (exit 124: it hung)"; }
-/usr/bin/python3 - <<'PY' || fail "the resumed decoupled run's data positions differ from the straight one's"
-import json
+# Decoupled and streaming: their merges, and decoupled's learning rate, which follows the job's
+# tokens as the syncer last published them, depend on timing; a unit's data position and tokens
+# at a step do not. Every unit in each merge (decoupled: quorum 2 of 2) and no overlap (τ = 0: a
+# unit waits for the merge after each snapshot), and the stop falls between two units on either
+# side of a round: unit 1 is held after its step 399 (until the stop; its heartbeat is never
+# timed out), and the signal comes once unit 0 has sent fragment 0 of step 400 and waits for
+# its merge, which needs unit 1's. A signal's stop merges nothing short of a quorum
+# (SyncerCore::set_stopping); resumed, unit 0 sends that fragment again, and the round
+# completes. (Flushed alone, it put unit 0 a round ahead, and the resumed units waited for each
+# other forever.)
+for mode in decoupled streaming; do
+  dec=(--config d.yaml --set mode=$mode --set train.steps=1500 --set outer.fragments=2
+    --set outer.overlap=0 --set syncer.quorum=2 --set syncer.heartbeat_timeout_s=3600 --set checkpoint.every=0)
+  "${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train "${dec[@]}" --set run.dir=E_$mode > E_$mode.log 2>&1 ||
+    { cat E_$mode.log; fail "$mode straight run failed"; }
+  "${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train "${dec[@]}" --set run.dir=F_$mode --set debug.stall_unit=1 \
+    --set debug.stall_at_step=399 --set debug.stall_until_merges=1000000000 > F1_$mode.log 2>&1 &
+  pid=$!
+  wait_event F_$mode/unit_0.jsonl $pid 120 \
+    "any(e['event'] == 'snapshot' and e['step'] == 400 and e['fragment'] == 0 for e in ev)" ||
+    { cat F1_$mode.log; fail "$mode: unit 0 never sent fragment 0 of step 400"; }
+  term_ranks $pid F1_$mode.log
+  timeout 300 "${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train "${dec[@]}" --set run.dir=F_$mode --resume auto \
+    > F2_$mode.log 2>&1 || { cat F2_$mode.log; fail "$mode resume auto failed (exit 124: it hung)"; }
+  /usr/bin/python3 - $mode <<'PY' || fail "the resumed $mode run's data positions differ from the straight one's"
+import json, sys
+mode = sys.argv[1]
+E, F = f"E_{mode}", f"F_{mode}"
 def events(path):
     return [json.loads(l) for l in open(path)]
-done = [e for e in events("F/metrics.jsonl") if e["event"] == "done"]
+done = [e for e in events(f"{F}/metrics.jsonl") if e["event"] == "done"]
 assert [d["interrupted"] for d in done] == [True, False] and done[-1]["tokens"] >= 1500 * 3 * 2 * 16, done
 for u in (0, 1):
     def train(run):  # step -> (data position of the leader's stream, the unit's tokens)
@@ -142,21 +147,23 @@ for u in (0, 1):
                 v = (e["data_cursor"], e["tokens"])
                 assert out.setdefault(e["step"], v) == v, (run, u, e["step"], out[e["step"]], v)
         return out
-    a, f = train("E"), train("F")
-    resume = [e for e in events(f"F/unit_{u}.jsonl") if e["event"] == "resume"]
+    a, f = train(E), train(F)
+    resume = [e for e in events(f"{F}/unit_{u}.jsonl") if e["event"] == "resume"]
     assert len(resume) == 1 and resume[0]["step"] == 400 - u and not resume[0]["lost"], resume
     common = sorted(set(a) & set(f))
     bad = [(s, a[s], f[s]) for s in common if a[s] != f[s]]
     after = [s for s in common if s > resume[0]["step"]]
     assert not bad and len(after) >= 20, (u, len(common), len(after), bad[:3])
-    print(f"decoupled unit {u}: resumed at step {resume[0]['step']}; data position and tokens as "
+    print(f"{mode} unit {u}: resumed at step {resume[0]['step']}; data position and tokens as "
           f"in the straight run at all {len(common)} steps both logged, {len(after)} after the resume")
-u0 = events("F/unit_0.jsonl")
+u0 = events(f"{F}/unit_0.jsonl")
 after = u0[[e["event"] for e in u0].index("resume"):]
 sent = [e["step"] for e in after if e["event"] == "snapshot" and e["fragment"] == 0]
 assert sent[:1] == [401], f"resumed unit 0 did not send fragment 0 again at its first step: {sent[:3]}"
-merges = [e for e in events("F/metrics.jsonl") if e["event"] == "merge" and e["fragment"] == 0]
+merges = [e for e in events(f"{F}/metrics.jsonl") if e["event"] == "merge" and e["fragment"] == 0]
 assert any(sorted(m["at_steps"]) == [400, 401] for m in merges), "no merge of unit 1's step 400 and unit 0's resent 401"
-print("decoupled: stopped with unit 0 at step 400 and unit 1 at 399; unit 0 sent fragment 0 again at 401, merged with unit 1's 400")
+print(f"{mode}: stopped with unit 0 at step 400 and unit 1 at 399; unit 0 sent fragment 0 again at 401, "
+      f"merged with unit 1's 400")
 PY
+done
 echo "checkpoint_exact_resume: passed"

@@ -1090,6 +1090,19 @@ TEST(SyncerCore, ASignalsStopMergesOnlyWithAQuorum) {
   for (int u = 0; u < 3; ++u) EXPECT_EQ(h.unit(u).control(protocol::kStop), 1) << u;
 }
 
+// Streaming's quorum is every unit, at a signal's stop too: a unit that stopped before sending
+// its snapshot is not counted as finished with nothing left to merge.
+TEST(SyncerCore, ASignalsStopInStreamingMergesOnlyWithEveryUnit) {
+  Harness h(small_config(Mode::streaming, 2, 2));
+  h.publish(0, 0, 1.0f, 4, 400);
+  h.tick();
+  h.core.set_stopping(false);
+  for (int u = 0; u < 2; ++u) h.unit(u).set_control(protocol::kState, protocol::kDone);
+  h.tick();
+  h.tick();
+  EXPECT_TRUE(h.merges(0).empty()) << "unit 0's snapshot was merged alone at a signal's stop";
+}
+
 
 // A syncer restarted mid-run (README "The syncer dying"): a new core over the same units'
 // windows. It reads the books of the units' earlier processes back from the live windows (the
