@@ -115,9 +115,14 @@ enum Control : int {
   /// syncer: this syncer process's epoch (random, ≠ 0), written when the unit connects: the
   /// unit records with each merged fragment it takes which syncer sent it (kOfferEpoch)
   kSyncerEpoch,
-  kControlWords = 32
+  /// learner (decoupled, τ = 0): 1 + the fragment whose merge it waits for before its next
+  /// step; 0 while it trains. A unit waiting for another fragment cannot send this one: the
+  /// syncer leaves it out of this one's quorum (SyncerCore::quorum_needed), or two units whose
+  /// rounds drifted apart would each wait for a merge that needs the other.
+  kWaitingFor,
+  kControlWords = 40
 };
-static_assert(kSyncerEpoch < kControlWords, "the control block is full");
+static_assert(kWaitingFor < kControlWords, "the control block is full");
 
 enum UnitState : int64_t { kStarting = 0, kRunning = 1, kDone = 2 };
 

@@ -270,6 +270,7 @@ class SyncerCore {
   std::string staleness_problem(int p, int64_t base_version) const;
   void drop_stale(int p);
   int quorum_needed(int p, int live, int done) const;
+  int waiting_elsewhere(int p) const;
   void merge(int p, const std::vector<int>& units);
   bool warm(int p, const std::vector<int>& units) const;
   bool warm_round_overdue(int p, const std::vector<int>& ready) const;

@@ -177,12 +177,14 @@ bool LearnerCore::wait_for_merge(int p, bool crash_ready) {
   if (env_.flush_snapshots && f.pending_version < want) env_.flush_snapshots();
   // A crash due meanwhile happens on time: a unit that waits can fail too. A restarted syncer
   // never sends the merge we wait for (it holds deliveries until we rejoin): we start over.
+  if (f.pending_version < want) window_->set_control(protocol::kWaitingFor, p + 1);
   while (f.pending_version < want && !stop_requested() && !crash_ready && !syncer_restarted()) {
     if ((crash_ready = crash_now())) break;
     backoff_.idle();
     take(p);
     beat();  // alive while waiting
   }
+  window_->set_control(protocol::kWaitingFor, 0);
   backoff_.reset();
   return crash_ready;
 }

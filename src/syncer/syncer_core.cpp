@@ -585,10 +585,22 @@ std::vector<int> SyncerCore::ready_units(int p) const {
 int SyncerCore::quorum_needed(int p, int live, int done) const {
   if (stopping_ && !flush_) return plan_.every_merge_has_all ? M_ : plan_.quorum;
   if (stopping_ || done == M_) return 1;
-  if (!plan_.every_merge_has_all) return std::min(plan_.quorum, std::max(live, 1));
+  if (!plan_.every_merge_has_all) return std::min(plan_.quorum, std::max(live - waiting_elsewhere(p), 1));
   int finished = 0;
   for (int u = 0; u < M_; ++u) finished += unit_done(u) && !snapshot_pending(u, p);
   return M_ - finished;
+}
+
+// Decoupled with τ = 0: live units waiting for the merge of another fragment, with no snapshot
+// of p to give (kWaitingFor). Without them in p's quorum, p merges, and the unit waiting for
+// it goes on to send what the others wait for.
+int SyncerCore::waiting_elsewhere(int p) const {
+  int n = 0;
+  for (int u = 0; u < M_; ++u) {
+    const int64_t waits = headers_[u].control(protocol::kWaitingFor);
+    n += unit_live(u) && waits > 0 && waits != p + 1 && !slots_[u][p].fresh;
+  }
+  return n;
 }
 
 bool SyncerCore::merge_ready() {

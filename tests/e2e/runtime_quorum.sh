@@ -63,4 +63,35 @@ print(f"{variant}: {len(merges)} merges; while unit 2 was held: {len(held)} merg
       f"with staleness {stale}")
 PY
 done
+
+# Quorum K = M = 2, τ = 0 (each unit waits for a merge after each snapshot), 2 fragments: unit
+# 1 is held after step 399 until its heartbeat times out and unit 0 has merged alone up to 400
+# merges; back, it is behind unit 0 in the fragments' rotation, each waiting for the merge of
+# a different fragment that needs the other's snapshot. The syncer leaves a unit waiting for
+# another fragment out of this one's quorum (kWaitingFor), and the job finishes: before, it
+# hung in 3 runs of 4.
+cat > w.yaml <<'YAML'
+mode: decoupled
+run: {dir: w, log_every: 10, progress: false}
+model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16}
+data: {train: text/train_*.bin, val: text/val_*.bin}
+train: {batch_size: 2, steps: 1500, warmup_steps: 2}
+eval: {val_tokens: 512, sample_tokens: 0}
+units: {count: 2, ranks: [1, 2]}
+outer: {fragments: 2, h: 4, overlap: 0}
+syncer: {quorum: 2, heartbeat_timeout_s: 1, eval_every: 100000}
+debug: {stall_unit: 1, stall_at_step: 399, stall_until_merges: 400}
+YAML
+timeout 300 "${DDILOCO_MPIRUN[@]}" -np 4 "$DDILOCO" train --config w.yaml > w.log 2>&1 ||
+  { cat w.log; fail "K = M, tau = 0: the job did not finish after unit 1 came back (exit 124: it hung)"; }
+/usr/bin/python3 - <<'PY' || fail "K = M, tau = 0: not as expected"
+import json
+ev = [json.loads(l) for l in open("w/metrics.jsonl")]
+done = [e for e in ev if e["event"] == "done"]
+alone = [e for e in ev if e["event"] == "merge" and e["units"] == [0]]
+both = [e for e in ev if e["event"] == "merge" and sorted(e["units"]) == [0, 1]]
+assert done and any(e["event"] == "unit_silent" and e["unit"] == 1 for e in ev), done
+assert len(alone) >= 50 and len(both) >= 100, (len(alone), len(both))
+print(f"K = M, tau = 0: {len(alone)} merges of unit 0 alone while unit 1 was held, {len(both)} of both; the job finished")
+PY
 echo "runtime_quorum: passed"

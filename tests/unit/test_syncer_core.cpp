@@ -1090,6 +1090,27 @@ TEST(SyncerCore, ASignalsStopMergesOnlyWithAQuorum) {
   for (int u = 0; u < 3; ++u) EXPECT_EQ(h.unit(u).control(protocol::kStop), 1) << u;
 }
 
+// Decoupled with K = M and τ = 0: a unit that waits for the merge of another fragment
+// (kWaitingFor) cannot send this one, so this one merges without it; a unit that is training,
+// or that waits for this fragment, still counts.
+TEST(SyncerCore, AUnitWaitingForAnotherFragmentIsLeftOutOfThisOnesQuorum) {
+  Config c = small_config(Mode::decoupled, 2, 2);
+  c.outer.overlap = 0;
+  Harness h(c);
+  h.publish(1, 0, 1.0f, 4, 400);
+  h.tick();
+  EXPECT_TRUE(h.merges(0).empty()) << "1 of K = 2 merged while unit 0 trains";
+  h.unit(0).set_control(protocol::kWaitingFor, 1);  // unit 0 waits for fragment 0 itself
+  h.tick();
+  EXPECT_TRUE(h.merges(0).empty()) << "unit 0 waits for this fragment: its snapshot may still come";
+  h.publish(0, 1, 1.0f, 4, 400);
+  h.unit(0).set_control(protocol::kWaitingFor, 2);  // sent fragment 1, waits for its merge
+  h.tick();
+  ASSERT_EQ(h.merges(0).size(), 1u) << "fragment 0 waited for a unit that waits for fragment 1";
+  EXPECT_EQ(h.merges(0)[0]["units"], json({1}));
+  EXPECT_TRUE(h.merges(1).empty()) << "fragment 1 merged without unit 1, which waits for nothing";
+}
+
 // Streaming's quorum is every unit, at a signal's stop too: a unit that stopped before sending
 // its snapshot is not counted as finished with nothing left to merge.
 TEST(SyncerCore, ASignalsStopInStreamingMergesOnlyWithEveryUnit) {
