@@ -225,6 +225,7 @@ void Learner::book_step(const StepStats& s, double step_s) {
   since_log_.compute += s.compute_s;
   since_log_.loss += s.loss;
   ++since_log_.steps;
+  ++since_log_.timed;
 }
 
 // An event of the core's: the unit's usual fields added.
@@ -243,11 +244,11 @@ void Learner::log_train(int64_t t, const StepStats& s, bool stop) {
                       {"elapsed_s", clock_.wall.seconds()},
                       {"train_loss", since_log_.loss / since_log_.steps},
                       {"lr", s.lr},
-                      {"tokens_per_s", since_log_.steps * trainer_.tokens_per_step() / since_log_.compute},
+                      {"tokens_per_s", since_log_.timed * trainer_.tokens_per_step() / since_log_.compute},
                       {"sync_wait_s", since_log_.wait},
                       // Wall time per inner step, everything included (compute, straggler
                       // emulation, publishing, applying, waiting for merges).
-                      {"step_s", since_log_.wall / since_log_.steps},
+                      {"step_s", since_log_.wall / since_log_.timed},
                       {"publish_skipped", core_->publishes_skipped()},
                       // Where this rank's training stream stands (the leader's): what a
                       // resumed run must reproduce.

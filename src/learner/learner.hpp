@@ -101,7 +101,8 @@ class Learner : private StepPolicy {
   // What `train` events average over: the steps since the last one.
   struct LogInterval {
     double compute = 0, wait = 0, loss = 0, wall = 0;
-    int64_t steps = 0;
+    int64_t steps = 0;  // whose losses `loss` sums (a resumed unit's include the checkpoint's)
+    int64_t timed = 0;  // whose times compute and wall sum (this process's)
   };
   // Every rank starts `wall` as its unit leaves the start barrier.
   struct JobClock {

@@ -144,6 +144,7 @@ class SingleUnit final : public StepPolicy {
     interval_.reduce += s.allreduce_s;
     interval_.loss += s.loss;
     ++interval_.steps;
+    ++interval_.timed;
     if (!std::isfinite(s.loss)) fail("training diverged: loss is {} at step {}", s.loss, t);
     const int64_t steps = config_.train.steps;
     if (t % config_.run.log_every == 0 || t == steps) log_train(t, s);
@@ -184,7 +185,8 @@ class SingleUnit final : public StepPolicy {
   // What `train` events average over: the steps since the last one.
   struct {
     double seconds = 0, loss = 0, reduce = 0;
-    int64_t steps = 0;
+    int64_t steps = 0;  // whose losses `loss` sums (a resumed run's include the checkpoint's)
+    int64_t timed = 0;  // whose times `seconds` sums (this job's)
   } interval_;
   int64_t tokens_ = 0;
   double train_s_ = 0;  // compute and all-reduce seconds
@@ -237,7 +239,7 @@ void SingleUnit::console(const std::string& line) {
 }
 
 void SingleUnit::log_train(int64_t t, const StepStats& s) {
-  const double tps = interval_.steps * trainer_.tokens_per_step() / interval_.seconds;
+  const double tps = interval_.timed * trainer_.tokens_per_step() / interval_.seconds;
   const double mean_loss = interval_.loss / interval_.steps;
   log_.write({{"event", "train"}, {"step", t}, {"tokens", tokens_}, {"elapsed_s", wall_.seconds()},
               {"train_loss", mean_loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm}, {"tokens_per_s", tps},
