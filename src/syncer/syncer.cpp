@@ -118,7 +118,10 @@ int Syncer::run() {
     if (all_done && !work) {
       // Units are done, but their last snapshots may have been published after this poll.
       core_.poll();
-      const bool more = core_.collect() | core_.merge_ready() | core_.deliver_pending();
+      // All three run (no short circuit): each may find work the others' results depend on.
+      bool more = core_.collect();
+      more |= core_.merge_ready();
+      more |= core_.deliver_pending();
       if (!more && !core_.transfers_in_flight()) break;  // else reads or deliveries on their way
     }
     if (work)

@@ -591,14 +591,20 @@ int SyncerCore::quorum_needed(int p, int live, int done) const {
   return M_ - finished;
 }
 
-// Decoupled with τ = 0: live units waiting for the merge of another fragment, with no snapshot
-// of p to give (kWaitingFor). Without them in p's quorum, p merges, and the unit waiting for
-// it goes on to send what the others wait for.
+// Decoupled with τ = 0: live units with no snapshot of p to give that wait (kWaitingFor) for
+// the merge of another fragment q which cannot come yet: their snapshot of q is unmerged and
+// Θ_q holds nothing newer than the version it started from. Without them in p's quorum, p
+// merges, and the unit waiting for it goes on to send what they wait for. A unit whose merge
+// of q is made (only not taken yet) is about to go on, and still counts.
 int SyncerCore::waiting_elsewhere(int p) const {
   int n = 0;
   for (int u = 0; u < M_; ++u) {
-    const int64_t waits = headers_[u].control(protocol::kWaitingFor);
-    n += unit_live(u) && waits > 0 && waits != p + 1 && !slots_[u][p].fresh;
+    const int64_t waits = headers_[u].control(protocol::kWaitingFor);  // the unit's word: checked
+    if (!unit_live(u) || waits <= 0 || waits > fragments_.size() || waits == p + 1 || slots_[u][p].fresh)
+      continue;
+    const int q = static_cast<int>(waits - 1);
+    const Slot& s = slots_[u][q];
+    n += s.fresh && version_[q] <= s.meta.base_version;
   }
   return n;
 }

@@ -1111,6 +1111,27 @@ TEST(SyncerCore, AUnitWaitingForAnotherFragmentIsLeftOutOfThisOnesQuorum) {
   EXPECT_TRUE(h.merges(1).empty()) << "fragment 1 merged without unit 1, which waits for nothing";
 }
 
+// ... but a unit whose awaited merge exists (Θ_q is newer than the version its snapshot of q
+// started from: it only has not taken it yet) is about to go on and send p: it still counts.
+// And a kWaitingFor naming no fragment is ignored.
+TEST(SyncerCore, AUnitAboutToTakeItsMergeStillCountsInTheQuorum) {
+  Config c = small_config(Mode::decoupled, 2, 2);
+  c.outer.overlap = 0;
+  Harness h(c);
+  h.publish(0, 1, 1.0f, 4, 400);
+  h.publish(1, 1, 1.0f, 4, 400);
+  h.tick();
+  ASSERT_EQ(h.merges(1).size(), 1u);  // Θ_1 at version 1
+  h.publish(0, 1, 1.0f, 4, 400, /*base=*/0);  // from version 0: version 1 is on its way to it
+  h.unit(0).set_control(protocol::kWaitingFor, 2);
+  h.publish(1, 0, 1.0f, 4, 400);
+  h.tick();
+  EXPECT_TRUE(h.merges(0).empty()) << "fragment 0 merged without unit 0, whose awaited merge exists";
+  h.unit(0).set_control(protocol::kWaitingFor, 99);
+  h.tick();
+  EXPECT_TRUE(h.merges(0).empty()) << "a kWaitingFor out of range counted";
+}
+
 // Streaming's quorum is every unit, at a signal's stop too: a unit that stopped before sending
 // its snapshot is not counted as finished with nothing left to merge.
 TEST(SyncerCore, ASignalsStopInStreamingMergesOnlyWithEveryUnit) {
