@@ -11,7 +11,7 @@ mode: decoupled
 run: {dir: n, log_every: 5, progress: false}
 model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16}
 data: {train: text/train_*.bin, val: text/val_*.bin}
-train: {batch_size: 2, steps: 400, warmup_steps: 2}  # long enough for the refused read
+train: {batch_size: 2, steps: 2000, warmup_steps: 2}  # a budget unit 0 cannot spend alone before unit 1, slower to start under load, reaches step 12 (400 steps once did not)
 eval: {val_tokens: 512, sample_tokens: 0}
 units: {count: 2, ranks: [1, 2]}
 outer: {fragments: 2, h: 4, overlap: 1}
