@@ -10,8 +10,9 @@ namespace ddiloco::learner {
 // syncer's merged_seq says whether Θ_p already holds our last snapshot (or a later one, sent
 // after our file was written). Then Θ_p is applied as the merge of that snapshot would have
 // been; otherwise our θ_p and its counters are kept, and the next snapshot carries that
-// progress (decoupled sends it at once, in place of the one never merged). Snapshots and merges in flight at the checkpoint are thereby accounted for, and
-// every unit resumes holding Θ at the syncer's versions.
+// progress (decoupled and streaming send it at once, in place of a snapshot never merged).
+// Snapshots and merges in flight at the checkpoint are thereby accounted for, and every unit
+// resumes holding Θ at the syncer's versions.
 void Learner::resume_from_checkpoint() {
   const checkpoint::UnitState& st = resume_->unit;
   const checkpoint::SyncerState& sy = resume_->syncer;
