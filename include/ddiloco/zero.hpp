@@ -61,6 +61,8 @@ class ZeroStep {
   std::vector<float> gather(std::span<const float> mine) const;
 
  private:
+  // Throws Error unless `opt` updates shard() and both spans are the whole buffer.
+  void check(size_t params, size_t grads, const AdamW<float>& opt) const;
   MPI_Comm comm_;
   int rank_, ranks_;
   StateShard shard_;

@@ -764,7 +764,6 @@ float* GptCuda::loss_device() {
 
 float* GptCuda::parameters_device() { return impl_->params.get(); }
 float* GptCuda::gradients_device() { return impl_->grads.get(); }
-void* GptCuda::parameters_bf16_device() { return impl_->params_bf16.get(); }
 
 void GptCuda::refresh_bf16() {
   fp32_to_bf16(impl_->params_bf16.get(), impl_->params.get(), impl_->layout.size(),

@@ -37,21 +37,21 @@ ZeroStep::ZeroStep(size_t n, MPI_Comm comm, size_t ring_segment)
   partials_.resize((n + kNormBlock - 1) / kNormBlock);
 }
 
-void ZeroStep::step_reduced(std::span<float> params, std::span<const float> grads, AdamW<float>& opt, double lr) {
+void ZeroStep::check(size_t params, size_t grads, const AdamW<float>& opt) const {
   if (opt.shard() != shard_) fail("ZeroStep: the optimizer's shard is not this rank's");
-  if (params.size() != grads.size() || partials_.size() != (grads.size() + kNormBlock - 1) / kNormBlock)
-    fail("ZeroStep: {} parameters and {} gradients for a buffer of {} blocks", params.size(), grads.size(),
-         partials_.size());
+  if (params != grads || partials_.size() != (grads + kNormBlock - 1) / kNormBlock)
+    fail("ZeroStep: {} parameters and {} gradients for a buffer of {} blocks", params, grads, partials_.size());
+}
+
+void ZeroStep::step_reduced(std::span<float> params, std::span<const float> grads, AdamW<float>& opt, double lr) {
+  check(params.size(), grads.size(), opt);
   opt.step(params, grads.subspan(shard_.lo, shard_.size()), lr);
   all_gather(params);
 }
 
 double ZeroStep::step(std::span<float> params, std::span<float> grads, AdamW<float>& opt, double lr,
                       double max_norm) {
-  if (opt.shard() != shard_) fail("ZeroStep: the optimizer's shard is not this rank's");
-  if (params.size() != grads.size() || partials_.size() != (grads.size() + kNormBlock - 1) / kNormBlock)
-    fail("ZeroStep: {} parameters and {} gradients for a buffer of {} blocks", params.size(), grads.size(),
-         partials_.size());
+  check(params.size(), grads.size(), opt);
   // 1. This shard's sum over the unit, then its mean (as the all-reduce path scales).
   reduce_scatter(grads);
   const float inv = 1.0f / static_cast<float>(ranks_);

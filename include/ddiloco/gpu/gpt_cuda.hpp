@@ -172,9 +172,6 @@ class GptCuda {
   /// after synchronize().
   float* parameters_device();
   float* gradients_device();
-  /// The bf16 copy of the parameters (16-bit patterns; as many elements as
-  /// parameters_device()), e.g. to all-gather it with the fp32 shards.
-  void* parameters_bf16_device();
   /// After changing parameters_device() directly: refresh the bf16 copy from fp32.
   void refresh_bf16();
   /// The model's cudaStream_t, as void* to keep CUDA types out of this header.
