@@ -35,7 +35,9 @@
 //                          when killed), signal (0 if none), ran_s
 //               restart    role, unit, restart (the coming one), backoff_s
 //               give_up    role, unit, restarts, reason
-//               kill       role, unit, rank (units), pid, at_s, missed, reason (when missed)
+//               kill       role, unit, rank (units), pid, at_s, missed, reason (when missed),
+//                          source (chaos | status_page: a request of the syncer's status page)
+//               request_refused  file, reason: a malformed kill request
 //               forward    signal, syncer (was it running), units (those running)
 //               drain      drain_s: the syncer has ended, unit jobs still run
 //               terminate  signal (SIGTERM | SIGKILL), role, unit, pid: the end's escalation
@@ -88,6 +90,7 @@ struct ScheduledKill {
   Role role = Role::unit;  ///< syncer: the syncer process; unit: rank `rank` of unit `unit`
   int unit = -1;
   int rank = 0;
+  std::string source = "chaos";  ///< who asked: chaos (the schedule) | status_page
 };
 
 struct SupervisorOptions {
@@ -99,6 +102,9 @@ struct SupervisorOptions {
   bool truncate_log = false;       ///< start log_path afresh
   bool print = true;               ///< one human line per event on stdout
   std::filesystem::path pid_dir;   ///< where unit ranks write their pid files (kills)
+  /// run.dir: the status page's kill requests (status.hpp) are taken from it at every check
+  /// and carried out as chaos kills of the unit's rank 0 (source status_page). Empty: none.
+  std::filesystem::path run_dir;
   std::vector<ScheduledKill> kills;
   /// Polled at every check: a stop signal (SIGINT, SIGTERM, SIGUSR1) received since the last
   /// call, 0 if none. Empty: none ever.
@@ -145,7 +151,8 @@ struct LaunchArgs {
 };
 
 /// The children of a launch: the syncer, then the job of unit 0, 1, ... .
-///   syncer:   <self> syncer --config F [--set k=v]... [--resume R] [--overwrite]
+///   syncer:   <self> syncer --config F [--set k=v]... [--set syncer.http=127.0.0.1:0]
+///             [--resume R] [--overwrite] (syncer.http: when the config leaves it empty)
 ///             restarts: <self> syncer --config F [--set k=v]... --resume auto
 ///   unit u:   <launch.mpirun> -q --oversubscribe --bind-to none <launch.mpirun_args>...
 ///             -np <config.unit_ranks(u)> <self> unit --config F --unit u [--set k=v]...

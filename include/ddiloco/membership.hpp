@@ -50,7 +50,7 @@ std::string hello_proof(std::string_view secret);
 
 /// A digest of everything in a configuration that the syncer and every unit must agree on:
 /// the effective YAML with the keys that may differ per process (run.threads, run.progress,
-/// run.log_every, syncer.address, and the syncer-only syncer.link_timeout_s, link_min_mbit_s,
+/// run.log_every, syncer.address, syncer.http, and the syncer-only syncer.link_timeout_s, link_min_mbit_s,
 /// signal_stops_units, max_staleness, max_weight_ratio, max_outer_grad_ratio) set to their defaults; checksum.hpp of it, 16 hex digits.
 std::string config_digest(const Config& config);
 
@@ -85,6 +85,11 @@ struct Rendezvous {
   static std::string random_token();
 };
 
+/// The text of `file` (`what`, for messages), at most `limit` bytes. Throws Error naming the
+/// file unless it is a regular file owned by this user (a symlink, a pipe, another user's
+/// file are refused), and, with `secret`, one nobody else can read.
+std::string read_own_file(const std::filesystem::path& file, const char* what, bool secret, size_t limit);
+
 /// An IPv4 endpoint "a.b.c.d:port". Throws Error naming `what` when malformed.
 struct Endpoint {
   std::string ip;
@@ -117,6 +122,11 @@ class Membership {
   const std::vector<double>& heal_times() const { return heal_s_; }
   /// Seconds unit u was absent in all, closed intervals only (its down time).
   double absent_s(int u) const { return units_[u].absent_s; }
+  /// Joined again after a loss, and not merged since.
+  bool healing(int u) const { return units_[u].healing; }
+  /// The leader of unit u's last process to join: its pid (0: none yet) and host.
+  int64_t pid(int u) const { return units_[u].pid; }
+  const std::string& host(int u) const { return units_[u].host; }
 
  private:
   struct Unit {

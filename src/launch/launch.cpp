@@ -96,6 +96,11 @@ LaunchPlan plan_launch(const Config& config, const LaunchArgs& args) {
   plan.syncer.unit = -1;
   plan.syncer.argv = {self, "syncer"};
   plan.syncer.argv.insert(plan.syncer.argv.end(), common.begin(), common.end());
+  // The status page (docs/status_page.md): on, at loopback, unless the config says where or off.
+  if (config.syncer.http.empty()) {
+    plan.syncer.argv.push_back("--set");
+    plan.syncer.argv.push_back("syncer.http=127.0.0.1:0");
+  }
   plan.syncer.restart_argv = plan.syncer.argv;
   if (!args.resume.empty()) {
     plan.syncer.argv.push_back("--resume");
@@ -181,6 +186,7 @@ int run_launch(const LaunchArgs& args) {
   options.log_path = dir / "launch.jsonl";
   options.truncate_log = args.resume.empty();
   options.pid_dir = pid_dir(dir);
+  options.run_dir = dir;
   options.kills = scheduled_kills(config);
   options.next_signal = next_counted_signal;
   std::printf("launch: mode %s, the syncer and %d unit job(s) (%s), restarts ≤ %d each; log %s\n",

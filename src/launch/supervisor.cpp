@@ -29,6 +29,7 @@
 #include "ddiloco/launch.hpp"
 #include "ddiloco/metrics.hpp"
 #include "ddiloco/run_dir.hpp"
+#include "ddiloco/status.hpp"
 #include "ddiloco/signals.hpp"
 
 extern char** environ;
@@ -253,6 +254,7 @@ class Run {
       if (!stopping_) {
         start_due_restarts();
         carry_out_due_kills();
+        carry_out_requests();
       }
       if (elapsed() >= next_sweep) {
         sweep_orphans();
@@ -477,17 +479,17 @@ class Run {
   void kill_event(const ScheduledKill& k, pid_t pid, const std::string& missed) {
     json j = {{"event", "kill"}, {"role", role_name(k.role)},
               {"unit", k.role == Role::syncer ? -1 : k.unit}, {"pid", pid}, {"at_s", k.at_s},
-              {"missed", !missed.empty()}};
+              {"missed", !missed.empty()}, {"source", k.source}};
     if (k.role == Role::unit) j["rank"] = k.rank;
     if (!missed.empty()) j["reason"] = missed;
     const std::string target =
         k.role == Role::syncer ? std::string("the syncer") : fmt::format("unit {} rank {}", k.unit, k.rank);
     if (missed.empty()) {
       ++result_.kills;
-      event(j, fmt::format("chaos: SIGKILL to {} (pid {})", target, pid));
+      event(j, fmt::format("{}: SIGKILL to {} (pid {})", k.source, target, pid));
     } else {
       ++result_.kills_missed;
-      event(j, fmt::format("chaos: kill of {} missed: {}", target, missed));
+      event(j, fmt::format("{}: kill of {} missed: {}", k.source, target, missed));
     }
   }
 
@@ -528,6 +530,20 @@ class Run {
                                                 file.string(), pf->pid, k.unit, unit->pid));
     ::kill(pf->pid, SIGKILL);
     kill_event(k, pf->pid, "");
+  }
+
+  // Kills the syncer's status page asked for (status.hpp), as they come.
+  void carry_out_requests() {
+    if (o_.run_dir.empty()) return;
+    for (const KillRequest& r : take_kill_requests(o_.run_dir, static_cast<int>(children_.size()) - 1)) {
+      if (!r.error.empty()) {
+        event({{"event", "request_refused"}, {"file", r.file}, {"reason", r.error}},
+              "status page: request refused: " + r.error);
+        continue;
+      }
+      carry_out(ScheduledKill{.at_s = elapsed(), .role = Role::unit, .unit = r.unit, .rank = 0,
+                              .source = "status_page"});
+    }
   }
 
   void carry_out_due_kills() {

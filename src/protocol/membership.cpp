@@ -23,43 +23,9 @@
 
 namespace ddiloco::protocol {
 
-namespace {
-
-std::string shape_text(const GptConfig& m) {
-  return fmt::format("n_layer={} n_head={} n_embd={} vocab_size={} seq_len={}", m.n_layer,
-                     m.n_head, m.n_embd, m.vocab_size, m.seq_len);
-}
-
-// An integer field must be a JSON integer within T's range: nlohmann's get<int>() converts a
-// float such as 1e20 by a cast whose result is undefined, and truncates a large integer.
-template <typename T>
-T integer_field(const nlohmann::json& v, const char* key, const std::string& source) {
-  const bool fits = v.is_number_unsigned()
-                        ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
-                        : v.is_number_integer() && std::in_range<T>(v.get<int64_t>());
-  if (!fits)
-    fail("{}: handshake field '{}' must be an integer in {}..{}, got {}", source, key,
-         std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), v.dump());
-  return v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>()) : static_cast<T>(v.get<int64_t>());
-}
-
-template <typename T>
-T field(const nlohmann::json& j, const char* key, const std::string& source) {
-  if (!j.is_object() || !j.contains(key))
-    fail("{}: handshake field '{}' is missing", source, key);
-  if constexpr (std::is_integral_v<T>) return integer_field<T>(j.at(key), key, source);
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    fail("{}: handshake field '{}' has the wrong type ({})", source, key, j.at(key).dump());
-  }
-}
-
-// A rendezvous file (`what`), refused unless it is a regular file of ours, and with `secret`
-// one that nobody else can read: opened without following a symlink, then checked on the
-// descriptor (the name may change meanwhile). Whoever plants the address could put itself
-// between the units and the syncer; whoever plants the secret, admit itself. At most `limit`
-// bytes are read.
+// Opened without following a symlink, then checked on the descriptor (the name may change
+// meanwhile). Whoever plants the address could put itself between the units and the syncer;
+// whoever plants the secret, admit itself.
 std::string read_own_file(const std::filesystem::path& file, const char* what, bool secret, size_t limit) {
   const std::string dir = file.has_parent_path() ? file.parent_path().string() : ".";
   // O_NONBLOCK: a named pipe planted there is refused below instead of blocking the open.
@@ -90,6 +56,38 @@ std::string read_own_file(const std::filesystem::path& file, const char* what, b
     text.append(buf, static_cast<size_t>(n));
   }
   return text;
+}
+
+namespace {
+
+std::string shape_text(const GptConfig& m) {
+  return fmt::format("n_layer={} n_head={} n_embd={} vocab_size={} seq_len={}", m.n_layer,
+                     m.n_head, m.n_embd, m.vocab_size, m.seq_len);
+}
+
+// An integer field must be a JSON integer within T's range: nlohmann's get<int>() converts a
+// float such as 1e20 by a cast whose result is undefined, and truncates a large integer.
+template <typename T>
+T integer_field(const nlohmann::json& v, const char* key, const std::string& source) {
+  const bool fits = v.is_number_unsigned()
+                        ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                        : v.is_number_integer() && std::in_range<T>(v.get<int64_t>());
+  if (!fits)
+    fail("{}: handshake field '{}' must be an integer in {}..{}, got {}", source, key,
+         std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), v.dump());
+  return v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>()) : static_cast<T>(v.get<int64_t>());
+}
+
+template <typename T>
+T field(const nlohmann::json& j, const char* key, const std::string& source) {
+  if (!j.is_object() || !j.contains(key))
+    fail("{}: handshake field '{}' is missing", source, key);
+  if constexpr (std::is_integral_v<T>) return integer_field<T>(j.at(key), key, source);
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    fail("{}: handshake field '{}' has the wrong type ({})", source, key, j.at(key).dump());
+  }
 }
 
 std::string read_secret(const std::filesystem::path& file) {
@@ -148,6 +146,7 @@ std::string config_digest(const Config& config) {
   c.run.progress = defaults.progress;
   c.run.log_every = defaults.log_every;
   c.syncer.address.clear();
+  c.syncer.http.clear();
   // The syncer's own conduct (its link's waits, its reaction to a signal) is not the units'
   // business: a syncer job that sets them still admits units started without.
   const SyncerConfig syncer_defaults;
