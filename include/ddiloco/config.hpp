@@ -153,6 +153,9 @@ struct SyncerConfig {
   double max_outer_grad_ratio = 8;
   /// Isolated deployment (`ddiloco syncer` / `ddiloco unit`, README "Fault isolation"):
   std::string listen = "127.0.0.1:0";  ///< syncer: IPv4 address:port to listen on (0 = any port)
+  /// syncer: where the status page and /metrics are served (docs/status_page.md), IPv4
+  /// address:port; "" = off (under `ddiloco launch`: 127.0.0.1:0), "off" = off there too
+  std::string http;
   std::string address;                 ///< unit: the syncer's ip:port; "" = run.dir/syncer.addr
   double connect_wait_s = 300;         ///< unit: how long to wait for the syncer, seconds
   double link_timeout_s = 10;          ///< syncer: an operation silent this long closes the link

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -52,10 +53,13 @@ class JsonlWriter {
   /// written). Throws Error naming the file when it cannot be written (disk full, ...).
   void write(const nlohmann::json& event);
   bool enabled() const { return static_cast<bool>(fd_); }
+  /// Called with every event written, after its line is (the syncer's status page).
+  void observe(std::function<void(const nlohmann::json&)> observer) { observer_ = std::move(observer); }
 
  private:
   UniqueFd fd_;
   std::filesystem::path path_;
+  std::function<void(const nlohmann::json&)> observer_;
 };
 
 /// The events named `event` in the JSONL file `path` written by a JsonlWriter, from byte `from`

@@ -120,9 +120,12 @@ enum Control : int {
   /// syncer leaves it out of this one's quorum (SyncerCore::quorum_needed), or two units whose
   /// rounds drifted apart would each wait for a merge that needs the other.
   kWaitingFor,
+  /// learner: its mean training loss over its last log interval (run.log_every steps), the
+  /// bit pattern of a double; 0 until the first (the syncer's status page shows it, untrusted)
+  kTrainLoss,
   kControlWords = 40
 };
-static_assert(kWaitingFor < kControlWords, "the control block is full");
+static_assert(kTrainLoss < kControlWords, "the control block is full");
 
 enum UnitState : int64_t { kStarting = 0, kRunning = 1, kDone = 2 };
 

@@ -240,6 +240,7 @@ class SyncerCore {
   /// two updates of a fragment, seconds (0 until a step time is known).
   double nominal_period() const;
   GlobalDowntime& downtime() { return pace_.downtime; }
+  const GlobalDowntime& downtime() const { return pace_.downtime; }
   int64_t snapshots_rejected() const { return rejected_; }
   int64_t snapshots_superseded() const { return superseded_; }
   /// Snapshots read but not merged (on a WAN link when the job ended).

@@ -230,6 +230,11 @@ const std::vector<Entry<Config>>& entries() {
       DDILOCO_FIELD(std::string, "syncer.listen", syncer.listen,
                     "isolated deployment: where `ddiloco syncer` listens, IPv4 address:port (port "
                     "0: any free port); the address taken is written to run.dir/syncer.addr"),
+      DDILOCO_FIELD(std::string, "syncer.http", syncer.http,
+                    "where the syncer serves its live status page, /api/state and Prometheus /metrics "
+                    "(docs/status_page.md), IPv4 address:port (port 0: any free port; the address "
+                    "taken is written to run.dir/syncer.http); empty = off, except under `ddiloco "
+                    "launch`, which serves at 127.0.0.1:0; off = off under launch too"),
       DDILOCO_FIELD(std::string, "syncer.address", syncer.address,
                     "isolated deployment: the syncer's address:port for `ddiloco unit`; empty = "
                     "read run.dir/syncer.addr (a shared filesystem)"),

@@ -253,6 +253,7 @@ void Learner::log_train(int64_t t, const StepStats& s, bool stop) {
                       // Where this rank's training stream stands (the leader's): what a
                       // resumed run must reproduce.
                       {"data_cursor", {cursor.epoch, cursor.batch}}};
+  core_->report_train_loss(since_log_.loss / since_log_.steps);
   if (ddp_.ring)
     e.update({{"wan_up_bytes", ddp_.ring->link().up.bytes()}, {"wan_down_bytes", ddp_.ring->link().down.bytes()}});
   log_.write(e);

@@ -155,6 +155,8 @@ class LearnerCore {
   // ---- the leader
   /// Heartbeat, steps, tokens and the step time the syncer reads every poll.
   void report_progress(int64_t t, int64_t tokens, double step_s);
+  /// The mean training loss of the interval just logged, for the syncer's status page.
+  void report_train_loss(double loss) { window_->set_control_f64(protocol::kTrainLoss, loss); }
   /// Alive: only a crashed or hung process stops its heartbeat, so every wait beats too.
   void beat();
   /// Told to stop: by the syncer, or by a stop signal (in one job, one that stops the unit

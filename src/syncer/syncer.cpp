@@ -14,6 +14,7 @@
 #include "ddiloco/mpi.hpp"
 #include "ddiloco/run_dir.hpp"
 #include "ddiloco/signals.hpp"
+#include "ddiloco/status.hpp"
 #include "ddiloco/wan.hpp"
 
 namespace ddiloco::syncer {
@@ -54,7 +55,8 @@ Syncer::Syncer(const Config& config, const OuterPlan& plan, const Topology& topo
       read_hooks_(config, plan, window_, M_),
       budget_(config.token_budget()),
       eval_(val),
-      restart_(link.recover && link.listener != nullptr) {
+      restart_(link.recover && link.listener != nullptr),
+      status_(topo.units, link.secret) {
   if (door_) members_ = std::make_unique<protocol::Membership>(config, link.run_id, link.secret, layout_.bytes());
   books_before_.resize(M_);
   unit_offers_.resize(M_);
@@ -130,6 +132,11 @@ int Syncer::run() {
       backoff.idle();
   }
   finish();
+  if (status_.server) {
+    status_.server.reset();
+    std::error_code ec;
+    std::filesystem::remove(HttpAddress::file(config_.run.dir), ec);  // nobody serves it now
+  }
   return stop_.signal;
 }
 
@@ -137,6 +144,10 @@ int Syncer::run() {
 bool Syncer::poll_once() {
   if (door_) admit_units();
   core_.poll();
+  if (status_.server) {
+    take_status_actions();
+    if (now() >= status_.next_publish) publish_status();
+  }
   if (restart_.recovery) {
     recover_once();
     return restart_.recovery != nullptr;  // recovering: poll again soon; recovered: go on at once
@@ -340,6 +351,8 @@ void Syncer::start() {
   std::printf("ddiloco %s: effective configuration (saved to %s)\n%s", DDILOCO_VERSION,
               (dir / "config.yaml").c_str(), yaml.c_str());
   log_ = JsonlWriter(dir / "metrics.jsonl", resumed_.from.empty() && !restart_.restarted);
+  status_.yaml = std::make_shared<const std::string>(yaml);
+  start_status();
   eval_.evaluator = std::make_unique<GlobalEvaluator>(config_.model, eval_.val, config_.train.batch_size,
                                                  omp_get_max_threads());
   eval_.next = resumed_.next_eval > 0 ? resumed_.next_eval : core_.total_merges() + eval_stride();

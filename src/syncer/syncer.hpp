@@ -4,6 +4,7 @@
 //   syncer_checkpoints.*  the syncer's side of a checkpoint
 //   syncer_recovery.cpp   a syncer restarted mid-run: Θ recovered from the units' copies
 //   syncer_report.cpp     the end: time books, links, the final evaluation, the done event
+//   syncer_status.cpp     the live status page's snapshot and actions (docs/status_page.md)
 #pragma once
 
 #include <filesystem>
@@ -26,6 +27,8 @@
 #include "syncer/global_eval.hpp"
 #include "syncer/read_hooks.hpp"
 #include "syncer/refusal_log.hpp"
+#include "syncer/status_board.hpp"
+#include "syncer/status_server.hpp"
 #include "syncer/syncer_checkpoints.hpp"
 
 namespace ddiloco::syncer {
@@ -75,6 +78,13 @@ class Syncer {
   int64_t merges_before_restart() const;
   void maybe_evaluate();
   void log_eval_results();
+  // The status page (syncer_status.cpp).
+  void start_status();
+  void publish_status();
+  UnitStatus unit_status(int u) const;
+  void status_goodput(StatusSnapshot& s) const;
+  void take_status_actions();
+  void act(const StatusServer::Action& a);
   // The end (syncer_report.cpp).
   TimeBook book_in_window(int u) const;
   void finish();
@@ -155,6 +165,19 @@ class Syncer {
     int64_t settled = 0;            // the last offer settled
   };
   std::vector<UnitOffer> unit_offers_;  // per unit
+  // The status page (docs/status_page.md): the board the loop publishes to about four times
+  // a second, and the server that reads it (null: syncer.http off).
+  struct Status {
+    explicit Status(int units, std::string s) : board(units), secret(std::move(s)) {}
+    StatusBoard board;
+    std::string secret;  // the run's (one job: made for the page)
+    std::unique_ptr<StatusServer> server;
+    std::shared_ptr<const std::string> yaml;
+    pid_t launcher = 0;  // under `ddiloco launch`: the launcher, which carries out kills
+    double next_publish = 0;
+    int64_t requests = 0;  // kill requests written
+  };
+  Status status_;
 };
 
 }  // namespace ddiloco::syncer

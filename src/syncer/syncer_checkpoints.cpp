@@ -75,6 +75,14 @@ void SyncerCheckpoints::after_merge() {
   if ((by_count || by_time) && !wanted_ && !core_.stopping()) request();
 }
 
+std::string SyncerCheckpoints::request_now() {
+  if (!on_) return "this run writes no checkpoints (checkpoint.dir)";
+  if (wanted_) return fmt::format("checkpoint {} is under way", next_);
+  if (core_.stopping()) return "the job is ending (its final checkpoint follows)";
+  request();
+  return "";
+}
+
 // Every unit writes its file at its next step boundary (diloco: round boundary) and says so
 // in kCheckpointDone; merging and delivering go on meanwhile.
 void SyncerCheckpoints::request() {

@@ -42,6 +42,9 @@ class SyncerCheckpoints {
   /// After a merge (ddp: after the syncer saw unit 0 step): asks the units for their files
   /// when checkpoint.every merges (ddp: inner steps) or checkpoint.every_s seconds have passed.
   void after_merge();
+  /// A checkpoint now (the status page's action), asked for as a periodic one is; "" when
+  /// asked, else why not (checkpoints off, one already under way, the job ending).
+  std::string request_now();
   /// Is a checkpoint asked for and not complete yet?
   bool wanted() const { return wanted_; }
   /// Completes the checkpoint asked for once every unit has written its file; `final`: the job

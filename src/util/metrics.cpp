@@ -63,6 +63,7 @@ void JsonlWriter::write(const nlohmann::json& event) {
   const std::string line =
       event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + '\n';
   write_all(fd_.get(), line.data(), line.size(), path_);  // says why: ENOSPC, EIO, ...
+  if (observer_) observer_(event);
 }
 
 ProgressBar::ProgressBar(bool enabled) : enabled_(enabled && ::isatty(STDOUT_FILENO)) {}
