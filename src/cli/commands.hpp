@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -81,5 +82,19 @@ struct BenchSimulateOptions {
 /// Real time of one simulated run per strategy beside the budget; last line
 /// "slowest_run_s=<s> budget_s=<s> ratio=<r>"; exit status 1 when over budget.
 int bench_simulate(const BenchSimulateOptions& options);
+
+struct StatusOptions {
+  std::string run_dir;
+  bool json = false;      // print /api/state as it came
+  double watch_s = 0;     // > 0: redraw every this many seconds until interrupted
+  double timeout_s = 5;   // per request
+};
+/// `ddiloco status RUN_DIR`: the status page's table in the terminal, from the syncer's
+/// /api/state at the address in RUN_DIR/syncer.http (docs/status_page.md). Exit 0; throws
+/// Error when there is no such file or the syncer does not answer.
+int status(const StatusOptions& options);
+/// The table `ddiloco status` prints for one /api/state answer. Fields missing or of another
+/// type are shown as "-" (the answer is a peer's: never trusted to be well formed).
+std::string format_status(const nlohmann::json& state);
 
 }  // namespace ddiloco::cli

@@ -344,6 +344,18 @@ Command unit_command(CLI::App& app) {
   return {sub, always(true), [args, unit] { return cmd_unit(*args, *unit); }};
 }
 
+Command status_command(CLI::App& app) {
+  auto o = std::make_shared<cli::StatusOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "status", "a running job's units, merges, losses and events, from its syncer's status page");
+  sub->add_option("run_dir", o->run_dir, "the run's directory (run.dir)")->required()->check(CLI::ExistingDirectory);
+  sub->add_flag("--json", o->json, "print /api/state as the syncer sent it");
+  sub->add_option("--watch", o->watch_s, "redraw every this many seconds until interrupted")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--timeout", o->timeout_s, "seconds to wait for an answer")->check(CLI::PositiveNumber);
+  return {sub, always(false), [o] { return cli::status(*o); }};
+}
+
 Command inspect_command(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   CLI::App* sub = app.add_subcommand(
@@ -569,7 +581,7 @@ Command chaos_command(CLI::App& app) {
 // Every subcommand, in the order --help lists them.
 std::vector<Command> all_commands(CLI::App& app) {
   std::vector<Command> commands;
-  for (auto add : {train_command, launch_command, syncer_command, unit_command, inspect_command,
+  for (auto add : {train_command, launch_command, syncer_command, unit_command, status_command, inspect_command,
                    eval_command, sample_command, prepare_data_command})
     commands.push_back(add(app));
   CLI::App* bench = app.add_subcommand("bench", "measure throughput");
