@@ -228,6 +228,9 @@ class SyncerCore {
   /// wrap (it can still claim tokens it never made; issue 34).
   int64_t tokens_total() const;
   int64_t steps_total() const;
+  /// Unit u's share of those: its tokens (steps), its earlier processes' included.
+  int64_t unit_tokens(int u) const;
+  int64_t unit_steps(int u) const;
   int64_t total_merges() const;
   const std::vector<int64_t>& versions() const { return version_; }
   std::span<const float> theta(int p) const { return theta_[p]; }

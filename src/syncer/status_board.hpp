@@ -26,7 +26,7 @@ struct UnitStatus {
   int64_t pid = 0;           ///< its leader's process id (0: unknown, one-job runs)
   std::string host;          ///< ... and host ("" unknown)
   int64_t restarts = 0;      ///< processes of it that joined after its first
-  int64_t steps = 0, tokens = 0;
+  int64_t steps = 0, tokens = 0;  ///< inner steps and tokens, its earlier processes' included
   int64_t staleness = 0;     ///< merges of Θ it has not taken yet (max over fragments)
   double last_merge_s = -1;  ///< seconds since a merge last included it (−1: never)
   uint64_t bytes_up = 0, bytes_down = 0;  ///< its link since this syncer started, bytes

@@ -82,17 +82,23 @@ int64_t add_count(int64_t a, int64_t b) {
 }
 }  // namespace
 
+int64_t SyncerCore::unit_tokens(int u) const {
+  return add_count(add_count(0, unit_[u].tokens_before), headers_[u].control(protocol::kTokensDone));
+}
+
+int64_t SyncerCore::unit_steps(int u) const {
+  return add_count(add_count(0, unit_[u].steps_before), headers_[u].control(protocol::kStepsDone));
+}
+
 int64_t SyncerCore::tokens_total() const {
   int64_t t = 0;
-  for (const Unit& unit : unit_) t = add_count(t, unit.tokens_before);
-  for (const auto& h : headers_) t = add_count(t, h.control(protocol::kTokensDone));
+  for (int u = 0; u < units(); ++u) t = add_count(t, unit_tokens(u));
   return t;
 }
 
 int64_t SyncerCore::steps_total() const {
   int64_t s = 0;
-  for (const Unit& unit : unit_) s = add_count(s, unit.steps_before);
-  for (const auto& h : headers_) s = add_count(s, h.control(protocol::kStepsDone));
+  for (int u = 0; u < units(); ++u) s = add_count(s, unit_steps(u));
   return s;
 }
 

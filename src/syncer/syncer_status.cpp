@@ -77,8 +77,8 @@ UnitStatus Syncer::unit_status(int u) const {
     s.restarts = members_->restarts(u);
   }
   if (!h.reachable) return s;  // nothing polled yet: the counts stay 0
-  s.steps = h.control(protocol::kStepsDone);
-  s.tokens = h.control(protocol::kTokensDone);
+  s.steps = core_.unit_steps(u);
+  s.tokens = core_.unit_tokens(u);
   for (int p = 0; p < fragments_.size(); ++p)
     s.staleness = std::max(s.staleness, core_.versions()[p] - h.header(p, protocol::kInAck));
   s.staleness = std::max<int64_t>(s.staleness, 0);
