@@ -26,17 +26,27 @@ constexpr const char kPage[] =
 
 // Workers at nice 10: on a machine whose cores the learners and the merge loop keep busy, a
 // flood of requests takes what they leave. Handlers only render a published snapshot.
+// cpp-httplib gives each connection a worker until it closes, and its read timeout is per
+// recv: a client that trickles its request (slowloris) holds a worker as long as it likes.
+// Such clients can deny the page, never the merges; what they must not do is grow the
+// server's descriptors and memory with their connections. So at most `max_pending` wait for
+// a worker; beyond that the accepting thread serves the connection itself, accepting none
+// meanwhile, and the kernel's listen backlog bounds the rest.
 class NiceWorkers : public httplib::TaskQueue {
  public:
-  explicit NiceWorkers(int n) {
+  NiceWorkers(int n, size_t max_pending) : max_pending_(max_pending) {
     for (int i = 0; i < n; ++i) threads_.emplace_back([this] { work(); });
   }
   void enqueue(std::function<void()> fn) override {
     {
       const std::lock_guard lock(mutex_);
-      jobs_.push_back(std::move(fn));
+      if (jobs_.size() < max_pending_) {
+        jobs_.push_back(std::move(fn));
+        cv_.notify_one();
+        return;
+      }
     }
-    cv_.notify_one();
+    fn();
   }
   void shutdown() override {
     {
@@ -62,6 +72,7 @@ class NiceWorkers : public httplib::TaskQueue {
       job();
     }
   }
+  const size_t max_pending_;
   std::vector<std::thread> threads_;
   std::mutex mutex_;
   std::condition_variable cv_;
@@ -69,7 +80,9 @@ class NiceWorkers : public httplib::TaskQueue {
   bool done_ = false;
 };
 
-constexpr int kWorkers = 4;
+// Blocked workers cost no CPU: enough that a few slow clients leave the page to the others.
+constexpr int kWorkers = 16;
+constexpr size_t kMaxPending = 32;
 
 void json_reply(httplib::Response& res, int status, const nlohmann::json& body) {
   res.status = status;
@@ -120,7 +133,7 @@ StatusServer::~StatusServer() {
 
 int StatusServer::start(const std::string& address) {
   const protocol::Endpoint at = protocol::Endpoint::parse(address, "syncer.http");
-  server_->new_task_queue = [] { return new NiceWorkers(kWorkers); };
+  server_->new_task_queue = [] { return new NiceWorkers(kWorkers, kMaxPending); };
   // A client that sends or reads nothing for 2 s is dropped: slow clients hold a worker that
   // long at most per byte, and never the merge loop.
   server_->set_read_timeout(2, 0);
