@@ -1,0 +1,142 @@
+# The syncer's HTTP endpoint under `ddiloco launch` (docs/status_page.md), without a browser:
+#   - /metrics parses with Prometheus's own Python parser (prometheus_client), carries the
+#     documented families and labels, and its counters rise between two scrapes;
+#   - /api/state is the documented JSON (schema ddiloco.status/1) and agrees with /metrics;
+#   - requests without the run's secret, or with a wrong one, are refused (401) and change
+#     nothing: no action is logged, the launcher kills nothing, no request file appears;
+#     GET on an action is 405, an unknown action 404, a bad unit 400;
+#   - hostile clients (40 slowloris connections for 8 s, then 1,000 requests back to back) do
+#     not stop the merges: merges go on through the attack with no gap longer than twice the
+#     nominal fragment period, and the page answers the requests once the slow clients are gone. (How much they slow the
+#     merges is measured by scripts/bench_status_page.py, not timed here.)
+source "$(dirname "$0")/lib/common.sh"
+source "$(dirname "$0")/lib/text_data.sh"
+source "$(dirname "$0")/lib/launch.sh"
+export PYTHONPATH="$SRC/tests/e2e/lib"
+cd "$WORK"
+make_text_shards text
+cat > c.yaml <<'YAML'
+mode: decoupled
+run: {dir: run, log_every: 10, progress: false, threads: 1}
+model: {n_layer: 2, n_head: 2, n_embd: 64, seq_len: 64}
+data: {train: text/train_*.bin, val: text/val_*.bin}
+train: {batch_size: 16, steps: 1000000, warmup_steps: 5}
+eval: {val_tokens: 512, sample_tokens: 0}
+units: {count: 2, slowdown: [3, 3]}
+outer: {fragments: 2, h: 4, overlap: 1}
+syncer: {quorum: 1, eval_every: 20, heartbeat_timeout_s: 2, connect_wait_s: 60}
+checkpoint: {every: 200}
+launch: {backoff_s: 0.5, drain_s: 20}
+YAML
+"$DDILOCO" launch --config c.yaml > launch.log 2>&1 &
+launcher=$!
+show() { grep -v '^  ' launch.log | grep -v global_eval | tail -40; }
+wait_launch 90 "sum(1 for e in ev if e['event'] == 'global_eval') >= 1 and sum(1 for e in ev if e['event'] == 'merge') >= 20"
+/usr/bin/python3 - <<'PY' || { show; fail "the status endpoint did not behave"; }
+import json, os, threading, time, urllib.error, urllib.request
+from prometheus_client.parser import text_string_to_metric_families
+import http_load
+
+addr = json.load(open("run/syncer.http"))
+url, secret = addr["url"], open("run/syncer.secret").read().strip()
+assert addr["pid"] > 0 and addr["url"] == f"http://{addr['address']}/", addr
+
+def get(path):
+    with urllib.request.urlopen(url + path, timeout=10) as r:
+        return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+
+def post(path, headers={}):
+    req = urllib.request.Request(url + path, data=b"", method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+def scrape():
+    status, ctype, text = get("metrics")
+    assert status == 200 and ctype.startswith("text/plain; version=0.0.4"), (status, ctype)
+    out = {}
+    for fam in text_string_to_metric_families(text):  # raises on anything malformed
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        out[("#type", fam.name)] = fam.type
+    return out
+
+m0 = scrape()
+for name, kind in [("ddiloco_merges", "counter"), ("ddiloco_tokens", "counter"),
+                   ("ddiloco_link_bytes", "counter"), ("ddiloco_unit_staleness", "gauge"),
+                   ("ddiloco_val_loss", "gauge"), ("ddiloco_goodput_ratio", "gauge"),
+                   ("ddiloco_unit_up", "gauge"), ("ddiloco_merge_rate", "gauge")]:
+    assert m0.get(("#type", name)) == kind, (name, m0.get(("#type", name)))
+for u in ("0", "1"):
+    assert m0[("ddiloco_unit_up", (("unit", u),))] == 1, u
+    for d in ("up", "down"):
+        assert m0[("ddiloco_link_bytes_total", (("direction", d), ("unit", u)))] > 0, (u, d)
+time.sleep(3)
+m1 = scrape()
+for key in [("ddiloco_merges_total", ()), ("ddiloco_tokens_total", ()),
+            ("ddiloco_unit_steps_total", (("unit", "0"),)),
+            ("ddiloco_link_bytes_total", (("direction", "up"), ("unit", "1")))]:
+    assert m1[key] > m0[key], (key, m0[key], m1[key])
+print(f"/metrics parses ({sum(1 for k in m1 if k[0] == '#type')} families); merges "
+      f"{m0[('ddiloco_merges_total', ())]:.0f} -> {m1[('ddiloco_merges_total', ())]:.0f}")
+
+status, ctype, text = get("api/state")
+st = json.loads(text)
+assert status == 200 and ctype.startswith("application/json") and st["schema"] == "ddiloco.status/1", st.get("schema")
+assert [u["state"] for u in st["units"]] == ["training", "training"], st["units"]
+assert st["run"]["units"] == 2 and st["run"]["isolated"] and st["actions"] == {"kill": True, "checkpoint": True, "stop": True}
+assert st["progress"]["merges"] >= m1[("ddiloco_merges_total", ())] and st["val_loss"], st["progress"]
+assert "syncer:" in st["config"] and secret not in text, "config missing, or the secret leaked"
+
+# Without the secret: refused, and nothing changes.
+for path in ("api/action/kill?unit=1", "api/action/checkpoint", "api/action/stop"):
+    for headers in ({}, {"Authorization": "Bearer " + secret[:-1] + "x"}, {"Authorization": "Bearer "},
+                    {"Authorization": secret}, {"Authorization": "Basic " + secret}):
+        code, body = post(path, headers)
+        assert code == 401 and "secret" in body["error"], (path, headers, code, body)
+bearer = {"Authorization": "Bearer " + secret}
+for path, want in [("api/action/kill?unit=2", 400), ("api/action/kill?unit=-1", 400),
+                   ("api/action/kill?unit=1x", 400), ("api/action/kill", 400),
+                   ("api/action/reboot", 404)]:
+    code, body = post(path, bearer)
+    assert code == want and body["error"], (path, code, body)
+try:
+    urllib.request.urlopen(url + "api/action/stop", timeout=10)
+    raise AssertionError("GET on an action was answered")
+except urllib.error.HTTPError as e:
+    assert e.code == 405 and e.headers["Allow"] == "POST", e.code
+time.sleep(1.5)  # the launcher's loop and the syncer's would have acted by now
+ev = [json.loads(l) for l in open("run/metrics.jsonl")]
+assert not [e for e in ev if e["event"] == "action"], "a refused request was acted on"
+assert not [l for l in open("run/launch.jsonl") if '"kill"' in l], "the launcher killed"
+assert not os.path.exists("run/requests") or not os.listdir("run/requests"), os.listdir("run/requests")
+assert [u["restarts"] for u in json.loads(get("api/state")[2])["units"]] == [0, 0]
+print("requests without the secret: 15 refused (401), nothing acted on; 400/404/405 as documented")
+
+# Hostile clients: merges go on meanwhile, and the page answers again once they are gone.
+host, port = addr["address"].rsplit(":", 1)
+stop = threading.Event()
+t_attack = json.loads(get("api/state")[2])["elapsed_s"]
+_, slow = http_load.slowloris(host, int(port), 40, stop)
+time.sleep(8)
+stop.set()
+time.sleep(1.5)
+flood = http_load.flood(url, 1000, workers=8)
+st = json.loads(get("api/state")[2])
+t_end = st["elapsed_s"]
+ev = [json.loads(l) for l in open("run/metrics.jsonl")]
+merges = [e for e in ev if e["event"] == "merge" and t_attack - 1 <= e["elapsed_s"] <= t_end]
+gaps = [(b["elapsed_s"] - a["elapsed_s"], b["period_s"]) for a, b in zip(merges, merges[1:])]
+worst = max(gaps, key=lambda g: g[0] / g[1])
+assert len(merges) > 10 and worst[0] <= 2 * worst[1], (len(merges), worst)
+assert flood[200] >= 990, dict(flood)  # a request may meet a connection the server just closed
+assert st["units"][0]["state"] == "training" and st["units"][1]["state"] == "training", st["units"]
+print(f"slowloris x40 for 8 s ({dict(slow)}), then 1000 requests ({dict(flood)}): "
+      f"{len(merges)} merges in {t_end - t_attack:.1f} s, longest gap {worst[0]:.2f} s "
+      f"(2 x period {2 * worst[1]:.2f} s)")
+PY
+stop_launch
+launch_left_nothing
+echo "status_metrics: passed"
