@@ -28,9 +28,6 @@ class GraceWindow {
   std::vector<double> state() const;
   /// Restores what state() returned; throws Error unless it has 7 values.
   void restore(const std::vector<double>& state);
-  double step_s() const { return step_; }
-  double quorum_s() const { return quorum_; }
-  double sync_s() const { return sync_; }
 
  private:
   static void update(double& ema, bool& seen, double x, double w);

@@ -138,8 +138,6 @@ class OuterOptimizer {
             double share = 1.0, bool warm = false);
 
   std::span<float> momentum(int p) { return momentum_[p]; }
-  double lr() const { return lr_; }
-  double momentum_coefficient() const { return mu_; }
 
  private:
   const protocol::FragmentPlan* plan_;

@@ -105,7 +105,6 @@ class UnitTrainer {
   void upload_state(bool optimizer = true);
   TrainStream* data() { return stream_.get(); }
   const Config& config() const { return config_; }
-  MPI_Comm comm() const { return comm_; }
   int64_t steps_done() const { return step_; }
   void set_steps_done(int64_t step) { step_ = step; }
   /// The inner step the learning-rate schedule reads from now on, instead of this unit's own
