@@ -77,7 +77,7 @@ enum Control : int {
   kHeartbeat = 0,   ///< learner: moves every inner step and while waiting; still when down
   kStepsDone,       ///< learner: inner steps completed
   kTokensDone,      ///< learner: tokens processed by the whole unit
-  kState,           ///< learner: UnitState
+  kState,           ///< learner: its UnitPhase
   kStop,            ///< syncer: 1 = stop at the next step boundary
   kStepTimeNs,      ///< learner: moving average of its inner-step time, nanoseconds
   kPublishSkipped,  ///< learner: snapshots not published because the outbox was still unread
@@ -101,7 +101,7 @@ enum Control : int {
                     ///< process died then, and the final one before kState = kDone
   /// syncer (isolated): tokens and inner steps of this unit's earlier processes, as the syncer
   /// counts them; written when a process connects, so that a restarted syncer reads its books
-  /// back from the live units (README "The syncer dying").
+  /// back from the live units (docs/deployments.md "The syncer dying").
   kTokensBefore = kTimeBook + 6,
   kStepsBefore,
   /// learner: offers made (+1 each time a restarted syncer admits it). An OFFER fills the
@@ -127,7 +127,9 @@ enum Control : int {
 };
 static_assert(kTrainLoss < kControlWords, "the control block is full");
 
-enum UnitState : int64_t { kStarting = 0, kRunning = 1, kDone = 2 };
+/// A unit's lifecycle phase, in its kState control word (not checkpoint::UnitState, a unit's
+/// checkpoint contents).
+enum UnitPhase : int64_t { kStarting = 0, kRunning = 1, kDone = 2 };
 
 /// int64 words of one fragment's header.
 enum Header : int {
@@ -175,7 +177,6 @@ class WindowLayout {
   size_t capacity(int p) const { return capacity_[p]; }
   size_t bytes() const { return bytes_; }
   size_t header_block_bytes() const { return header_block_; }  ///< control + all headers
-  static constexpr size_t control_offset() { return 0; }
   size_t header_offset(int p) const;
   size_t outbox_offset(int p) const { return outbox_[p]; }
   size_t inbox_offset(int p) const { return inbox_[p]; }
@@ -303,7 +304,7 @@ class SyncerWindow {
   /// The most a poll may take of each unit's link, bytes per second (0: no limit): polls of a
   /// unit are spaced by at least header_block_bytes() / budget seconds. Over a slow real link,
   /// where every read is a round trip with its transport's headers, unlimited polls would take
-  /// the link from the snapshots (README "Several hosts").
+  /// the link from the snapshots (docs/deployments.md "Several hosts").
   void set_poll_budget(double bytes_per_s) { poll_budget_ = bytes_per_s; }
   /// What fetch() found.
   struct Fetched {

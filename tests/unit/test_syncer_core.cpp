@@ -1146,7 +1146,7 @@ TEST(SyncerCore, ASignalsStopInStreamingMergesOnlyWithEveryUnit) {
 }
 
 
-// A syncer restarted mid-run (README "The syncer dying"): a new core over the same units'
+// A syncer restarted mid-run (docs/deployments.md "The syncer dying"): a new core over the same units'
 // windows. It reads the books of the units' earlier processes back from the live windows (the
 // job's token count goes on), serves no rejoin the previous one served, adopts the newest Θ_p
 // a unit offers, and delivers it to a unit that offered an older version once that unit has

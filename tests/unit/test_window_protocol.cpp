@@ -294,7 +294,7 @@ TEST(WindowProtocol, ASnapshotPublishedBeforeARejoinIsStillDecodedAfterTheServe)
   EXPECT_NE(syncer.fetch(0, 0, h[0], got).problem, "");
 }
 
-// A unit whose syncer was restarted hands back the Θ_p it holds (README "The syncer dying"):
+// A unit whose syncer was restarted hands back the Θ_p it holds (docs/deployments.md "The syncer dying"):
 // raw fp32 in its held inbox, with its version, read by the restarted syncer, which then holds
 // the unit's reference: the unit's unread snapshot, against that reference, is decoded.
 TEST(WindowProtocol, AnOfferOfThetaIsReadBackRawAndItsReferenceDecodesTheUnreadSnapshot) {
