@@ -60,7 +60,7 @@ struct EvalConfig {
   double temperature = 0.8;
 };
 
-/// How the ranks train together (see README "Modes").
+/// How the ranks train together (see docs/training.md "Modes").
 enum class Mode { single, ddp, diloco, streaming, decoupled };
 const char* mode_name(Mode mode);
 
@@ -151,7 +151,7 @@ struct SyncerConfig {
   /// A unit's outer gradient per inner step is scaled down to at most this many times the
   /// units' median vote (0: no bound; merge.hpp OuterGradientBound).
   double max_outer_grad_ratio = 8;
-  /// Isolated deployment (`ddiloco syncer` / `ddiloco unit`, README "Fault isolation"):
+  /// Isolated deployment (`ddiloco syncer` / `ddiloco unit`, docs/deployments.md "Fault isolation"):
   std::string listen = "127.0.0.1:0";  ///< syncer: IPv4 address:port to listen on (0 = any port)
   /// syncer: where the status page and /metrics are served (docs/status_page.md), IPv4
   /// address:port; "" = off (under `ddiloco launch`: 127.0.0.1:0), "off" = off there too
@@ -162,7 +162,7 @@ struct SyncerConfig {
   double link_min_mbit_s = 80;         ///< syncer: the slowest unit link its waits allow for
   bool signal_stops_units = true;      ///< syncer: a stop signal ends the units too
   /// syncer restarted mid-run: how long it waits for K units' copies of Θ before it goes on
-  /// with the best it has (README "The syncer dying"), seconds
+  /// with the best it has (docs/deployments.md "The syncer dying"), seconds
   double recover_timeout_s = 60;
 };
 
@@ -181,7 +181,9 @@ struct ChaosConfig {
   double link_mtbf_s = 0;       ///< mean gap between link degradations, s; 0 = none
   double link_duration_s = 20;
   double link_factor = 0.1;     ///< fraction of the bandwidth left
-  double link_mbps = 10;        ///< nominal unit ↔ syncer bandwidth the degradation slows, MB/s
+  /// The bandwidth a link degradation scales where wan.* leaves a unit's link unlimited,
+  /// Mbit/s (10 MB/s); a limited link's is its wan.bandwidth_mbit_s (unit_links.hpp).
+  static constexpr double kNominalLinkMbitS = 80;
   std::string schedule_file;    ///< YAML schedule to replay instead of drawing one
 
   bool enabled() const {
@@ -228,7 +230,7 @@ struct WanConfig {
   bool emulated(int units) const;
 };
 
-/// Checkpoints (README "Checkpoints and resume"): HDF5 files per role under
+/// Checkpoints (docs/checkpoints.md "Checkpoints and resume"): HDF5 files per role under
 /// <dir>/ckpt_<id>/, manifest.json written last. Modes diloco, streaming and decoupled.
 struct CheckpointConfig {
   int64_t every = 0;     ///< merges (modes single and ddp: inner steps) between two checkpoints; 0 = only at a stop

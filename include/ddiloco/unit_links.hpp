@@ -4,11 +4,12 @@
 // sleeps or moves bytes: the syncer reads and writes windows at once and compares these times
 // with its clock, so a slow link delays what a merge sees, never the syncer's loop.
 //
-// Two sources of delay, never both:
-//   - wan.* (an emulated link: bandwidth, latency, jitter), whose bandwidth a chaos link
-//     degradation scales down;
-//   - without wan.*, a chaos link degradation alone: a transfer of b raw bytes at the nominal
-//     chaos.link_mbps takes b·(1/factor − 1)/rate longer than it would have.
+// Two sources of delay:
+//   - wan.* (an emulated link: bandwidth, latency, jitter); a chaos link degradation scales a
+//     limited link's bandwidth (wan.bandwidth_mbit_s) down;
+//   - where wan.* leaves a unit's link unlimited, a chaos link degradation alone: a transfer
+//     of b raw bytes at the nominal rate r (ChaosConfig::kNominalLinkMbitS, 10 MB/s) takes
+//     b·(1/factor − 1)/r longer than it would have. (Latency and jitter, if set, still apply.)
 #pragma once
 
 #include <cstdint>
@@ -56,7 +57,7 @@ class UnitLinks {
  private:
   double factor(int u, double now_s) const;
   double degradation_s(int u, uint64_t raw_bytes, double now_s) const;
-  double link_mbps_;
+  std::vector<bool> limited_;  ///< per unit: has wan.* a bandwidth (it carries degradations)
   bool emulated_;
   double elapsed_before_s_ = 0;
   chaos::Schedule schedule_;

@@ -34,6 +34,8 @@ using config_schema::parse_value;
 using config_schema::positive;
 
 constexpr const char* kListHint = "`ddiloco config --list` shows the known keys";
+static_assert(ChaosConfig::kNominalLinkMbitS == 80,
+              "chaos.link_factor's doc and chaos.link_mbps's removal message say 80 Mbit/s");
 
 Entry<Config> mode_field() {
   Entry<Config> e;
@@ -292,12 +294,17 @@ const std::vector<Entry<Config>>& entries() {
       DDILOCO_FIELD(double, "chaos.link_duration_s", chaos.link_duration_s,
                     "length of a link degradation, seconds", positive<double>()),
       DDILOCO_FIELD(double, "chaos.link_factor", chaos.link_factor,
-                    "fraction of the link's bandwidth left during a degradation",
+                    "fraction of the link's bandwidth left during a degradation: of the unit's "
+                    "wan.bandwidth_mbit_s, or of a nominal 80 Mbit/s where wan.* leaves the link "
+                    "unlimited (a degraded transfer of b bytes then lands b·(1/f − 1)/(10 MB/s) "
+                    "later)",
                     in_range(0, 1, true, false)),
-      DDILOCO_FIELD(double, "chaos.link_mbps", chaos.link_mbps,
-                    "nominal unit-syncer bandwidth, MB/s: a degraded link (factor f) delays each "
-                    "transfer by bytes·(1/f − 1)/bandwidth",
-                    positive<double>()),
+      config_schema::removed_key<Config>(
+          "chaos.link_mbps",
+          "removed: a degraded link's bandwidth is the unit's wan.bandwidth_mbit_s (Mbit/s = 8 × "
+          "MB/s; setting it also emulates the link), or a nominal 80 Mbit/s (10 MB/s) where wan.* "
+          "leaves the link unlimited; delete the key",
+          "10"),
       DDILOCO_FIELD(std::string, "chaos.schedule_file", chaos.schedule_file,
                     "YAML fault schedule to replay instead of drawing one (see "
                     "chaos_schedule.yaml in a run directory)"),
@@ -310,7 +317,7 @@ const std::vector<Entry<Config>>& entries() {
                     "seconds between two checkpoints (taken at the first merge after; modes single and "
                     "ddp: the next step boundary), besides "
                     "checkpoint.every; 0 = none by time. What a restarted syncer that no unit can give "
-                    "Θ back to loses at most (README \"The syncer dying\")", at_least(0.0)),
+                    "Θ back to loses at most (docs/deployments.md \"The syncer dying\")", at_least(0.0)),
       DDILOCO_FIELD(std::string, "checkpoint.dir", checkpoint.dir,
                     "where checkpoints go (ckpt_<id>/ per checkpoint); empty = "
                     "<run.dir>/checkpoints"),
@@ -322,7 +329,8 @@ const std::vector<Entry<Config>>& entries() {
       // wan
       DDILOCO_FIELD(double, "wan.bandwidth_mbit_s", wan.bandwidth_mbit_s,
                     "each unit's emulated WAN link, each direction, Mbit/s (token bucket); 0 = "
-                    "unlimited. Scale it to the model: README, \"Emulated WAN links\"",
+                    "unlimited. Also the bandwidth a chaos link degradation scales "
+                    "(chaos.link_factor). Scale it to the model: docs/wan.md, \"Emulated WAN links\"",
                     at_least(0.0)),
       DDILOCO_FIELD(double, "wan.latency_ms", wan.latency_ms,
                     "one-way latency of each unit's link, ms", at_least(0.0)),
@@ -668,13 +676,14 @@ std::string to_yaml(const Config& config) { return config_schema::to_yaml(entrie
 
 std::vector<ConfigKeyDoc> config_keys(const Config& config) {
   std::vector<ConfigKeyDoc> docs;
-  for (const auto& e : entries()) docs.push_back({e.key, e.show(config), e.doc});
+  for (const auto& e : entries())
+    if (e.removed.empty()) docs.push_back({e.key, e.show(config), e.doc});
   return docs;
 }
 
 namespace {
 
-// What each mode does not use, and why (README, "Learner units and the syncer": the table of
+// What each mode does not use, and why (docs/training.md, "Learner units and the syncer": the table of
 // modes and OuterPlan::from).
 struct Unused {
   std::string prefix;  // a key, or a section ending in '.'

@@ -1,7 +1,8 @@
 // The machinery behind a table of configuration keys: typed parsing of YAML scalars and
-// lists, range checks that say what was expected, unknown-key suggestions, `--set key=value`
-// overrides and YAML output. Each configuration (the run's, the simulator's) declares its
-// table once with field<T>(key, accessor, doc, check) and gets loading and printing from here.
+// lists, range checks that say what was expected, unknown-key suggestions, removed keys that
+// say what replaced them, `--set key=value` overrides and YAML output. Each configuration
+// (the run's, the simulator's) declares its table once with field<T>(key, accessor, doc,
+// check) and gets loading and printing from here.
 // Errors are ddiloco::Error with a one-line message naming the source, the key and the
 // expected value, e.g. "configs/x.yaml: train.lr: must be > 0, got -0.001".
 #pragma once
@@ -40,6 +41,9 @@ struct Entry {
   std::function<std::string(const C&)> show;
   bool is_string = false;
   bool is_list = false;
+  /// Non-empty: a key the configuration no longer has (removed_key), and what to use
+  /// instead. Setting it fails with this; listings and YAML output leave it out.
+  std::string removed;
 };
 
 inline std::string scalar_text(const YAML::Node& node) {
@@ -183,6 +187,22 @@ Entry<C> field(std::string key, Access access, std::string doc, Check<T> check =
   return e;
 }
 
+// A key that was removed or renamed: a config that still sets it fails with
+// "<source>: <key>: <instead>" rather than an unknown-key guess. `old_default`, the value
+// every effective configuration (run.dir/config.yaml, a checkpoint's) written before the
+// removal lists, is accepted and ignored, so that older runs and checkpoints still load.
+template <typename C>
+Entry<C> removed_key(std::string key, std::string instead, std::string old_default) {
+  Entry<C> e;
+  e.key = std::move(key);
+  e.removed = instead;
+  e.parse = [instead, old_default](C&, const YAML::Node& node) {
+    if (!node.IsScalar() || scalar_text(node) != old_default) fail("{}", instead);
+  };
+  e.show = [](const C&) { return std::string(); };
+  return e;
+}
+
 template <typename T>
 Check<T> at_least(T lo) {
   return [lo](const T& v) { return v >= lo ? "" : fmt::format("must be ≥ {}", lo); };
@@ -253,10 +273,11 @@ template <typename C>
 const Entry<C>& find_entry(const std::vector<Entry<C>>& entries, const std::string& key,
                            const std::string& source, const std::string& list_hint) {
   for (const auto& e : entries)
-    if (e.key == key) return e;
+    if (e.key == key) return e;  // (a removed key's parse says what replaced it)
   const Entry<C>* best = nullptr;
   size_t best_d = 4;  // only suggest close matches
   for (const auto& e : entries) {
+    if (!e.removed.empty()) continue;
     const size_t d = edit_distance(key, e.key, best_d);
     if (d < best_d) {
       best_d = d;
@@ -271,7 +292,9 @@ template <typename C>
 bool is_section(const std::vector<Entry<C>>& entries, const std::string& key) {
   // e.key starts with key + "." (without building that string for every entry)
   for (const auto& e : entries)
-    if (e.key.size() > key.size() && e.key[key.size()] == '.' && e.key.starts_with(key)) return true;
+    if (e.removed.empty() && e.key.size() > key.size() && e.key[key.size()] == '.' &&
+        e.key.starts_with(key))
+      return true;
   return false;
 }
 
@@ -365,14 +388,14 @@ std::string to_yaml(const std::vector<Entry<C>>& entries, const C& config) {
       out << value;
   };
   for (const auto& e : entries) {
-    if (e.key.find('.') != std::string::npos) continue;
+    if (!e.removed.empty() || e.key.find('.') != std::string::npos) continue;
     out << YAML::Key << e.key << YAML::Value;
     emit_value(e);
   }
   std::string section;
   for (const auto& e : entries) {
     const size_t dot = e.key.find('.');
-    if (dot == std::string::npos) continue;
+    if (!e.removed.empty() || dot == std::string::npos) continue;
     const std::string s = e.key.substr(0, dot);
     if (s != section) {
       if (!section.empty()) out << YAML::EndMap;

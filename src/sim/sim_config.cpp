@@ -269,7 +269,8 @@ std::string to_yaml(const SimConfig& config) { return config_schema::to_yaml(ent
 
 std::vector<SimKeyDoc> sim_config_keys(const SimConfig& config) {
   std::vector<SimKeyDoc> docs;
-  for (const auto& e : entries()) docs.push_back({e.key, e.show(config), e.doc});
+  for (const auto& e : entries())
+    if (e.removed.empty()) docs.push_back({e.key, e.show(config), e.doc});
   return docs;
 }
 

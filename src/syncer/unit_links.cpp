@@ -6,10 +6,9 @@
 namespace ddiloco::syncer {
 
 UnitLinks::UnitLinks(const Config& config, int units)
-    : link_mbps_(config.chaos.link_mbps),
-      emulated_(wan::emulated(config)),
-      schedule_(chaos::Schedule::from_config(config.chaos, units)) {
+    : emulated_(wan::emulated(config)), schedule_(chaos::Schedule::from_config(config.chaos, units)) {
   for (int u = 0; u < units; ++u) chaos_.emplace_back(schedule_, u);
+  for (int u = 0; u < units; ++u) limited_.push_back(config.wan.bandwidth_of(u) > 0);
   for (int u = 0; u < units; ++u)
     links_.emplace_back(wan::link_spec(config, u), static_cast<uint64_t>(config.run.seed) * 1000 + u);
 }
@@ -18,13 +17,14 @@ double UnitLinks::factor(int u, double now_s) const {
   return chaos_[u].link_factor_at(elapsed_before_s_ + now_s);
 }
 
-// Without wan.*: how much longer a degraded link takes than its nominal chaos.link_mbps. The
-// syncer does not wait it out; what crosses counts, or lands, only once it is over.
+// A link wan.* leaves unlimited: how much longer a degraded transfer takes than at the nominal
+// rate. The syncer does not wait it out; what crosses counts, or lands, only once it is over.
 double UnitLinks::degradation_s(int u, uint64_t raw_bytes, double now_s) const {
-  if (emulated_) return 0.0;  // the emulated link carries the degradation (its rate factor)
+  if (limited_[u]) return 0.0;  // its token bucket carries the degradation (its rate factor)
   const double f = factor(u, now_s);
   if (f >= 1.0) return 0.0;
-  return static_cast<double>(raw_bytes) * (1.0 / f - 1.0) / (link_mbps_ * 1e6);
+  constexpr double kNominalBytesPerS = ChaosConfig::kNominalLinkMbitS * 1e6 / 8;
+  return static_cast<double>(raw_bytes) * (1.0 / f - 1.0) / kNominalBytesPerS;
 }
 
 wan::Transfer UnitLinks::snapshot(int u, uint64_t wire_bytes, uint64_t raw_bytes, double now_s) {

@@ -17,6 +17,7 @@
 #include "ddiloco/config.hpp"
 #include "ddiloco/error.hpp"
 #include "ddiloco/goodput.hpp"
+#include "ddiloco/unit_links.hpp"
 
 namespace ddiloco::chaos {
 namespace {
@@ -448,6 +449,42 @@ TEST(TimeBook, GoodputIsUsefulOverAllocatedAndSurvivesTheWire) {
   TimeBook sum = b;
   sum += c;
   EXPECT_DOUBLE_EQ(sum.goodput(), 0.72);
+}
+
+// One knob for a link's bandwidth: a degradation (factor f) scales the unit's
+// wan.bandwidth_mbit_s, or, where wan.* leaves the link unlimited, a nominal 80 Mbit/s
+// (10 MB/s): a transfer of b raw bytes then lands b·(1/f − 1)/(10 MB/s) later.
+TEST(UnitLinks, ADegradationScalesTheWanBandwidthOrTheNominalRate) {
+  const std::string path = chaos::write_file("link.yaml",
+                                      "faults:\n"
+                                      "  - {unit: 0, kind: link, start_s: 0, duration_s: 100, factor: 0.5}\n"
+                                      "  - {unit: 1, kind: link, start_s: 0, duration_s: 100, factor: 0.5}\n");
+  Config c;
+  c.units.count = 3;
+  c.chaos.schedule_file = path;
+  c.wan.burst_kb = 0;
+  constexpr uint64_t kMB = 1'000'000;
+  {
+    syncer::UnitLinks links(c, 3);  // no wan.*: every link unlimited, nominally 10 MB/s
+    EXPECT_FALSE(links.emulated());
+    // 1 MB at 5 MB/s rather than 10: 0.1 s late; the raw (fp32) bytes count, not the wire's.
+    EXPECT_DOUBLE_EQ(links.merged(0, kMB, kMB, 1.0), 1.1);
+    EXPECT_DOUBLE_EQ(links.snapshot(1, kMB / 4, kMB, 1.0).arrive_s, 1.1);
+    EXPECT_DOUBLE_EQ(links.merged(2, kMB, kMB, 1.0), 1.0);  // unit 2 is not degraded
+  }
+  // Unit 0 limited to 16 Mbit/s (2 MB/s), halved: 1 MB takes 1 s on its token bucket, and no
+  // nominal delay on top. Units 1 and 2 unlimited, with latency: unit 1's degradation is
+  // the nominal rate's again.
+  c.wan.unit_bandwidth_mbit_s = {16, 0, 0};
+  c.wan.latency_ms = 10;
+  {
+    syncer::UnitLinks links(c, 3);
+    EXPECT_TRUE(links.emulated());
+    EXPECT_DOUBLE_EQ(links.merged(0, kMB, kMB, 1.0), 1.0 + 1.0 + 0.01);
+    EXPECT_DOUBLE_EQ(links.merged(1, kMB, kMB, 1.0), 1.0 + 0.01 + 0.1);
+    EXPECT_DOUBLE_EQ(links.merged(2, kMB, kMB, 1.0), 1.0 + 0.01);
+  }
+  std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -50,6 +50,29 @@ TEST(Config, UnknownKeyIsNamedWithASuggestion) {
             "--set: unknown key 'model.n_layers' (did you mean 'model.n_layer'?)");
 }
 
+// chaos.link_mbps (MB/s) was a second knob for the bandwidth wan.bandwidth_mbit_s sets: a
+// config that still sets it is told what replaced it, from a file or --set, and it is no longer
+// listed or written out.
+TEST(Config, RemovedKeyNamesItsReplacement) {
+  const std::string advice =
+      "chaos.link_mbps: removed: a degraded link's bandwidth is the unit's wan.bandwidth_mbit_s "
+      "(Mbit/s = 8 × MB/s; setting it also emulates the link), or a nominal 80 Mbit/s (10 MB/s) "
+      "where wan.* leaves the link unlimited; delete the key";
+  EXPECT_EQ(error_of("chaos:\n  link_mbps: 20\n"), "c.yaml: " + advice);
+  EXPECT_EQ(error_of("chaos.link_mbps: 2.5\n"), "c.yaml: " + advice);
+  EXPECT_EQ(error_of("chaos:\n  link_mbps: {a: 1}\n"), "c.yaml: " + advice);
+  EXPECT_EQ(error_of("", {"chaos.link_mbps=20"}), "--set: " + advice);
+  // Its old default, which every effective configuration written before lists: accepted and
+  // ignored, so that earlier run directories and checkpoints still load.
+  EXPECT_EQ(error_of("chaos:\n  link_mbps: 10\n"), "");
+  EXPECT_EQ(error_of("", {"chaos.link_mbps=10"}), "");
+  // A removed key is never suggested for a near miss.
+  EXPECT_EQ(error_of("chaos:\n  link_mbp: 10\n"),
+            "c.yaml: unknown key 'chaos.link_mbp' (`ddiloco config --list` shows the known keys)");
+  for (const auto& k : config_keys()) EXPECT_NE(k.key, "chaos.link_mbps");
+  EXPECT_EQ(to_yaml(Config{}).find("link_mbps"), std::string::npos);
+}
+
 TEST(Config, LongUnknownKeyIsNamedWithoutASuggestion) {
   // Keys are compared with the known ones only while they can still be close (fuzz_config spent
   // most of its time computing full edit distances of long mutated keys).
@@ -172,7 +195,7 @@ TEST(Config, CudnnAttentionNeedsACudnnBuild) {
   EXPECT_EQ(gpu::unit_backend_cudnn_version(), 0);
   EXPECT_EQ(error_of("", {"run.device=cuda", "run.gpu_attention=cudnn"}),
             "c.yaml with --set: run.gpu_attention: cudnn needs a ddiloco built with cuDNN 9 "
-            "(CMake found none, or DDILOCO_CUDNN=OFF; README, Learner units on GPUs); this build "
+            "(CMake found none, or DDILOCO_CUDNN=OFF; docs/gpu.md, Learner units on GPUs); this build "
             "offers auto, cublas and flash");
   // On the CPU the key is not used, and not checked.
   EXPECT_NO_THROW(load_config("", {"run.gpu_attention=cudnn"}));
