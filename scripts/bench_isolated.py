@@ -21,7 +21,7 @@
 3. Heal time after a syncer kill (`--parts syncer`). The demo config under `ddiloco launch`,
    `--syncer-steps` inner steps, run twice: unkilled, and with the syncer killed with SIGKILL
    at `--syncer-kill-at` seconds (a `kill_syncer` fault the launcher carries out). The restarted
-   syncer recovers Θ from the units (README "The syncer dying"). Reported: what it recovered,
+   syncer recovers Θ from the units (docs/deployments.md "The syncer dying"). Reported: what it recovered,
    each unit's longest gap between two merges that include it (its heal time), the final global
    val_loss against the unkilled run's, and the tokens trained against the budget.
 Needs build/ddiloco and data/kjv (scripts/demo.sh prepares both).

@@ -116,7 +116,7 @@ def main():
     for kv in a.set:
         cmd += ["--set", kv]
     log = open(os.path.join(a.out, "launch.log"), "w")
-    # mpirun's environment (root allowed, its transports) as the README's commands have it.
+    # mpirun's environment (root allowed, its transports) as scripts/mpi_env.sh sets it.
     cmd = ["bash", "-c", 'source scripts/mpi_env.sh && exec "$@"', "bench_status_page"] + cmd
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -9,7 +9,7 @@ the same layout as model.h5), the run's configuration from the file's `config` a
 single: the manifest's `config`; data.val, eval.val_tokens), and the
 validation shards (llm.c format: 256 int32 header words, magic 20240520, then uint16 tokens);
 then runs GPT-2 forward in NumPy (float64) and prints val_loss=<mean nats/token>. It is an
-independent check of the layout documented in README "Checkpoints and resume": the number must
+independent check of the layout documented in docs/checkpoints.md "Checkpoints and resume": the number must
 match what `ddiloco eval --model CHECKPOINT` prints.
 
 The model mirrors src/model/ (scripts/torch_gpt.py is the PyTorch twin): pre-LayerNorm blocks

@@ -5,7 +5,7 @@
 #   scripts/demo.sh [--config configs/<name>.yaml] [--one-job] [--set key=value ...]
 # Modes with a syncer (decoupled, diloco, streaming) run in the isolated deployment by default:
 # `ddiloco launch` starts the syncer and every unit as its own process and restarts what dies
-# (README "Fault isolation"). --one-job runs them as one MPI job instead (`mpirun ddiloco
+# (docs/deployments.md "Fault isolation"). --one-job runs them as one MPI job instead (`mpirun ddiloco
 # train`), as ddp and single always do; the number of MPI ranks then comes from the config
 # (1 syncer + the units' ranks; 1 for mode single, or --ranks R to run a single unit on R ranks).
 set -euo pipefail

@@ -20,7 +20,7 @@ Printed and written (summary.md, summary.json, loss.png in --out):
     first global evaluation at or below it), final validation loss, tokens, train time;
   * per bandwidth: decoupled's speed-up to the target over ddp, and ddp's bytes per token over
     each outer run's;
-  * what the links emulate, by the scaling rule (README, "Emulated WAN links"): the time one
+  * what the links emulate, by the scaling rule (docs/wan.md, "Emulated WAN links"): the time one
     bf16 copy of the model takes on a link, in inner steps, and the bandwidth that gives a
     12B-parameter model with 1 s inner steps the same ratio;
   * a PNG of global validation loss against wall time, one panel per bandwidth.
@@ -127,7 +127,7 @@ def run_one(run, bandwidth, args, run_dir, target, seed):
                 proc.send_signal(signal.SIGUSR1)
                 stopped = True
         rc = proc.wait()
-    # An interrupted job exits with 128 + the signal (README, "Checkpoints and resume").
+    # An interrupted job exits with 128 + the signal (docs/checkpoints.md, "Checkpoints and resume").
     if rc != 0 and not (stopped and rc == 128 + signal.SIGUSR1):
         tail = open(os.path.join(run_dir, "console.log")).read()[-2000:]
         raise RuntimeError(f"{run['name']} at {bandwidth} Mbit/s failed (exit {rc}):\n{tail}")

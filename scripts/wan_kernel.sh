@@ -1,5 +1,5 @@
 #!/bin/bash
-# Kernel-shaped WAN links beside the in-program emulator (README "Several hosts"), on one
+# Kernel-shaped WAN links beside the in-program emulator (docs/deployments.md "Several hosts"), on one
 # machine: the syncer and each unit in their own network namespace (tests/e2e/lib/hosts.sh),
 # the isolated deployment (`ddiloco syncer`, `ddiloco unit`) over UCX/TCP on veth links.
 # Each run spec runs twice:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Submits the isolated deployment (README "Several hosts"): the syncer's job, then the units'
+# Submits the isolated deployment (docs/deployments.md "Several hosts"): the syncer's job, then the units'
 # job array, which starts once the syncer's job has started (--dependency=after). The syncer
 # is submitted held and released only once the array was accepted, so that a rejected array
 # leaves nothing queued. Prints both job ids. Extra sbatch options for the units go in

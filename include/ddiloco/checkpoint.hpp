@@ -1,5 +1,5 @@
 // Checkpoints of a multi-unit job: one HDF5 file per role (serial HDF5, one writing rank per
-// file), a manifest written last (README, "Checkpoints and resume").
+// file), a manifest written last (docs/checkpoints.md, "Checkpoints and resume").
 //
 // <checkpoint.dir>/ckpt_<id, 8 digits>/
 //   unit_<u>.h5   written by unit u's leader at a step boundary (diloco: a round boundary)

@@ -28,7 +28,7 @@ struct DataCursor {
 /// stream's next B sequences, B independent draws of the shuffled order rather than one
 /// contiguous span of B·T+1 tokens (whose B rows, 4 KB of one passage, were so correlated that
 /// one rank's batch of 32 trained 11 % worse than four ranks' batches of 8 on the same tokens:
-/// README, "Batches"). A stream's batches per epoch are its sequences ÷ B; the few left over at
+/// docs/model.md, "Batches"). A stream's batches per epoch are its sequences ÷ B; the few left over at
 /// an epoch's end are not used. Each stream's batches depend only on (files, B, T, seed,
 /// stream_index, stream_count).
 class TrainStream {

@@ -1,4 +1,4 @@
-// The isolated deployment (README "Fault isolation"): the syncer is its own process and each
+// The isolated deployment (docs/deployments.md "Fault isolation"): the syncer is its own process and each
 // learner unit its own MPI job, linked over UCX (ucx_link.hpp), so that a unit whose process
 // or node dies stops nobody and a new process of it rejoins.
 //

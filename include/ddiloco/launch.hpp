@@ -137,7 +137,7 @@ class Supervisor {
 };
 
 /// `ddiloco launch`'s exit status when the syncer was restarted with no checkpoint and no unit
-/// holding Θ, so that the run's Θ was re-initialised mid-run (README "The syncer dying"), and
+/// holding Θ, so that the run's Θ was re-initialised mid-run (docs/deployments.md "The syncer dying"), and
 /// the run otherwise ended well; not with --resume never.
 inline constexpr int kThetaLostStatus = 3;
 

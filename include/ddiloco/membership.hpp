@@ -1,5 +1,5 @@
 // Who may join the syncer, and what it knows of each unit's presence: the isolated
-// deployment's membership (README "Fault isolation"), kept apart from any transport so that
+// deployment's membership (docs/deployments.md "Fault isolation"), kept apart from any transport so that
 // its decisions are unit-tested on their own.
 //
 // A unit job connects and says who it is (Hello). The syncer admits it only if it presents the

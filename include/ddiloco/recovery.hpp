@@ -1,4 +1,4 @@
-// Recovery of Θ from the units (README "The syncer dying"): a syncer restarted mid-run holds
+// Recovery of Θ from the units (docs/deployments.md "The syncer dying"): a syncer restarted mid-run holds
 // at best its last checkpoint, but every unit holds the newest merged fragments it was sent,
 // copies of Θ_p at a known version. The restarted syncer asks every unit that reconnects for
 // them (the unit's offer, sync_window.hpp kOfferFor), takes the newest version of each

@@ -5,7 +5,7 @@
 // parallel without elasticity, elastic data parallel, and Decoupled DiLoCo, 150k–2.4M chips,
 // every chip failing on average once a year.
 //
-// The model (README "Goodput simulator" states it in full, with the source of each part):
+// The model (docs/simulator.md "Goodput simulator" states it in full, with the source of each part):
 //   * Faults. Chip failures are a Poisson process: each healthy chip fails at rate
 //     1/chips.mtbi_hours; a failed chip is back (repaired, or replaced by a hot spare) after a
 //     recovery time drawn from chips.recovery (fixed | exponential | lognormal). The fault
@@ -75,7 +75,7 @@ struct SimConfig {
   std::string recovery = "fixed";      ///< fixed | exponential | lognormal
   /// Mean time until a failed chip is back (repaired, or a hot spare swapped in), minutes.
   /// Fitted with dp.checkpoint_seconds to the paper's dp goodput at 150k and 1.2M chips
-  /// (README "Goodput simulator", calibration).
+  /// (docs/simulator.md "Goodput simulator", calibration).
   double recovery_minutes = 0.02947;
   double recovery_sigma = 0.5;         ///< lognormal: σ of log(recovery time)
   double speed_sigma = 0;              ///< σ of a chip's log step-time factor; 0 = all equal

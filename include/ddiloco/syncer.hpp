@@ -21,7 +21,7 @@ struct SyncerLink {
   comm::RemoteMemory* remote = nullptr;
   comm::UnitListener* listener = nullptr;
   std::string run_id, secret;
-  /// The syncer of this run died and this one replaces it (README "The syncer dying"): it
+  /// The syncer of this run died and this one replaces it (docs/deployments.md "The syncer dying"): it
   /// recovers Θ from the units' copies before anything else, and goes on with the same run.
   bool recover = false;
 };

@@ -1,4 +1,4 @@
-// The syncer's decisions (docs/algorithm.md, "Syncer, for each fragment round"; README "Learner
+// The syncer's decisions (docs/algorithm.md, "Syncer, for each fragment round"; docs/training.md "Learner
 // units and the syncer"), apart from processes, files and the job's end: which snapshots are
 // read and when they count, when a fragment is merged (minimum quorum K, adaptive grace
 // window), with what token weights, what is delivered to whom under flow control, the order in

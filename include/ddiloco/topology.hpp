@@ -19,7 +19,7 @@ class Topology {
   /// The one-job deployment. Collective over `world`. Throws Error when the world size is not
   /// what the configuration needs (1 syncer + Σ units.ranks).
   Topology(const Config& config, MPI_Comm world);
-  /// The isolated deployment (README "Fault isolation"): `world` is one process's or one
+  /// The isolated deployment (docs/deployments.md "Fault isolation"): `world` is one process's or one
   /// unit job's own MPI world. unit < 0: the syncer, alone in `world`; otherwise the ranks of
   /// unit `unit` (as many as units.ranks[unit]), on the data streams they would have in the
   /// one-job layout. No sync or leaders communicator: the link to the syncer is the UCX

@@ -151,7 +151,7 @@ std::unique_ptr<UnitBackend> make_unit_backend(const Config& config, MPI_Comm un
 void validate(const Config& config);
 
 /// Which attention path run.gpu_attention selects for a model ("flash", "cublas" or
-/// "cudnn"): auto → cublas, the faster of our own kernels measured on an H200 (README, "Speed
+/// "cudnn"): auto → cublas, the faster of our own kernels measured on an H200 (docs/gpu.md, "Speed
 /// on an H200"); cudnn is chosen by name only until a device run has measured it.
 std::string resolve_attention(const Config& config);
 

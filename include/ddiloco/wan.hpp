@@ -15,7 +15,7 @@
 // Nothing here sleeps: callers compare the returned times with their clock (the syncer counts a
 // snapshot from its arrival, a ddp leader waits for it).
 //
-// Scaling rule (README, "Emulated WAN links"): what decides how a mode behaves on a link is how
+// Scaling rule (docs/wan.md, "Emulated WAN links"): what decides how a mode behaves on a link is how
 // many inner steps a transfer takes, bytes / bandwidth ÷ step time. A model of N parameters with
 // step time T on bandwidth B behaves like one of N' parameters, step time T', on
 //   B' = B · (N' / N) · (T / T'),

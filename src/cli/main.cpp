@@ -324,7 +324,7 @@ Command launch_command(CLI::App& app) {
 Command syncer_command(CLI::App& app) {
   auto args = std::make_shared<ConfigArgs>();
   CLI::App* sub = app.add_subcommand(
-      "syncer", "the isolated deployment's syncer, one process (README \"Fault isolation\")");
+      "syncer", "the isolated deployment's syncer, one process (docs/deployments.md \"Fault isolation\")");
   args->add_to(sub, true);
   sub->add_flag("--overwrite", args->overwrite, "replace the outputs of a previous run in run.dir");
   sub->add_option("--resume", args->resume,

@@ -270,7 +270,7 @@ int run_syncer_process(const Config& config, bool overwrite, const std::string& 
                                 syncer::SyncerLink{&link, &link, rv.run_id, rv.secret, restart});
   // A unit that starts after the end finds no syncer instead of a dead address. A syncer that
   // leaves its units training (its job requeued: syncer.signal_stops_units off) keeps the file:
-  // its next start is a restart, which recovers Θ from them (README "The syncer dying").
+  // its next start is a restart, which recovers Θ from them (docs/deployments.md "The syncer dying").
   if (signal == 0 || config.syncer.signal_stops_units) {
     std::error_code ec;
     std::filesystem::remove(protocol::Rendezvous::addr_file(config.run.dir), ec);

@@ -108,7 +108,7 @@ LaunchPlan plan_launch(const Config& config, const LaunchArgs& args) {
   }
   if (args.overwrite) plan.syncer.argv.push_back("--overwrite");
   // A restarted syncer replaces the dead one: its newest checkpoint and the units' copies of
-  // Θ (README "The syncer dying"); with --resume never it starts a fresh run.
+  // Θ (docs/deployments.md "The syncer dying"); with --resume never it starts a fresh run.
   plan.syncer.restart_argv.push_back("--resume");
   plan.syncer.restart_argv.push_back(args.resume == "never" ? "never" : "auto");
   for (int u = 0; u < config.units.count; ++u) {

@@ -1,4 +1,4 @@
-// ddp's gradient averaging across units (README "Learner units and the syncer"): the unit's
+// ddp's gradient averaging across units (docs/training.md "Learner units and the syncer"): the unit's
 // gradients are summed to its leader, summed across leaders over the WAN links (the leaders'
 // ring, wan.hpp), averaged over every learner rank, and broadcast in the unit.
 #pragma once

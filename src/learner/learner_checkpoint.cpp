@@ -1,4 +1,4 @@
-// This unit's part of a checkpoint (checkpoint.hpp, README "Checkpoints and resume"). The
+// This unit's part of a checkpoint (checkpoint.hpp, docs/checkpoints.md "Checkpoints and resume"). The
 // syncer coordinates: it asks every unit for checkpoint N (kCheckpointWant); each leader
 // writes unit_<u>.h5 into N's directory at its next step boundary and says so
 // (kCheckpointDone, or kCheckpointFailed); once every unit has (a silent one is not waited

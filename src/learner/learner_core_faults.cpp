@@ -1,4 +1,4 @@
-// The leader's fault decisions (learner_core.hpp; README "Faults, rejoin and goodput"): a
+// The leader's fault decisions (learner_core.hpp; docs/faults.md "Faults, rejoin and goodput"): a
 // chaos crash, a diverged step, a restarted syncer — each ends in a start over from the
 // syncer's Θ —, the rejoin's protocol, and the debug.crash_during_read test hook.
 #include <algorithm>

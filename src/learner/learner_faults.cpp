@@ -1,4 +1,4 @@
-// Faults on a learner, carried out on every rank (README "Faults, rejoin and goodput"): a
+// Faults on a learner, carried out on every rank (docs/faults.md "Faults, rejoin and goodput"): a
 // crash the core decided (chaos, a diverged step, a restarted syncer) ends in a rejoin from
 // the syncer's Θ; the isolated deployment's join is a rejoin with nothing lost.
 #include <algorithm>

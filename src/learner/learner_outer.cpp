@@ -1,5 +1,5 @@
 // The outer loop on a learner, carried out: snapshots of due fragments out to the syncer,
-// merged fragments applied on every rank (README "Learner units and the syncer"). What is due
+// merged fragments applied on every rank (docs/training.md "Learner units and the syncer"). What is due
 // and when a merge applies is the core's (learner_core.hpp).
 #include <algorithm>
 #include <utility>
@@ -75,7 +75,7 @@ void Learner::record_sends(const Actions& actions) {
   }
 }
 
-// Every rank: θ_p takes the merged Θ_p at `version` as outer.apply says (README).
+// Every rank: θ_p takes the merged Θ_p at `version` as outer.apply says (docs/training.md).
 void Learner::apply_merge(int p, int64_t version) {
   FragmentWork& w = work_[p];
   if (gpu_ && !set_.blend && !core_->settings().carry) {

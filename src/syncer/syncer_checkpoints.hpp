@@ -1,4 +1,4 @@
-// The syncer's side of a checkpoint (checkpoint.hpp; README "Checkpoints"): it asks every unit
+// The syncer's side of a checkpoint (checkpoint.hpp; docs/checkpoints.md "Checkpoints"): it asks every unit
 // for its file, and once all are written (or linked from an earlier checkpoint for a unit that
 // finished or is silent) writes its own part and the manifest last, so that the syncer's part
 // is newer than every unit's: what resuming assumes (learner resume, checkpoint.hpp).

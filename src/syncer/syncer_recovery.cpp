@@ -1,4 +1,4 @@
-// A syncer restarted mid-run (README "The syncer dying"): before it merges, delivers or serves
+// A syncer restarted mid-run (docs/deployments.md "The syncer dying"): before it merges, delivers or serves
 // anything, it recovers Θ from the units. Every unit that reconnects to it hands back the
 // newest copy of each Θ_p it holds (learner_faults.cpp offer_theta; sync_window.hpp,
 // kOfferFor). Once enough units have (recovery.hpp says when), the newest version of each

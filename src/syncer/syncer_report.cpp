@@ -180,7 +180,7 @@ nlohmann::json Syncer::done_event(const Outcome& o) {
           {"unit_restarts", members_ ? members_->total_restarts() : 0},
           {"heal_s_mean", heal_mean},
           {"heal_s_max", heal_max},
-          // A syncer restarted mid-run: what it recovered (README "The syncer dying").
+          // A syncer restarted mid-run: what it recovered (docs/deployments.md "The syncer dying").
           {"syncer_recovered", restart_.recovered.is_null() ? nlohmann::json() : restart_.recovered},
           {"theta_reinitialised", restart_.theta_reinitialised},
           {"model", o.model_path.string()}};

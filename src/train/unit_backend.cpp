@@ -16,7 +16,7 @@ long g_cudnn_version = 0;
 void validate_cudnn(const Config& c) {
   if (g_cudnn_version == 0)
     fail("run.gpu_attention: cudnn needs a ddiloco built with cuDNN 9 (CMake found none, or "
-         "DDILOCO_CUDNN=OFF; README, Learner units on GPUs); this build offers auto, cublas "
+         "DDILOCO_CUDNN=OFF; docs/gpu.md, Learner units on GPUs); this build offers auto, cublas "
          "and flash");
   const SdpaLayout layout =
       sdpa_layout(c.train.batch_size, c.model.seq_len, c.model.n_embd, c.model.n_head);

@@ -3,7 +3,7 @@
 # checkpoint) then resumed with --resume auto all end on bit-identical parameters, with the
 # same losses and data positions at every logged step (no batch skipped or repeated). Unit 1
 # has two ranks: each rank's own data cursor is saved and restored.
-# Decoupled and streaming resume consistently, not bit for bit (README, "Exact resume"): what is
+# Decoupled and streaming resume consistently, not bit for bit (docs/checkpoints.md, "Exact resume"): what is
 # deterministic in them is checked after the same kind of stop and resume, every unit's data
 # position and tokens at every step both runs logged.
 source "$(dirname "$0")/lib/common.sh"

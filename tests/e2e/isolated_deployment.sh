@@ -1,4 +1,4 @@
-# The isolated deployment by hand (README "Fault isolation"): the syncer and each unit are
+# The isolated deployment by hand (docs/deployments.md "Fault isolation"): the syncer and each unit are
 # their own processes, started in any order; a unit whose leader is killed with SIGKILL stops
 # nobody, and a new process of it rejoins. Checked, with real processes and signals:
 #   - a unit started before the syncer waits for it, then joins;

@@ -1,4 +1,4 @@
-# Real faults under `ddiloco launch` (README "Fault isolation"): SIGKILL of a non-leader rank of
+# Real faults under `ddiloco launch` (docs/deployments.md "Fault isolation"): SIGKILL of a non-leader rank of
 # a 2-rank unit (a chaos `kill` the launcher carries out), then of a unit's leader and of the
 # syncer (sent by this test once the previous fault has healed). The 2-rank unit shards AdamW's
 # state over its ranks (units.zero: 1): its checkpoints gather the shards, and its restarted

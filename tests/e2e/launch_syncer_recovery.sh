@@ -1,4 +1,4 @@
-# The syncer's death loses nothing (README "The syncer dying"): under `ddiloco launch`, with a
+# The syncer's death loses nothing (docs/deployments.md "The syncer dying"): under `ddiloco launch`, with a
 # fixed token budget, the syncer is killed with SIGKILL
 #   1. before its first checkpoint;
 #   2. while a unit's new process is rejoining (its leader was killed just before);

@@ -1,4 +1,4 @@
-# Partitions between data centres that heal (README "Several hosts"): the syncer and two units
+# Partitions between data centres that heal (docs/deployments.md "Several hosts"): the syncer and two units
 # in their own network namespaces, joined by veth links (tests/e2e/lib/hosts.sh); the links
 # are cut with `ip link set ... down`, and every process stays alive throughout. Checked:
 #   1. unit 1 cut until the syncer declares it lost for its heartbeat, then restored at once:

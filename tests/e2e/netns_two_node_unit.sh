@@ -1,4 +1,4 @@
-# A unit of two "nodes" in one data centre (README "Several hosts"): unit 1's two ranks run in
+# A unit of two "nodes" in one data centre (docs/deployments.md "Several hosts"): unit 1's two ranks run in
 # two network namespaces, launched by one mpirun whose launch agent enters the other
 # namespace (tests/e2e/lib/netns_rsh.sh as --mca plm_rsh_agent), with the syncer and unit 0
 # in namespaces of their own (tests/e2e/lib/hosts.sh). Checked:

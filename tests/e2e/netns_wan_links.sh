@@ -1,4 +1,4 @@
-# Kernel-shaped WAN links beside the in-program emulator (README "Several hosts"): runs
+# Kernel-shaped WAN links beside the in-program emulator (docs/deployments.md "Several hosts"): runs
 # scripts/wan_kernel.sh on a small decoupled job, two units, links of 4 Mbit/s each way
 # (tc tbf on veth pairs between network namespaces), then the same over unlimited veths with
 # the emulator at 4 Mbit/s. Checked:
@@ -8,7 +8,7 @@
 #   - the syncer's byte count is the wire's: bytes per token as the syncer counts them within
 #     20 % of what the veths carried (TCP and UCX headers included);
 # and both runs complete their token budget; the side-by-side table is printed. Whole runs'
-# time to target is compared by hand (README: a run this short on a loaded CI machine is
+# time to target is compared by hand (docs/deployments.md: a run this short on a loaded CI machine is
 # noise): reported, not asserted.
 # Skipped (77) where network namespaces or tc cannot be used (not root, no CAP_NET_ADMIN).
 source "$(dirname "$0")/lib/common.sh"

@@ -1,4 +1,4 @@
-"""The model survives a killed syncer (README "The syncer dying"): for the kill tests.
+"""The model survives a killed syncer (docs/deployments.md "The syncer dying"): for the kill tests.
 
 check(events, tol) takes the syncer's metrics.jsonl events, which hold every syncer process of
 the run, each from its `start`. For every syncer that replaced a dead one it checks that Θ was
