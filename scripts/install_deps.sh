@@ -29,8 +29,9 @@ packages=(
   libucx-dev ucx-utils
   # the secure link modes (authenticated, encrypted): TLS 1.3 with a PSK, HKDF, HMAC (OpenSSL 3)
   libssl-dev
-  # the syncer's status page and /metrics (src/syncer/status_server.cpp)
-  libcpp-httplib-dev
+  # the syncer's status page and /metrics (src/syncer/status_server.cpp); cpp-httplib's client
+  # asks it in `ddiloco status` and the tests
+  libcivetweb-dev libcpp-httplib-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   # fuzzing (scripts/fuzz.sh, the fuzz preset): clang, libFuzzer and the sanitizers' runtimes,

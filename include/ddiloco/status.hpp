@@ -1,8 +1,11 @@
 // The files around the syncer's status page (docs/status_page.md), in run.dir:
 //   syncer.http         where the page is served (JSON: address, pid, host); written once the
 //                       server listens, removed when the syncer ends (`ddiloco status` reads it)
-//   requests/kill-N.json  a kill the page asked for ({"unit": U}), for `ddiloco launch`'s
-//                       supervisor to carry out as a chaos kill and remove
+//   status.secret       the secret of the page's actions (0600), made by each syncer process
+//                       that serves the page; not the run's secret, which admits units
+//   requests/kill-P-N.json  a kill the page asked for ({"unit": U}; P the syncer's pid, N its
+//                       count), for `ddiloco launch`'s supervisor to carry out as a chaos kill
+//                       and remove
 #pragma once
 
 #include <cstdint>
@@ -28,9 +31,12 @@ struct HttpAddress {
   static std::optional<HttpAddress> read(const std::filesystem::path& run_dir);
 };
 
+/// run.dir/status.secret.
+std::filesystem::path status_secret_file(const std::filesystem::path& run_dir);
+
 /// Asks `ddiloco launch` for a SIGKILL of unit `unit`'s rank 0: writes
-/// run.dir/requests/kill-<n>.json atomically (the directory made 0700). Throws Error naming
-/// the file.
+/// run.dir/requests/kill-<this pid>-<n>.json atomically (the directory made 0700). Throws
+/// Error naming the file.
 void launch_request_kill(const std::filesystem::path& run_dir, int unit, int64_t n);
 
 /// A kill request taken from run.dir/requests.

@@ -8,6 +8,7 @@
 
 #include "cli/commands.hpp"
 #include "ddiloco/error.hpp"
+#include "ddiloco/metrics.hpp"
 #include "ddiloco/signals.hpp"
 #include "ddiloco/status.hpp"
 
@@ -15,11 +16,29 @@ namespace ddiloco::cli {
 
 namespace {
 
+// Printable: a peer's strings may carry terminal escapes, C0 or C1 (UTF-8 C2 80..9F) controls.
+std::string clean(std::string s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) s[i] = '?';
+    if (c == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+        static_cast<unsigned char>(s[i + 1]) <= 0x9f)
+      s.replace(i, 2, "?");
+  }
+  return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+}
+
+// A boolean field, false unless it is one.
+bool flag(const nlohmann::json& j, const char* key) {
+  const auto it = j.is_object() ? j.find(key) : j.end();
+  return it != j.end() && it->is_boolean() && it->get<bool>();
+}
+
 // A field of an untrusted answer: its value when it has the type asked for, else `fallback`.
 std::string text(const nlohmann::json& j, const char* key, const std::string& fallback = "-") {
   const auto it = j.is_object() ? j.find(key) : j.end();
   if (it == j.end()) return fallback;
-  if (it->is_string()) return it->get<std::string>();
+  if (it->is_string()) return clean(it->get<std::string>());
   if (it->is_number_integer()) return std::to_string(it->get<int64_t>());
   if (it->is_number()) return fmt::format("{:.4g}", it->get<double>());
   if (it->is_boolean()) return it->get<bool>() ? "yes" : "no";
@@ -43,13 +62,6 @@ std::string fixed(double x, const char* format, const std::string& suffix = "") 
   return std::isfinite(x) ? fmt::format(fmt::runtime(format), x) + suffix : "-";
 }
 
-// Printable: a host name or a reason from a peer may carry terminal escapes.
-std::string clean(std::string s) {
-  for (char& c : s)
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
-  return s.size() > 60 ? s.substr(0, 57) + "..." : s;
-}
-
 std::string header(const nlohmann::json& state) {
   const nlohmann::json& run = state.contains("run") ? state["run"] : nlohmann::json::object();
   const nlohmann::json& pr = state.contains("progress") ? state["progress"] : nlohmann::json::object();
@@ -69,8 +81,8 @@ std::string header(const nlohmann::json& state) {
                      text(pr, "merges"), fixed(number(pr, "merge_rate_per_s"), "{:.2f}"), val,
                      fixed(100 * number(gp, "ratio"), "{:.1f}", " %"),
                      fixed(number(gp, "global_downtime_s"), "{:.1f}", " s"));
-  for (const char* flag : {"stopping", "checkpoint_wanted", "recovering"})
-    if (pr.is_object() && pr.value(flag, false)) out += fmt::format(" · {}", flag);
+  for (const char* key : {"stopping", "checkpoint_wanted", "recovering"})
+    if (flag(pr, key)) out += fmt::format(" · {}", key);
   return out + "\n";
 }
 
@@ -109,25 +121,38 @@ std::string format_status(const nlohmann::json& state) {
 }
 
 int status(const StatusOptions& o) {
+  constexpr size_t kMaxAnswer = 64 << 20;
   const auto addr = HttpAddress::read(o.run_dir);
   if (!addr)
     fail("status: no {} (no syncer of this run is serving its status page: not started, ended, or "
          "syncer.http off)", HttpAddress::file(o.run_dir).string());
   const auto colon = addr->address.rfind(':');
-  httplib::Client client(addr->address.substr(0, colon), std::stoi(addr->address.substr(colon + 1)));
+  // Served on every interface: this host's loopback, or the syncer's host by name.
+  std::string ip = addr->address.substr(0, colon);
+  if (ip == "0.0.0.0") ip = addr->host.empty() || addr->host == host_name() ? "127.0.0.1" : addr->host;
+  httplib::Client client(ip, std::stoi(addr->address.substr(colon + 1)));
   const auto timeout = std::chrono::duration<double>(o.timeout_s);
   client.set_connection_timeout(std::chrono::duration_cast<std::chrono::microseconds>(timeout));
   client.set_read_timeout(std::chrono::duration_cast<std::chrono::microseconds>(timeout));
   install_stop_signals();
   for (;;) {
-    const httplib::Result r = client.Get("/api/state");
+    // At most kMaxAnswer bytes: the address file may name another program's port.
+    std::string body;
+    const httplib::Result r = client.Get("/api/state", [&](const char* data, size_t n) {
+      body.append(data, n);
+      return body.size() <= kMaxAnswer;
+    });
     if (!r)
       fail("status: {} (from {}) does not answer: {} (the syncer has ended or is restarting)", addr->url(),
            HttpAddress::file(o.run_dir).string(), httplib::to_string(r.error()));
-    if (r->status != 200) fail("status: {}api/state answered {}: {}", addr->url(), r->status, clean(r->body));
-    const nlohmann::json state = nlohmann::json::parse(r->body, nullptr, false);
+    if (r->status != 200) fail("status: {}api/state answered {}: {}", addr->url(), r->status, clean(body));
+    const nlohmann::json state = nlohmann::json::parse(body, nullptr, false);
     if (state.is_discarded() || !state.is_object())
       fail("status: {}api/state: the answer is not a JSON object", addr->url());
+    const auto run = state.find("run");
+    if (run == state.end() || !run->is_object() || run->value("pid", nlohmann::json()) != nlohmann::json(addr->pid))
+      fail("status: {} answers, but not as the syncer (pid {}) that {} names: that syncer has ended",
+           addr->url(), addr->pid, HttpAddress::file(o.run_dir).string());
     if (o.json) {
       std::printf("%s\n", state.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {

@@ -241,6 +241,8 @@ class Run {
     ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     children_.push_back(Child{.spec = syncer});
     for (const ChildSpec& u : units) children_.push_back(Child{.spec = u});
+    // Requests an earlier launch left (posted as it stopped) are not this one's to carry out.
+    if (!o_.run_dir.empty()) take_kill_requests(o_.run_dir, static_cast<int>(units.size()));
     for (Child& c : children_) {
       // Units are not started for a syncer that could not be, nor after a stop signal.
       if (stopping_ || children_[0].state == State::given_up) break;

@@ -2,6 +2,7 @@
 #include "ddiloco/status.hpp"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,8 @@
 #include "ddiloco/run_dir.hpp"
 
 namespace ddiloco {
+
+std::filesystem::path status_secret_file(const std::filesystem::path& run_dir) { return run_dir / "status.secret"; }
 
 std::filesystem::path HttpAddress::file(const std::filesystem::path& run_dir) { return run_dir / "syncer.http"; }
 
@@ -47,7 +50,7 @@ void launch_request_kill(const std::filesystem::path& run_dir, int unit, int64_t
   const std::filesystem::path dir = request_dir(run_dir);
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
     fail("{}: cannot create the launcher's request directory: {}", dir.string(), std::strerror(errno));
-  write_text_atomically(dir / fmt::format("kill-{:06d}.json", n), nlohmann::json{{"unit", unit}}.dump() + "\n", 0600);
+  write_text_atomically(dir / fmt::format("kill-{:010d}-{:06d}.json", ::getpid(), n), nlohmann::json{{"unit", unit}}.dump() + "\n", 0600);
 }
 
 std::vector<KillRequest> take_kill_requests(const std::filesystem::path& run_dir, int units) {

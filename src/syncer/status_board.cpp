@@ -13,7 +13,7 @@ StatusBoard::StatusBoard(int units)
       last_loss_(units, std::numeric_limits<double>::quiet_NaN()),
       val_(std::make_shared<std::vector<std::array<double, 3>>>()),
       train_(std::make_shared<std::vector<std::array<double, 4>>>()),
-      events_(std::make_shared<std::vector<nlohmann::json>>()) {}
+      events_shared_(std::make_shared<std::vector<nlohmann::json>>()) {}
 
 namespace {
 
@@ -53,7 +53,11 @@ void StatusBoard::event(const nlohmann::json& e) {
                       std::numeric_limits<size_t>::max());
     return;
   }
-  events_ = appended(*events_, e, kEvents);
+  // Copied for readers at the next publication, not here: a unit that makes the syncer log
+  // many events costs the merge loop a push each.
+  events_.push_back(e);
+  if (events_.size() > kEvents) events_.pop_front();
+  events_dirty_ = true;
 }
 
 void StatusBoard::train_loss(int u, double loss, int64_t tokens, double now_s) {
@@ -70,10 +74,14 @@ double StatusBoard::merge_rate(double now_s) {
   return span > 0 ? static_cast<double>(merge_times_.size()) / span : 0;
 }
 
-void StatusBoard::attach_history(StatusSnapshot& s) const {
+void StatusBoard::attach_history(StatusSnapshot& s) {
+  if (events_dirty_) {
+    events_shared_ = std::make_shared<const std::vector<nlohmann::json>>(events_.begin(), events_.end());
+    events_dirty_ = false;
+  }
   s.val_loss = val_;
   s.train_loss = train_;
-  s.events = events_;
+  s.events = events_shared_;
 }
 
 void StatusBoard::publish(std::shared_ptr<const StatusSnapshot> s) {
@@ -216,15 +224,14 @@ std::string to_prometheus(const StatusSnapshot& s) {
   w.family("ddiloco_fragment_version", "gauge", "Merges of each fragment.");
   for (size_t p = 0; p < s.versions.size(); ++p)
     w.sample("ddiloco_fragment_version", static_cast<double>(s.versions[p]), fmt::format("fragment=\"{}\"", p));
-  w.family("ddiloco_merge_rate", "gauge", "Merges per second over the last minute.");
-  w.sample("ddiloco_merge_rate", s.merge_rate);
   unit_families(w, s.units);
   w.family("ddiloco_val_loss", "gauge", "The global model's validation loss at its last evaluation.");
   if (s.val_loss && !s.val_loss->empty()) w.sample("ddiloco_val_loss", s.val_loss->back()[2]);
   w.family("ddiloco_goodput_ratio", "gauge", "Useful compute time over allocated time, all units so far.");
   if (s.goodput) w.sample("ddiloco_goodput_ratio", *s.goodput);
-  w.family("ddiloco_global_downtime_seconds", "gauge", "Time without merges beyond twice the fragment period.");
-  w.sample("ddiloco_global_downtime_seconds", s.global_downtime_s);
+  w.family("ddiloco_global_downtime_seconds_total", "counter",
+           "Time without merges beyond twice the fragment period, seconds.");
+  w.sample("ddiloco_global_downtime_seconds_total", s.global_downtime_s);
   w.family("ddiloco_elapsed_seconds", "gauge", "Seconds since this syncer process started.");
   w.sample("ddiloco_elapsed_seconds", s.elapsed_s);
   w.family("ddiloco_stopping", "gauge", "1 once the job is ending.");

@@ -76,8 +76,8 @@ class StatusBoard {
   double merge_rate(double now_s);
   /// When a merge last included unit u, seconds on the syncer's clock (−1: never).
   double last_merged_at(int u) const { return last_merge_[u]; }
-  /// Fills the snapshot's curves and events (shared, not copied).
-  void attach_history(StatusSnapshot& s) const;
+  /// Fills the snapshot's curves and events (shared with earlier snapshots while unchanged).
+  void attach_history(StatusSnapshot& s);
   /// Makes `s` the snapshot readers get from now on.
   void publish(std::shared_ptr<const StatusSnapshot> s);
   /// The latest published (null before the first). Safe from any thread.
@@ -90,7 +90,9 @@ class StatusBoard {
   std::vector<double> last_loss_;   // per unit, the last sampled (NaN: none)
   std::shared_ptr<const std::vector<std::array<double, 3>>> val_;
   std::shared_ptr<const std::vector<std::array<double, 4>>> train_;
-  std::shared_ptr<const std::vector<nlohmann::json>> events_;
+  std::deque<nlohmann::json> events_;  // the last kEvents
+  bool events_dirty_ = false;
+  std::shared_ptr<const std::vector<nlohmann::json>> events_shared_;  // events_ as last published
   mutable std::mutex mutex_;  // guards latest_ only: held for a pointer copy
   std::shared_ptr<const StatusSnapshot> latest_;
 };

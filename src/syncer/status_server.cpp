@@ -1,16 +1,25 @@
-// The syncer's HTTP endpoint (status_server.hpp).
+// The syncer's HTTP endpoint (status_server.hpp), on CivetWeb.
+//
+// Why CivetWeb's limits matter here: a client of this port is untrusted, and the process it
+// shares is the one that merges. CivetWeb reads a request's line and headers into a fixed
+// buffer (max_request_size: a longer one is refused) within a total deadline
+// (request_timeout_ms, counted from the request's first byte: a client that trickles its
+// request, slowloris, is dropped when it runs out), keeps at most connection_queue accepted
+// sockets waiting for a worker (then the kernel's backlog), and never stores a body a handler
+// does not read: no request can grow the server, and mg_stop() ends within about one deadline.
 #include "syncer/status_server.hpp"
 
-#include <httplib.h>
+#include <civetweb.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <condition_variable>
-#include <deque>
-#include <functional>
+#include <array>
+#include <cstring>
+#include <optional>
+#include <string_view>
 
 #include "ddiloco/error.hpp"
 #include "ddiloco/membership.hpp"
@@ -24,82 +33,68 @@ constexpr const char kPage[] =
 #include "status_page.inc"
     ;
 
-// Workers at nice 10: on a machine whose cores the learners and the merge loop keep busy, a
-// flood of requests takes what they leave. Handlers only render a published snapshot.
-// cpp-httplib gives each connection a worker until it closes, and its read timeout is per
-// recv: a client that trickles its request (slowloris) holds a worker as long as it likes.
-// Such clients can deny the page, never the merges; what they must not do is grow the
-// server's descriptors and memory with their connections. So at most `max_pending` wait for
-// a worker; beyond that the accepting thread serves the connection itself, accepting none
-// meanwhile, and the kernel's listen backlog bounds the rest.
-class NiceWorkers : public httplib::TaskQueue {
- public:
-  NiceWorkers(int n, size_t max_pending) : max_pending_(max_pending) {
-    for (int i = 0; i < n; ++i) threads_.emplace_back([this] { work(); });
-  }
-  void enqueue(std::function<void()> fn) override {
-    {
-      const std::lock_guard lock(mutex_);
-      if (jobs_.size() < max_pending_) {
-        jobs_.push_back(std::move(fn));
-        cv_.notify_one();
-        return;
-      }
-    }
-    fn();
-  }
-  void shutdown() override {
-    {
-      const std::lock_guard lock(mutex_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    for (std::thread& t : threads_) t.join();
-  }
-
- private:
-  void work() {
-    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);  // this thread only
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock lock(mutex_);
-        cv_.wait(lock, [this] { return done_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;  // done, and nothing left: every accepted socket is closed by its job
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      job();
-    }
-  }
-  const size_t max_pending_;
-  std::vector<std::thread> threads_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  bool done_ = false;
-};
-
-// Blocked workers cost no CPU: enough that a few slow clients leave the page to the others.
-constexpr int kWorkers = 16;
-constexpr size_t kMaxPending = 32;
-
-void json_reply(httplib::Response& res, int status, const nlohmann::json& body) {
-  res.status = status;
-  res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
-                  "application/json");
-}
-
-void error_reply(httplib::Response& res, int status, const std::string& why) {
-  json_reply(res, status, {{"error", why}});
-}
+constexpr const char* kWorkers = "16";          // blocked workers cost no CPU
+constexpr const char* kQueue = "32";            // accepted sockets waiting for a worker
+constexpr const char* kBacklog = "16";          // then the kernel's
+constexpr const char* kRequestTimeoutMs = "2000";
+constexpr const char* kMaxRequestBytes = "8192";  // request line and headers
 
 using Digest = std::array<unsigned char, 32>;
-Digest sha256(const std::string& s) {
+std::optional<Digest> sha256(std::string_view s) {
   Digest d{};
   unsigned int n = 0;
-  if (EVP_Digest(s.data(), s.size(), d.data(), &n, EVP_sha256(), nullptr) != 1) d.fill(0);
+  if (EVP_Digest(s.data(), s.size(), d.data(), &n, EVP_sha256(), nullptr) != 1 || n != d.size())
+    return std::nullopt;
   return d;
+}
+
+}  // namespace
+
+struct HttpReply {
+  int status = 200;
+  std::string type = "application/json";
+  std::string body;
+  std::vector<std::pair<const char*, std::string>> headers;
+};
+
+namespace {
+
+using Reply = HttpReply;
+
+Reply json_reply(int status, const nlohmann::json& body) {
+  return {.status = status,
+          .body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"};
+}
+
+Reply error_reply(int status, const std::string& why) { return json_reply(status, {{"error", why}}); }
+
+int send(mg_connection* c, const Reply& r) {
+  mg_response_header_start(c, r.status);
+  mg_response_header_add(c, "Content-Type", r.type.c_str(), -1);
+  mg_response_header_add(c, "Content-Length", std::to_string(r.body.size()).c_str(), -1);
+  mg_response_header_add(c, "Cache-Control", "no-store", -1);
+  mg_response_header_add(c, "X-Content-Type-Options", "nosniff", -1);
+  for (const auto& [name, value] : r.headers) mg_response_header_add(c, name, value.c_str(), -1);
+  mg_response_header_send(c);
+  if (!r.body.empty()) mg_write(c, r.body.data(), r.body.size());
+  return r.status;
+}
+
+// Server threads at nice 10 (this thread only): on a machine whose cores the learners and the
+// merge loop keep busy, a flood of requests takes what they leave.
+void* nice_thread(const mg_context*, int) {
+  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
+  return nullptr;
+}
+
+// Before routing: a request with a body is refused (no action takes one). CivetWeb then reads
+// the body and discards it, a buffer at a time, never storing it. (Not mg_send_http_error,
+// which would close at once: CivetWeb 1.15's corrupts the worker thread it runs on.)
+int refuse_bodies(mg_connection* c) {
+  const mg_request_info* ri = mg_get_request_info(c);
+  if (ri->content_length > 0 || mg_get_header(c, "Transfer-Encoding") != nullptr)
+    return send(c, error_reply(413, "requests here carry no body"));
+  return 0;
 }
 
 }  // namespace
@@ -120,32 +115,45 @@ struct StatusServer::Rendered {
 };
 
 StatusServer::StatusServer(const StatusBoard& board, std::string secret, int units)
-    : board_(board), secret_(std::move(secret)), units_(units), server_(std::make_unique<httplib::Server>()) {
-  if (secret_.empty()) fail("the status server needs the run's secret");
+    : board_(board), secret_(std::move(secret)), units_(units) {
+  if (secret_.empty()) fail("the status server needs a secret for its actions");
 }
 
 StatusServer::~StatusServer() {
-  if (thread_.joinable()) {
-    server_->stop();
-    thread_.join();
-  }
+  if (ctx_ != nullptr) mg_stop(ctx_);  // joins every thread: bounded by the request deadline
 }
 
 int StatusServer::start(const std::string& address) {
   const protocol::Endpoint at = protocol::Endpoint::parse(address, "syncer.http");
-  server_->new_task_queue = [] { return new NiceWorkers(kWorkers, kMaxPending); };
-  // A client that sends or reads nothing for 2 s is dropped: slow clients hold a worker that
-  // long at most per byte, and never the merge loop.
-  server_->set_read_timeout(2, 0);
-  server_->set_write_timeout(2, 0);
-  server_->set_keep_alive_timeout(2);
-  server_->set_payload_max_length(4096);  // actions carry no body
-  routes();
-  const int port = at.port == 0 ? server_->bind_to_any_port(at.ip) : (server_->bind_to_port(at.ip, at.port) ? at.port : -1);
-  if (port < 0)
-    fail("syncer.http: cannot listen on {} ({}); give another address, or 'off'", address, std::strerror(errno));
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
-  return port;
+  // Once per process, never undone: a library that mg_start initialises implicitly is torn
+  // down by mg_stop while its worker threads still exit, and their thread-local data with it.
+  [[maybe_unused]] static const unsigned library = mg_init_library(0);
+  const std::string ports = at.ip + ":" + std::to_string(at.port);
+  const char* options[] = {"listening_ports", ports.c_str(),
+                           "num_threads", kWorkers,
+                           "connection_queue", kQueue,
+                           "listen_backlog", kBacklog,
+                           "request_timeout_ms", kRequestTimeoutMs,
+                           "max_request_size", kMaxRequestBytes,
+                           "enable_keep_alive", "no",
+                           nullptr};
+  mg_callbacks callbacks{};
+  callbacks.begin_request = refuse_bodies;
+  callbacks.init_thread = nice_thread;
+  callbacks.log_message = [](const mg_connection*, const char*) { return 1; };  // not to stderr
+  char why[256] = "";
+  unsigned code = 0;
+  mg_error_data error{.code = &code, .text = why, .text_buffer_size = sizeof why};
+  mg_init_data init{.callbacks = &callbacks, .user_data = this, .configuration_options = options};
+  ctx_ = mg_start2(&init, &error);
+  if (ctx_ == nullptr)
+    fail("syncer.http: cannot serve on {} ({}); give another address, or 'off'", address, why);
+  mg_set_request_handler(
+      ctx_, "/",
+      [](mg_connection* c, void* self) { return static_cast<StatusServer*>(self)->handle(c); }, this);
+  mg_server_port bound{};
+  if (mg_get_server_ports(ctx_, 1, &bound) != 1) fail("syncer.http: {}: no port was bound", address);
+  return bound.port;
 }
 
 std::vector<StatusServer::Action> StatusServer::take_actions() {
@@ -168,78 +176,92 @@ std::shared_ptr<const StatusServer::Rendered> StatusServer::rendered() {
   return rendered_;
 }
 
-// "Bearer <secret>", compared through SHA-256 digests in constant time: neither the secret's
-// bytes nor its length show in the time a refusal takes.
-bool StatusServer::authorised(const std::string& header) const {
-  static const std::string kScheme = "Bearer ";
-  if (header.size() <= kScheme.size() || header.compare(0, kScheme.size(), kScheme) != 0) return false;
-  const Digest given = sha256(header.substr(kScheme.size())), want = sha256(secret_);
-  return CRYPTO_memcmp(given.data(), want.data(), want.size()) == 0;
+// "Bearer <secret>" (the scheme in any case, RFC 7235), compared through SHA-256 digests in
+// constant time: neither the secret's bytes nor its length show in the time a refusal takes.
+// A digest that cannot be made refuses.
+bool StatusServer::authorised(const char* header) const {
+  if (header == nullptr) return false;
+  const std::string_view h = header;
+  constexpr std::string_view kScheme = "bearer ";
+  if (h.size() <= kScheme.size() || strncasecmp(h.data(), kScheme.data(), kScheme.size()) != 0) return false;
+  const auto given = sha256(h.substr(kScheme.size())), want = sha256(secret_);
+  return given && want && CRYPTO_memcmp(given->data(), want->data(), want->size()) == 0;
 }
 
-void StatusServer::routes() {
-  httplib::Server& s = *server_;
-  s.set_default_headers({{"Cache-Control", "no-store"}, {"X-Content-Type-Options", "nosniff"}});
-  s.Get("/", [](const httplib::Request&, httplib::Response& res) {
-    // Everything inline: the page loads nothing from anywhere else, and no other page frames it.
-    res.set_header("Content-Security-Policy",
-                   "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-                   "img-src data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'");
-    res.set_content(kPage, sizeof kPage - 1, "text/html; charset=utf-8");
-  });
-  s.Get("/api/state", [this](const httplib::Request&, httplib::Response& res) {
-    const auto r = rendered();
-    if (!r) return error_reply(res, 503, "the syncer has not published its state yet");
-    res.set_content(r->json, "application/json");
-  });
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    const auto r = rendered();
-    if (!r) return error_reply(res, 503, "the syncer has not published its state yet");
-    res.set_content(r->metrics, "text/plain; version=0.0.4; charset=utf-8");
-  });
-  s.Get(R"(/api/action/(\w+))", [](const httplib::Request&, httplib::Response& res) {
-    res.set_header("Allow", "POST");
-    error_reply(res, 405, "actions are POST requests");
-  });
-  s.Post(R"(/api/action/(\w+))", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!authorised(req.get_header_value("Authorization"))) {
-      res.set_header("WWW-Authenticate", "Bearer realm=\"ddiloco\"");
-      return error_reply(res, 401, "this action needs the run's secret (run.dir/syncer.secret) as "
-                                   "'Authorization: Bearer <secret>'");
-    }
-    Action a;
-    a.peer = req.remote_addr;
-    const std::string what = req.matches[1];
-    const auto snapshot = board_.latest();
-    const StatusSnapshot::Actions can = snapshot ? snapshot->actions : StatusSnapshot::Actions{};
-    nlohmann::json answer = {{"accepted", true}, {"action", what}};
-    if (what == "kill") {
-      a.kind = ActionKind::kill;
-      const std::string unit = req.get_param_value("unit");
-      if (unit.empty() || unit.size() > 6 || unit.find_first_not_of("0123456789") != std::string::npos ||
-          std::stoi(unit) >= units_)
-        return error_reply(res, 400, fmt::format("kill: expected ?unit=U with U in 0..{}, got '{}'", units_ - 1, unit));
-      a.unit = std::stoi(unit);
-      answer["unit"] = a.unit;
-      if (!can.kill) return error_reply(res, 409, "kill needs a job started by `ddiloco launch`, whose launcher kills");
-    } else if (what == "checkpoint") {
-      a.kind = ActionKind::checkpoint;
-      if (!can.checkpoint) return error_reply(res, 409, "checkpoint: this run writes no checkpoints (checkpoint.dir)");
-    } else if (what == "stop") {
-      a.kind = ActionKind::stop;
-    } else {
-      return error_reply(res, 404, fmt::format("no action '{}' (kill, checkpoint, stop)", what));
-    }
-    {
-      const std::lock_guard lock(actions_mutex_);
-      actions_.push_back(std::move(a));
-    }
-    json_reply(res, 202, answer);
-  });
-  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (res.status == 404 && res.body.empty())
-      error_reply(res, 404, fmt::format("no such page: {} (/, /api/state, /metrics, /api/action/...)", req.path));
-  });
+int StatusServer::handle(mg_connection* c) {
+  const mg_request_info* ri = mg_get_request_info(c);
+  const std::string_view method = ri->request_method, path = ri->local_uri ? ri->local_uri : "";
+  Reply r;
+  if (path.starts_with("/api/action/"))
+    r = method == "POST" ? action(c, path.substr(std::strlen("/api/action/")))
+                         : [] {
+                             Reply e = error_reply(405, "actions are POST requests");
+                             e.headers.emplace_back("Allow", "POST");
+                             return e;
+                           }();
+  else if (method != "GET")
+    r = error_reply(405, "this page answers GET");
+  else if (path == "/")
+    r = {.type = "text/html; charset=utf-8",
+         .body = std::string(kPage, sizeof kPage - 1),
+         // Everything inline: the page loads nothing from anywhere else, and no page frames it.
+         .headers = {{"Content-Security-Policy",
+                      "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                      "img-src data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'"}}};
+  else if (path == "/api/state" || path == "/metrics") {
+    const auto rendered_now = rendered();
+    if (!rendered_now)
+      r = error_reply(503, "the syncer has not published its state yet");
+    else if (path == "/metrics")
+      r = {.type = "text/plain; version=0.0.4; charset=utf-8", .body = rendered_now->metrics};
+    else
+      r.body = rendered_now->json;
+  } else {
+    r = error_reply(404, fmt::format("no such page: {} (/, /api/state, /metrics, /api/action/...)",
+                                     std::string(path.substr(0, 200))));
+  }
+  return send(c, r);
+}
+
+HttpReply StatusServer::action(mg_connection* c, std::string_view what) {
+  if (!authorised(mg_get_header(c, "Authorization"))) {
+    Reply e = error_reply(401, "this action needs the page's secret (run.dir/status.secret) as "
+                               "'Authorization: Bearer <secret>'");
+    e.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"ddiloco\"");
+    return e;
+  }
+  const mg_request_info* ri = mg_get_request_info(c);
+  Action a;
+  a.peer = ri->remote_addr;
+  const auto snapshot = board_.latest();
+  const StatusSnapshot::Actions can = snapshot ? snapshot->actions : StatusSnapshot::Actions{};
+  nlohmann::json answer = {{"accepted", true}, {"action", std::string(what)}};
+  if (what == "kill") {
+    a.kind = ActionKind::kill;
+    char unit[16] = "";
+    const char* q = ri->query_string ? ri->query_string : "";
+    const int n = mg_get_var(q, std::strlen(q), "unit", unit, sizeof unit);
+    const std::string_view u(unit, n > 0 ? static_cast<size_t>(n) : 0);
+    if (u.empty() || u.size() > 6 || u.find_first_not_of("0123456789") != std::string_view::npos ||
+        std::stoi(std::string(u)) >= units_)
+      return error_reply(400, fmt::format("kill: expected ?unit=U with U in 0..{}", units_ - 1));
+    a.unit = std::stoi(std::string(u));
+    answer["unit"] = a.unit;
+    if (!can.kill) return error_reply(409, "kill needs a job started by `ddiloco launch`, whose launcher kills");
+  } else if (what == "checkpoint") {
+    a.kind = ActionKind::checkpoint;
+    if (!can.checkpoint) return error_reply(409, "checkpoint: this run writes no checkpoints (checkpoint.dir)");
+  } else if (what == "stop") {
+    a.kind = ActionKind::stop;
+  } else {
+    return error_reply(404, "no such action (kill, checkpoint, stop)");
+  }
+  {
+    const std::lock_guard lock(actions_mutex_);
+    if (actions_.size() >= kMaxQueued) return error_reply(429, "too many actions waiting for the merge loop");
+    actions_.push_back(std::move(a));
+  }
+  return json_reply(202, answer);
 }
 
 }  // namespace ddiloco::syncer

@@ -56,7 +56,7 @@ Syncer::Syncer(const Config& config, const OuterPlan& plan, const Topology& topo
       budget_(config.token_budget()),
       eval_(val),
       restart_(link.recover && link.listener != nullptr),
-      status_(topo.units, link.secret) {
+      status_(topo.units) {
   if (door_) members_ = std::make_unique<protocol::Membership>(config, link.run_id, link.secret, layout_.bytes());
   books_before_.resize(M_);
   unit_offers_.resize(M_);

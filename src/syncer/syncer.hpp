@@ -168,9 +168,8 @@ class Syncer {
   // The status page (docs/status_page.md): the board the loop publishes to about four times
   // a second, and the server that reads it (null: syncer.http off).
   struct Status {
-    explicit Status(int units, std::string s) : board(units), secret(std::move(s)) {}
+    explicit Status(int units) : board(units) {}
     StatusBoard board;
-    std::string secret;  // the run's (one job: made for the page)
     std::unique_ptr<StatusServer> server;
     std::shared_ptr<const std::string> yaml;
     pid_t launcher = 0;  // under `ddiloco launch`: the launcher, which carries out kills

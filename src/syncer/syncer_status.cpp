@@ -30,19 +30,18 @@ pid_t launcher_pid() {
 
 }  // namespace
 
-// Off unless syncer.http names an address (`ddiloco launch` gives 127.0.0.1:0). One job has no
-// run secret: one is made for the page's actions, in the file the isolated deployment uses.
+// Off unless syncer.http names an address (`ddiloco launch` gives 127.0.0.1:0). The page's
+// actions have a secret of their own, made afresh by every syncer process: typed into a
+// browser and sent over plain HTTP, it must not be the run's secret, which admits units.
 void Syncer::start_status() {
   const std::string& at = config_.syncer.http;
   if (at.empty() || at == "off") return;
   const std::filesystem::path dir = config_.run.dir;
-  if (status_.secret.empty()) {
-    status_.secret = protocol::Rendezvous::random_token();
-    write_text_atomically(protocol::Rendezvous::secret_file(dir), status_.secret + "\n", 0600);
-  }
+  const std::string secret = protocol::Rendezvous::random_token();
+  write_text_atomically(status_secret_file(dir), secret + "\n", 0600);
   status_.launcher = door_ ? launcher_pid() : 0;
   log_.observe([this](const nlohmann::json& e) { status_.board.event(e); });
-  status_.server = std::make_unique<StatusServer>(status_.board, status_.secret, M_);
+  status_.server = std::make_unique<StatusServer>(status_.board, secret, M_);
   const int port = status_.server->start(at);
   HttpAddress addr;
   addr.address = protocol::Endpoint::parse(at, "syncer.http").ip + ":" + std::to_string(port);
@@ -51,7 +50,7 @@ void Syncer::start_status() {
   addr.write(dir);
   publish_status();
   std::printf("syncer: status page at %s (metrics: %smetrics; actions need %s)\n", addr.url().c_str(),
-              addr.url().c_str(), protocol::Rendezvous::secret_file(dir).c_str());
+              addr.url().c_str(), status_secret_file(dir).c_str());
   std::fflush(stdout);
 }
 
@@ -79,9 +78,10 @@ UnitStatus Syncer::unit_status(int u) const {
   if (!h.reachable) return s;  // nothing polled yet: the counts stay 0
   s.steps = core_.unit_steps(u);
   s.tokens = core_.unit_tokens(u);
+  // (The unit's ack is its claim: clamped to what exists, so that no value of it overflows.)
   for (int p = 0; p < fragments_.size(); ++p)
-    s.staleness = std::max(s.staleness, core_.versions()[p] - h.header(p, protocol::kInAck));
-  s.staleness = std::max<int64_t>(s.staleness, 0);
+    s.staleness = std::max(s.staleness, core_.versions()[p] - std::clamp(h.header(p, protocol::kInAck),
+                                                                          int64_t{0}, core_.versions()[p]));
   const double merged_at = status_.board.last_merged_at(u);
   s.last_merge_s = merged_at >= 0 ? now() - merged_at : -1;
   const wan::LinkCounters c = links_.counters(u);
@@ -118,7 +118,8 @@ void Syncer::publish_status() {
   s->elapsed_s = now();
   s->run = {{"dir", config_.run.dir}, {"mode", mode_name(plan_.mode)}, {"units", M_},
             {"fragments", fragments_.size()}, {"h", plan_.h}, {"tau", plan_.overlap},
-            {"quorum", plan_.quorum}, {"token_budget", budget_}, {"isolated", door_ != nullptr}};
+            {"quorum", plan_.quorum}, {"token_budget", budget_}, {"isolated", door_ != nullptr},
+            {"pid", ::getpid()}};
   s->tokens = core_.tokens_total();
   s->merges = core_.total_merges();
   s->versions = core_.versions();
@@ -149,24 +150,30 @@ void Syncer::take_status_actions() {
 void Syncer::act(const StatusServer::Action& a) {
   nlohmann::json e = {{"event", "action"}, {"action", action_name(a.kind)}, {"peer", a.peer},
                       {"tokens", core_.tokens_total()}, {"elapsed_s", now()}};
+  // The launcher, while it is still our parent: a pid that was its may be another process's now.
+  const pid_t launcher = status_.launcher != 0 && ::getppid() == status_.launcher ? status_.launcher : 0;
   std::string refused;
-  switch (a.kind) {
-    case StatusServer::ActionKind::kill:
-      e["unit"] = a.unit;
-      if (status_.launcher == 0)
-        refused = "no launcher to carry out the kill";
-      else
-        launch_request_kill(config_.run.dir, a.unit, ++status_.requests);
-      break;
-    case StatusServer::ActionKind::checkpoint:
-      refused = checkpoints_.request_now();
-      break;
-    case StatusServer::ActionKind::stop:
-      if (status_.launcher != 0)
-        ::kill(status_.launcher, SIGTERM);
-      else
-        ::raise(SIGTERM);
-      break;
+  try {
+    switch (a.kind) {
+      case StatusServer::ActionKind::kill:
+        e["unit"] = a.unit;
+        if (launcher == 0)
+          refused = "no launcher to carry out the kill";
+        else
+          launch_request_kill(config_.run.dir, a.unit, ++status_.requests);
+        break;
+      case StatusServer::ActionKind::checkpoint:
+        refused = checkpoints_.request_now();
+        break;
+      case StatusServer::ActionKind::stop:
+        if (launcher != 0)
+          ::kill(launcher, SIGTERM);
+        else
+          ::raise(SIGTERM);
+        break;
+    }
+  } catch (const std::exception& ex) {
+    refused = ex.what();  // a request file that cannot be written: the action fails, not the syncer
   }
   if (!refused.empty()) e["refused"] = refused;
   log_.write(e);

@@ -7,7 +7,11 @@
 #     GET on an action is 405, an unknown action 404, a bad unit 400;
 #   - hostile clients (40 slowloris connections for 8 s, then 1,000 requests back to back) do
 #     not stop the merges: merges go on through the attack with no gap longer than twice the
-#     nominal fragment period, and the page answers the requests once the slow clients are gone. (How much they slow the
+#     nominal fragment period, and the page answers the requests once the slow clients are gone;
+#   - requests with a body are refused (413), and one longer than the server's buffer is
+#     refused; the run's own secret (which admits units) is not the page's;
+#   - the job stops on SIGUSR1 with 40 slow clients still connected (within 60 s, else the
+#     watchdog's SIGKILL fails the test). (How much they slow the
 #     merges is measured by scripts/bench_status_page.py, not timed here.)
 source "$(dirname "$0")/lib/common.sh"
 source "$(dirname "$0")/lib/text_data.sh"
@@ -38,7 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import http_load
 
 addr = json.load(open("run/syncer.http"))
-url, secret = addr["url"], open("run/syncer.secret").read().strip()
+url, secret = addr["url"], open("run/status.secret").read().strip()
 assert addr["pid"] > 0 and addr["url"] == f"http://{addr['address']}/", addr
 
 def get(path):
@@ -67,7 +71,7 @@ m0 = scrape()
 for name, kind in [("ddiloco_merges", "counter"), ("ddiloco_tokens", "counter"),
                    ("ddiloco_link_bytes", "counter"), ("ddiloco_unit_staleness", "gauge"),
                    ("ddiloco_val_loss", "gauge"), ("ddiloco_goodput_ratio", "gauge"),
-                   ("ddiloco_unit_up", "gauge"), ("ddiloco_merge_rate", "gauge")]:
+                   ("ddiloco_unit_up", "gauge"), ("ddiloco_global_downtime_seconds", "counter")]:
     assert m0.get(("#type", name)) == kind, (name, m0.get(("#type", name)))
 for u in ("0", "1"):
     assert m0[("ddiloco_unit_up", (("unit", u),))] == 1, u
@@ -96,6 +100,11 @@ for path in ("api/action/kill?unit=1", "api/action/checkpoint", "api/action/stop
                     {"Authorization": secret}, {"Authorization": "Basic " + secret}):
         code, body = post(path, headers)
         assert code == 401 and "secret" in body["error"], (path, headers, code, body)
+# The run's secret admits units; it is not the page's.
+run_secret = open("run/syncer.secret").read().strip()
+assert run_secret != secret
+code, _ = post("api/action/stop", {"Authorization": "Bearer " + run_secret})
+assert code == 401, code
 bearer = {"Authorization": "Bearer " + secret}
 for path, want in [("api/action/kill?unit=2", 400), ("api/action/kill?unit=-1", 400),
                    ("api/action/kill?unit=1x", 400), ("api/action/kill", 400),
@@ -113,7 +122,28 @@ assert not [e for e in ev if e["event"] == "action"], "a refused request was act
 assert not [l for l in open("run/launch.jsonl") if '"kill"' in l], "the launcher killed"
 assert not os.path.exists("run/requests") or not os.listdir("run/requests"), os.listdir("run/requests")
 assert [u["restarts"] for u in json.loads(get("api/state")[2])["units"]] == [0, 0]
-print("requests without the secret: 15 refused (401), nothing acted on; 400/404/405 as documented")
+print("requests without the page's secret: 16 refused (401), nothing acted on; 400/404/405 as documented")
+
+# Bodies are refused, and a request longer than the server's buffer is refused: neither
+# grows the server (a chunked body or an endless header line would, read).
+import socket
+def raw(data, read=True):
+    s = socket.create_connection((addr["address"].rsplit(":", 1)[0], int(addr["address"].rsplit(":", 1)[1])), timeout=10)
+    try:
+        s.sendall(data)
+        return s.recv(200).decode(errors="replace") if read else ""
+    except OSError as e:  # the server may close while we still send
+        return str(e)
+    finally:
+        s.close()
+for req in [b"POST /api/action/stop HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + b"ffff\r\n" + b"a" * 65535,
+            b"POST /api/action/stop HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n" + b"a" * 65536]:
+    answer = raw(req)
+    assert answer.startswith("HTTP/1.1 413"), answer[:80]
+answer = raw(b"GET /api/state HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 200000 + b"\r\n\r\n")
+assert not answer.startswith("HTTP/1.1 200"), answer[:80]
+assert get("api/state")[0] == 200
+print(f"bodies refused (413), a 200 kB header refused ({answer[:30]!r}); the page answers on")
 
 # Hostile clients: merges go on meanwhile, and the page answers again once they are gone.
 host, port = addr["address"].rsplit(":", 1)
@@ -137,6 +167,19 @@ print(f"slowloris x40 for 8 s ({dict(slow)}), then 1000 requests ({dict(flood)})
       f"{len(merges)} merges in {t_end - t_attack:.1f} s, longest gap {worst[0]:.2f} s "
       f"(2 x period {2 * worst[1]:.2f} s)")
 PY
+# The job ends with slow clients still connected: the server's threads are joined within a
+# request deadline, so the syncer's exit does not wait on them.
+host_port=$(/usr/bin/python3 -c "import json; print(json.load(open('run/syncer.http'))['address'])")
+/usr/bin/python3 -c "
+import sys, threading, time, http_load
+host, port = sys.argv[1].rsplit(':', 1)
+http_load.slowloris(host, int(port), 40, threading.Event())
+time.sleep(300)" "$host_port" &
+slow=$!
+sleep 3
+(sleep 60; kill -KILL "$launcher" 2>/dev/null) &
+watchdog=$!
 stop_launch
+kill "$watchdog" "$slow" 2>/dev/null || true
 launch_left_nothing
 echo "status_metrics: passed"

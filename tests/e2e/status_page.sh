@@ -37,13 +37,13 @@ YAML
 launcher=$!
 show() { grep -v '^  ' launch.log | grep -v global_eval | tail -40; }
 wait_launch 90 "sum(1 for e in ev if e['event'] == 'global_eval') >= 2"
-[[ -f run/syncer.http && -f run/syncer.secret ]] || { show; fail "no run/syncer.http or run/syncer.secret"; }
+[[ -f run/syncer.http && -f run/status.secret ]] || { show; fail "no run/syncer.http or run/status.secret"; }
 mkdir -p "$ARTEFACTS"
 /usr/bin/python3 - "$ARTEFACTS/status_page.png" <<'PY' || { show; fail "the status page did not behave"; }
 import json, sys, time
 from browser import Browser
 url = json.load(open("run/syncer.http"))["url"]
-secret = open("run/syncer.secret").read().strip()
+secret = open("run/status.secret").read().strip()
 rows = "Array.from(document.querySelectorAll('#units tr[data-unit]'))"
 states = f"{rows}.map(r => r.getAttribute('data-state')).join(',')"
 cell = lambda u, col: (f"document.querySelector('#units tr[data-unit=\"{u}\"] td[data-col=\"{col}\"]')"

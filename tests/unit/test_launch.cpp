@@ -499,11 +499,12 @@ TEST(LaunchPlan, SyncerAndUnitCommandLines) {
   using V = std::vector<std::string>;
   EXPECT_EQ(p.syncer.role, Role::syncer);
   EXPECT_EQ(p.syncer.argv, (V{"/bin/ddiloco", "syncer", "--config", "c.yaml", "--set",
-                              "units.count=3", "--set", "train.lr=1e-3", "--resume",
+                              "units.count=3", "--set", "train.lr=1e-3", "--set",
+                              "syncer.http=127.0.0.1:0", "--resume",
                               "runs/x/checkpoints/ckpt_00000002", "--overwrite"}));
   EXPECT_EQ(p.syncer.restart_argv, (V{"/bin/ddiloco", "syncer", "--config", "c.yaml", "--set",
-                                      "units.count=3", "--set", "train.lr=1e-3", "--resume",
-                                      "auto"}));
+                                      "units.count=3", "--set", "train.lr=1e-3", "--set",
+                                      "syncer.http=127.0.0.1:0", "--resume", "auto"}));
   ASSERT_EQ(p.units.size(), 3u);
   EXPECT_EQ(p.units[1].unit, 1);
   EXPECT_EQ(p.units[1].argv,

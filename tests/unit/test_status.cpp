@@ -240,7 +240,8 @@ TEST_F(StatusServerTest, ActionsWithTheSecretAreQueuedForTheMergeLoop) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 202);
   EXPECT_EQ(json::parse(r->body), json({{"accepted", true}, {"action", "kill"}, {"unit", 1}}));
-  r = post("/api/action/checkpoint", "s3cret-token");
+  // The scheme's name in any case (RFC 7235).
+  r = client().Post("/api/action/checkpoint", {{"Authorization", "bearer s3cret-token"}}, "", "text/plain");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 202);
   const auto actions = server_.take_actions();
@@ -250,6 +251,17 @@ TEST_F(StatusServerTest, ActionsWithTheSecretAreQueuedForTheMergeLoop) {
   EXPECT_EQ(actions[0].peer, "127.0.0.1");
   EXPECT_EQ(actions[1].kind, StatusServer::ActionKind::checkpoint);
   EXPECT_TRUE(server_.take_actions().empty());
+}
+
+TEST_F(StatusServerTest, ARequestWithABodyIsRefused) {
+  board_.publish(snapshot(board_, 2));
+  auto r = client().Post("/api/action/stop", {{"Authorization", "Bearer s3cret-token"}}, "{}", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413);
+  EXPECT_TRUE(server_.take_actions().empty());
+  r = client().Get("/api/state");  // and the server goes on
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
 }
 
 TEST_F(StatusServerTest, ActionsThisRunCannotDoAreAConflict) {
