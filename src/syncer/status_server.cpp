@@ -63,7 +63,8 @@ using Reply = HttpReply;
 
 Reply json_reply(int status, const nlohmann::json& body) {
   return {.status = status,
-          .body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"};
+          .body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+          .headers = {}};
 }
 
 Reply error_reply(int status, const std::string& why) { return json_reply(status, {{"error", why}}); }
@@ -213,7 +214,7 @@ int StatusServer::handle(mg_connection* c) {
     if (!rendered_now)
       r = error_reply(503, "the syncer has not published its state yet");
     else if (path == "/metrics")
-      r = {.type = "text/plain; version=0.0.4; charset=utf-8", .body = rendered_now->metrics};
+      r = {.type = "text/plain; version=0.0.4; charset=utf-8", .body = rendered_now->metrics, .headers = {}};
     else
       r.body = rendered_now->json;
   } else {
