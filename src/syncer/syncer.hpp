@@ -87,6 +87,7 @@ class Syncer {
   void act(const StatusServer::Action& a);
   // The end (syncer_report.cpp).
   TimeBook book_in_window(int u) const;
+  TimeBook unit_book(int u) const;  // isolated: unit u's book so far, its dead processes' and absences included
   void finish();
   std::vector<TimeBook> time_books();
   std::vector<wan::LinkCounters> link_counters();

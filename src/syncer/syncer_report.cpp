@@ -71,15 +71,21 @@ std::vector<TimeBook> Syncer::time_books() {
   }
   books.emplace_back();  // the syncer's own, as the one-job deployment's rank 0
   for (int u = 0; u < M_; ++u) {
-    TimeBook b = book_in_window(u);
-    b += books_before_[u];
-    const double absent = members_->absent_s(u) * config_.unit_ranks(u);
-    b.down += absent;
-    b.allocated += absent;
-    books.push_back(b);
+    books.push_back(unit_book(u));
     window_.set_control(u, protocol::kReleased, 1);  // the unit may close its window now
   }
   return books;
+}
+
+// Isolated: its book as its window holds it (its current process's), its dead processes', and
+// its closed absences, every rank of it down.
+TimeBook Syncer::unit_book(int u) const {
+  TimeBook b = book_in_window(u);
+  b += books_before_[u];
+  const double absent = members_->absent_s(u) * config_.unit_ranks(u);
+  b.down += absent;
+  b.allocated += absent;
+  return b;
 }
 
 // What crossed each unit's link: snapshots and merged fragments here; ddp's ring at the

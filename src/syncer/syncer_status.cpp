@@ -99,14 +99,7 @@ void Syncer::status_goodput(StatusSnapshot& s) const {
   s.global_downtime_s = core_.downtime().seconds();
   if (!door_) return;
   TimeBook all;
-  for (int u = 0; u < M_; ++u) {
-    TimeBook b = book_in_window(u);
-    b += books_before_[u];
-    const double absent = members_->absent_s(u) * config_.unit_ranks(u);
-    b.down += absent;
-    b.allocated += absent;
-    all += b;
-  }
+  for (int u = 0; u < M_; ++u) all += unit_book(u);
   s.useful_s = all.useful();
   s.allocated_s = all.allocated;
   if (all.allocated > 0) s.goodput = all.goodput();

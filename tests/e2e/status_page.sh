@@ -18,24 +18,7 @@ if ! why=$(/usr/bin/python3 -c 'import browser, sys; ok, why = browser.can_start
   echo "status_page: skipped: headless Chromium cannot start here: $why"
   exit 77
 fi
-make_text_shards text
-# Slowed units (slowdown 3) on one thread each: the job leaves the browser a core.
-cat > c.yaml <<'YAML'
-mode: decoupled
-run: {dir: run, log_every: 10, progress: false, threads: 1}
-model: {n_layer: 2, n_head: 2, n_embd: 64, seq_len: 64}
-data: {train: text/train_*.bin, val: text/val_*.bin}
-train: {batch_size: 16, steps: 1000000, warmup_steps: 5}
-eval: {val_tokens: 512, sample_tokens: 0}
-units: {count: 2, slowdown: [3, 3]}
-outer: {fragments: 2, h: 4, overlap: 1}
-syncer: {quorum: 1, eval_every: 20, heartbeat_timeout_s: 2, connect_wait_s: 60}
-checkpoint: {every: 200}
-launch: {backoff_s: 0.5, drain_s: 20}
-YAML
-"$DDILOCO" launch --config c.yaml > launch.log 2>&1 &
-launcher=$!
-show() { grep -v '^  ' launch.log | grep -v global_eval | tail -40; }
+start_status_job
 wait_launch 90 "sum(1 for e in ev if e['event'] == 'global_eval') >= 2"
 [[ -f run/syncer.http && -f run/status.secret ]] || { show; fail "no run/syncer.http or run/status.secret"; }
 mkdir -p "$ARTEFACTS"

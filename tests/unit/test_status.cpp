@@ -1,6 +1,7 @@
 // The syncer's status page (docs/status_page.md): the board's history, the two renderings,
 // the HTTP server's answers and its refusals, the launcher's request files and the terminal
 // table of `ddiloco status`, each from untrusted input where a peer or a file supplies it.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <sys/stat.h>
@@ -323,12 +324,17 @@ TEST(KillRequests, AreTakenOnceAndMalformedOnesRefused) {
   struct stat st{};
   ASSERT_EQ(::stat((dir.path() / "requests").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
-  test::write_bytes(dir.path() / "requests" / "kill-000002.json", R"({"unit": 2})");
-  test::write_bytes(dir.path() / "requests" / "kill-000003.json", "not json");
-  test::write_bytes(dir.path() / "requests" / "kill-000004.json", R"({"unit": 0.5})");
-  std::filesystem::create_symlink(dir.path() / "requests" / "kill-000001.json",
-                                  dir.path() / "requests" / "kill-000005.json");
-  test::write_bytes(dir.path() / "requests" / "kill-000006.json.tmp", R"({"unit": 0})");  // being written
+  std::vector<std::filesystem::path> written;  // kill-<our pid>-000001.json
+  for (const auto& e : std::filesystem::directory_iterator(dir.path() / "requests")) written.push_back(e.path());
+  ASSERT_EQ(written.size(), 1u);
+  EXPECT_EQ(written[0].filename(), fmt::format("kill-{:010d}-000001.json", ::getpid()));
+  // Planted after it in name order (no pid has 11 digits).
+  const auto planted = [&](int n) { return dir.path() / "requests" / fmt::format("kill-99999999999-{:06d}.json", n); };
+  test::write_bytes(planted(2), R"({"unit": 2})");
+  test::write_bytes(planted(3), "not json");
+  test::write_bytes(planted(4), R"({"unit": 0.5})");
+  std::filesystem::create_symlink(written[0], planted(5));
+  test::write_bytes(planted(6).string() + ".tmp", R"({"unit": 0})");  // being written
   const auto got = take_kill_requests(dir.path(), 2);
   ASSERT_EQ(got.size(), 5u);
   EXPECT_EQ(got[0].unit, 1);
@@ -340,7 +346,7 @@ TEST(KillRequests, AreTakenOnceAndMalformedOnesRefused) {
   EXPECT_NE(got[1].error.find("0..1"), std::string::npos) << got[1].error;
   // Taken once: only the file still being written is left.
   EXPECT_TRUE(take_kill_requests(dir.path(), 2).empty());
-  EXPECT_TRUE(std::filesystem::exists(dir.path() / "requests" / "kill-000006.json.tmp"));
+  EXPECT_TRUE(std::filesystem::exists(planted(6).string() + ".tmp"));
 }
 
 TEST(StatusTable, ShowsAStateAndSurvivesAHostileOne) {
