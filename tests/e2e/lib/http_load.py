@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """HTTP clients that load the syncer's status server (docs/status_page.md), stdlib only.
 
-Shared by the hostile-client test (tests/e2e/status_hostile.sh) and the merge-rate benchmark
+Shared by the hostile-client test (tests/e2e/status_metrics.sh) and the merge-rate benchmark
 (scripts/bench_status_page.py):
 
     pollers(url, n, period_s, stop)   n page clients, each GET /api/state every period_s
