@@ -59,9 +59,12 @@ checkpoint::UnitState Learner::unit_state(int64_t t, bool lost, UnitTrainer::Mom
   st.schedule_step = trainer_.schedule_step();
   st.rejoins = core_->rejoins();
   st.run_seed = config_.run.seed;
-  // The losses since the last train event: a resumed unit logs the same means.
-  st.log_loss_sum = since_log_.loss;
-  st.log_steps = since_log_.steps;
+  // The losses since the last train event: a resumed unit logs the same means. At a log step
+  // the step's train event closes the interval (after this file, in after_step): a unit
+  // resumed from here starts a new one, as the straight run does.
+  const bool logs_now = config_.run.log_every > 0 && t % config_.run.log_every == 0;
+  st.log_loss_sum = logs_now ? 0.0 : since_log_.loss;
+  st.log_steps = logs_now ? 0 : since_log_.steps;
   if (!lost) {
     // (gather_moments downloaded the device's parameters and moments with cuda)
     const auto params = trainer_.model().parameters();

@@ -83,6 +83,24 @@ for d in complete:
 print(f"E: {len(complete)} checkpoints through {crashes} crashes, each of one step")
 PY
 
+# F: every step logged (run.log_every 1), so that every checkpoint is at a log step: the resumed
+# run starts a new interval, as the straight one does (before, it restored the closed one and
+# logged the mean over two intervals after the resume).
+run --set run.dir=F --set run.log_every=1 --set train.steps=300 > F1.log 2>&1 || { cat F1.log; fail "F failed"; }
+run --set run.dir=G --set run.log_every=1 --set train.steps=300 --resume F/checkpoints/ckpt_00000001 > G.log 2>&1 ||
+  { cat G.log; fail "G: resume of F failed"; }
+/usr/bin/python3 - <<'PY' || fail "a run resumed at a log step logs other losses"
+import json
+for u in (0, 1):
+    f = {e["step"]: e["train_loss"] for e in map(json.loads, open(f"F/unit_{u}.jsonl")) if e["event"] == "train"}
+    g = {e["step"]: e["train_loss"] for e in map(json.loads, open(f"G/unit_{u}.jsonl")) if e["event"] == "train"}
+    common = sorted(set(f) & set(g))
+    assert len(common) >= 100, (u, len(common))
+    bad = [t for t in common if f[t] != g[t]]
+    assert not bad, f"G: unit {u}'s loss differs from F at steps {bad[:5]}"
+print("F, G (resumed at a log step): the same losses at every step")
+PY
+
 /usr/bin/python3 - <<'PY' || fail "resumed runs differ from the straight one"
 import json, glob, h5py, numpy as np
 def events(path):
