@@ -91,7 +91,9 @@ struct StatusOptions {
 };
 /// `ddiloco status RUN_DIR`: the status page's table in the terminal, from the syncer's
 /// /api/state at the address in RUN_DIR/syncer.http (docs/status_page.md). Exit 0; throws
-/// Error when there is no such file or the syncer does not answer.
+/// Error when there is no such file or the syncer does not answer. With watch_s > 0 it asks
+/// until SIGINT/SIGTERM (then exit 0), reading the file again each time, so that it follows a
+/// syncer the launcher restarted; meanwhile it shows why there is no answer.
 int status(const StatusOptions& options);
 /// The table `ddiloco status` prints for one /api/state answer. Fields missing or of another
 /// type are shown as "-" (the answer is a peer's: never trusted to be well formed).

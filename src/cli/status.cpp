@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <thread>
 
 #include "cli/commands.hpp"
@@ -67,8 +68,8 @@ std::string header(const nlohmann::json& state) {
   const nlohmann::json& pr = state.contains("progress") ? state["progress"] : nlohmann::json::object();
   const nlohmann::json& gp = state.contains("goodput") ? state["goodput"] : nlohmann::json::object();
   const double tokens = number(pr, "tokens"), budget = number(run, "token_budget");
-  std::string out = fmt::format("{} · mode {} · {} units · P={} H={} tau={} K={} · {}\n", clean(text(run, "dir")),
-                                clean(text(run, "mode")), text(run, "units"), text(run, "fragments"),
+  std::string out = fmt::format("{} · syncer {} · mode {} · {} units · P={} H={} tau={} K={} · {}\n",
+                                clean(text(run, "dir")), text(run, "pid"), clean(text(run, "mode")), text(run, "units"), text(run, "fragments"),
                                 text(run, "h"), text(run, "tau"), text(run, "quorum"),
                                 fixed(number(state, "elapsed_s"), "{:.1f}", " s"));
   std::string val = "-";
@@ -120,44 +121,72 @@ std::string format_status(const nlohmann::json& state) {
   return out;
 }
 
-int status(const StatusOptions& o) {
+namespace {
+
+// One /api/state answer, or why there is none (`error` not empty).
+struct Answer {
+  nlohmann::json state;
+  std::string error;
+};
+
+// Asks the syncer that RUN_DIR/syncer.http names now: a restarted syncer writes a new address,
+// so a watch reads the file again each time.
+Answer ask(const StatusOptions& o) {
   constexpr size_t kMaxAnswer = 64 << 20;
-  const auto addr = HttpAddress::read(o.run_dir);
+  std::optional<HttpAddress> addr;
+  try {
+    addr = HttpAddress::read(o.run_dir);
+  } catch (const Error& e) {
+    return {{}, e.what()};
+  }
   if (!addr)
-    fail("status: no {} (no syncer of this run is serving its status page: not started, ended, or "
-         "syncer.http off)", HttpAddress::file(o.run_dir).string());
+    return {{}, fmt::format("no {} (no syncer of this run is serving its status page: not started, ended, or "
+                            "syncer.http off)", HttpAddress::file(o.run_dir).string())};
   const auto colon = addr->address.rfind(':');
   // Served on every interface: this host's loopback, or the syncer's host by name.
   std::string ip = addr->address.substr(0, colon);
   if (ip == "0.0.0.0") ip = addr->host.empty() || addr->host == host_name() ? "127.0.0.1" : addr->host;
   httplib::Client client(ip, std::stoi(addr->address.substr(colon + 1)));
-  const auto timeout = std::chrono::duration<double>(o.timeout_s);
-  client.set_connection_timeout(std::chrono::duration_cast<std::chrono::microseconds>(timeout));
-  client.set_read_timeout(std::chrono::duration_cast<std::chrono::microseconds>(timeout));
+  const auto timeout = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(o.timeout_s));
+  client.set_connection_timeout(timeout);
+  client.set_read_timeout(timeout);
+  // At most kMaxAnswer bytes: the address file may name another program's port.
+  std::string body;
+  const httplib::Result r = client.Get("/api/state", [&](const char* data, size_t n) {
+    body.append(data, n);
+    return body.size() <= kMaxAnswer;
+  });
+  if (!r)
+    return {{}, fmt::format("{} (from {}) does not answer: {} (the syncer has ended or is restarting)", addr->url(),
+                            HttpAddress::file(o.run_dir).string(), httplib::to_string(r.error()))};
+  if (r->status != 200) return {{}, fmt::format("{}api/state answered {}: {}", addr->url(), r->status, clean(body))};
+  nlohmann::json state = nlohmann::json::parse(body, nullptr, false);
+  if (state.is_discarded() || !state.is_object())
+    return {{}, fmt::format("{}api/state: the answer is not a JSON object", addr->url())};
+  const auto run = state.find("run");
+  if (run == state.end() || !run->is_object() || run->value("pid", nlohmann::json()) != nlohmann::json(addr->pid))
+    return {{}, fmt::format("{} answers, but not as the syncer (pid {}) that {} names: that syncer has ended",
+                            addr->url(), addr->pid, HttpAddress::file(o.run_dir).string())};
+  return {std::move(state), ""};
+}
+
+}  // namespace
+
+int status(const StatusOptions& o) {
   install_stop_signals();
   for (;;) {
-    // At most kMaxAnswer bytes: the address file may name another program's port.
-    std::string body;
-    const httplib::Result r = client.Get("/api/state", [&](const char* data, size_t n) {
-      body.append(data, n);
-      return body.size() <= kMaxAnswer;
-    });
-    if (!r)
-      fail("status: {} (from {}) does not answer: {} (the syncer has ended or is restarting)", addr->url(),
-           HttpAddress::file(o.run_dir).string(), httplib::to_string(r.error()));
-    if (r->status != 200) fail("status: {}api/state answered {}: {}", addr->url(), r->status, clean(body));
-    const nlohmann::json state = nlohmann::json::parse(body, nullptr, false);
-    if (state.is_discarded() || !state.is_object())
-      fail("status: {}api/state: the answer is not a JSON object", addr->url());
-    const auto run = state.find("run");
-    if (run == state.end() || !run->is_object() || run->value("pid", nlohmann::json()) != nlohmann::json(addr->pid))
-      fail("status: {} answers, but not as the syncer (pid {}) that {} names: that syncer has ended",
-           addr->url(), addr->pid, HttpAddress::file(o.run_dir).string());
-    if (o.json) {
-      std::printf("%s\n", state.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    const Answer a = ask(o);
+    // Once, an error is the answer; watching, the syncer may be restarting: say so and ask again.
+    if (!a.error.empty() && o.watch_s <= 0) fail("status: {}", a.error);
+    if (!a.error.empty() && o.json) {
+      std::fprintf(stderr, "status: %s\n", a.error.c_str());
+    } else if (o.json) {
+      std::printf("%s\n", a.state.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       if (o.watch_s > 0) std::fputs("\033[H\033[2J", stdout);  // home, clear: a redraw in place
-      std::fputs(format_status(state).c_str(), stdout);
+      std::fputs(a.error.empty() ? format_status(a.state).c_str()
+                                 : fmt::format("{}: waiting for the syncer: {}\n", clean(o.run_dir), a.error).c_str(),
+                 stdout);
     }
     std::fflush(stdout);
     if (o.watch_s <= 0) return 0;

@@ -136,7 +136,7 @@ void Syncer::take_status_actions() {
   for (const StatusServer::Action& a : status_.server->take_actions()) act(a);
 }
 
-// An action a request with the run's secret asked for, through the path it has without the
+// An action a request with the page's secret asked for, through the path it has without the
 // page: a kill is the launcher's chaos kill (a request file it picks up), a checkpoint a
 // periodic one asked for now, a stop SIGTERM (under launch to the launcher, which forwards it
 // to every child as it does a user's).

@@ -5,11 +5,14 @@
 #   - requests without the run's secret, or with a wrong one, are refused (401) and change
 #     nothing: no action is logged, the launcher kills nothing, no request file appears;
 #     GET on an action is 405, an unknown action 404, a bad unit 400;
+#   - with the page's secret, "checkpoint now" writes a checkpoint (the periodic one's path);
 #   - hostile clients (40 slowloris connections for 8 s, then 1,000 requests back to back) do
 #     not stop the merges: merges go on through the attack with no gap longer than twice the
 #     nominal fragment period, and the page answers the requests once the slow clients are gone;
 #   - requests with a body are refused (413), and one longer than the server's buffer is
 #     refused; the run's own secret (which admits units) is not the page's;
+#   - `ddiloco status` prints this job's table and JSON, and its --watch follows the syncer
+#     through a SIGKILL and the launcher's restart of it;
 #   - the job stops on SIGUSR1 with 40 slow clients still connected (within 60 s, else the
 #     watchdog's SIGKILL fails the test). (How much they slow the
 #     merges is measured by scripts/bench_status_page.py, not timed here.)
@@ -108,6 +111,34 @@ assert not os.path.exists("run/requests") or not os.listdir("run/requests"), os.
 assert [u["restarts"] for u in json.loads(get("api/state")[2])["units"]] == [0, 0]
 print("requests without the page's secret: 16 refused (401), nothing acted on; 400/404/405 as documented")
 
+# With the secret, "checkpoint now" takes the periodic checkpoint's path: 202, an action event,
+# then the checkpoint it asked for (every unit's file, the syncer's, the manifest). A periodic
+# checkpoint under way at that moment refuses it (said in the event): ask again.
+def events():
+    with open("run/metrics.jsonl") as f:
+        return [json.loads(l) for l in f if l.endswith("\n")]
+deadline = time.time() + 90
+for attempt in range(5):
+    code, body = post("api/action/checkpoint", bearer)
+    assert code == 202, (code, body)
+    while not [e for e in events() if e["event"] == "action"][attempt:]:
+        assert time.time() < deadline, "the checkpoint action was never logged"
+        time.sleep(0.2)
+    act = [e for e in events() if e["event"] == "action"][attempt]
+    assert act["action"] == "checkpoint", act
+    if "refused" not in act:
+        break
+    assert "under way" in act["refused"], act
+    time.sleep(1)
+assert "refused" not in act, act
+while not [e for e in events() if e["event"] == "checkpoint" and e["elapsed_s"] >= act["elapsed_s"]]:
+    assert time.time() < deadline, "no checkpoint followed the action"
+    time.sleep(0.2)
+cp = [e for e in events() if e["event"] == "checkpoint" and e["elapsed_s"] >= act["elapsed_s"]][0]
+files = sorted(os.listdir(cp["path"]))
+assert {"manifest.json", "syncer.h5", "unit_0.h5", "unit_1.h5"} <= set(files), files
+print(f"checkpoint now (with the secret): {attempt + 1} request(s), checkpoint {cp['id']} written: {files}")
+
 # Bodies are refused, and a request longer than the server's buffer is refused: neither
 # grows the server (a chunked body or an endless header line would, read).
 import socket
@@ -151,6 +182,35 @@ print(f"slowloris x40 for 8 s ({dict(slow)}), then 1000 requests ({dict(flood)})
       f"{len(merges)} merges in {t_end - t_attack:.1f} s, longest gap {worst[0]:.2f} s "
       f"(2 x period {2 * worst[1]:.2f} s)")
 PY
+# `ddiloco status`: the table and the JSON of the syncer that answers; asked once, a run with no
+# syncer serving is an error naming the file; a watch follows the syncer through a SIGKILL and
+# the launcher's restart of it (the new syncer serves on a new port).
+first=$(launch_syncer_pid)
+"$DDILOCO" status run > status.txt || { show; fail "ddiloco status run failed"; }
+grep -q " · syncer $first · mode decoupled · 2 units" status.txt && (($(grep -cE '^ +[01]  training ' status.txt) == 2)) \
+  || { cat status.txt; fail "ddiloco status: not the table of this job (syncer $first, 2 units training)"; }
+"$DDILOCO" status run --json > status.json || { show; fail "ddiloco status run --json failed"; }
+/usr/bin/python3 -c "import json; s = json.load(open('status.json')); assert s['run']['pid'] == $first and len(s['units']) == 2, s['run']" \
+  || fail "ddiloco status --json: not this job's /api/state"
+mkdir -p idle
+rc=0; "$DDILOCO" status idle 2> idle.err || rc=$?
+((rc != 0)) && grep -q "no idle/syncer.http" idle.err || { cat idle.err; fail "ddiloco status of a run with no syncer: exit $rc"; }
+"$DDILOCO" status run --watch 0.3 > watch.txt 2>&1 &
+watcher=$!
+sleep 1
+kill -KILL "$first"
+deadline=$((SECONDS + 90))
+until second=$(launch_syncer_pid) && [[ $second != "$first" ]] && grep -q " · syncer $second · " watch.txt; do
+  kill -0 "$watcher" 2>/dev/null || { cat watch.txt; fail "ddiloco status --watch ended when the syncer was killed"; }
+  ((SECONDS < deadline)) || { show; tail -c 2000 watch.txt; fail "ddiloco status --watch never showed the restarted syncer"; }
+  sleep 0.2
+done
+kill -TERM "$watcher"
+rc=0; wait "$watcher" || rc=$?
+((rc == 0)) || fail "ddiloco status --watch exited $rc on SIGTERM, expected 0"
+echo "ddiloco status: the table, --json, an idle run refused; --watch followed syncer $first to $second" \
+     "($(grep -c 'waiting for the syncer' watch.txt) redraws waiting in between)"
+
 # The job ends with slow clients still connected: the server's threads are joined within a
 # request deadline, so the syncer's exit does not wait on them.
 host_port=$(/usr/bin/python3 -c "import json; print(json.load(open('run/syncer.http'))['address'])")

@@ -352,13 +352,13 @@ TEST(KillRequests, AreTakenOnceAndMalformedOnesRefused) {
 TEST(StatusTable, ShowsAStateAndSurvivesAHostileOne) {
   const nlohmann::json state = {
       {"schema", "ddiloco.status/1"}, {"elapsed_s", 3.5},
-      {"run", {{"dir", "runs/x"}, {"mode", "decoupled"}, {"units", 1}, {"token_budget", 1000}}},
+      {"run", {{"dir", "runs/x"}, {"mode", "decoupled"}, {"units", 1}, {"token_budget", 1000}, {"pid", 4242}}},
       {"progress", {{"tokens", 500}, {"merges", 9}, {"merge_rate_per_s", 1.5}}},
       {"units", {{{"unit", 0}, {"state", "training"}, {"pid", 12}, {"host", "node1"}, {"steps", 40},
                   {"bytes_up", 2048}}}},
       {"events", {{{"event", "unit_lost"}, {"unit", 0}, {"elapsed_s", 1.0}, {"reason", "reset"}}}}};
   const std::string table = cli::format_status(state);
-  EXPECT_NE(table.find("runs/x"), std::string::npos) << table;
+  EXPECT_NE(table.find("runs/x · syncer 4242 · mode decoupled"), std::string::npos) << table;
   EXPECT_NE(table.find("12@node1"), std::string::npos) << table;
   EXPECT_NE(table.find("training"), std::string::npos) << table;
   EXPECT_NE(table.find("2.0 KiB"), std::string::npos) << table;
