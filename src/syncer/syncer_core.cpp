@@ -402,8 +402,13 @@ std::string SyncerCore::check_snapshot(int u, int p, const protocol::SnapshotMet
                        meta.c_steps, meta.c_tok, tps, tps);
   const std::vector<float>& x = incoming_[p];
   if (!std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); })) return "non-finite values";
-  if (meta.base_version < 0 || meta.base_version > version_[p])
-    return fmt::format("base version {} outside 0..{}", meta.base_version, version_[p]);
+  // A unit trains from what it took from its inbox: a base newer than the last version written
+  // there is a lie, even once Θ_p has reached it (measured from that version, the unit's stale
+  // values would pull Θ_p back).
+  const int64_t newest = slots_[u][p].delivered;
+  if (meta.base_version < 0 || meta.base_version > newest)
+    return fmt::format("base version {} outside 0..{} (the last version of fragment {} sent to unit {})",
+                       meta.base_version, newest, p, u);
   if (too_stale(p, meta.base_version)) return staleness_problem(p, meta.base_version);
   if (!history_.holds(p, meta.base_version))
     return fmt::format("base version {} is no longer held (oldest {})", meta.base_version,

@@ -9,8 +9,11 @@
 #     merges that took it name it in outer_grads_clipped, syncer.max_outer_grad_ratio);
 #   - both honest units merge at least 3 more times after its first lie, and the job ends;
 #   - Θ stays finite, and the final val_loss is at most 0.25 nats above the honest-only run's
-#     where every lie is refused, 0.6 where the values are merged scaled down (two honest-only
-#     runs differ by up to 0.12: the merges are asynchronous) (docs/security.md);
+#     where every lie is refused, 0.6 where the values are merged scaled down (docs/security.md).
+#     3000 inner steps: the model is then past its early plateau in every run (honest-only runs
+#     end within 0.981..0.993); at 1500 some runs were still leaving it (0.99..1.35), and the
+#     comparison measured that, not the lie. Run that long, the "future" lie found a hole: a
+#     base version Θ had since reached was taken (docs/results.md "Units that lie");
 #   - the syncer's peak resident memory stays within 64 MiB of the honest-only run's.
 # Every process the test starts ends with it.
 source "$(dirname "$0")/lib/common.sh"
@@ -26,7 +29,7 @@ mode: decoupled
 run: {dir: $2, log_every: 50, progress: false, threads: 1}
 model: {n_layer: 1, n_head: 2, n_embd: 32, seq_len: 32}
 data: {train: text/train_*.bin, val: text/val_*.bin}
-train: {batch_size: 4, steps: 1500, warmup_steps: 5}
+train: {batch_size: 4, steps: 3000, warmup_steps: 5}
 eval: {val_tokens: 2048, sample_tokens: 0}
 units: {count: 3, ranks: [1, 1, 1]}
 outer: {fragments: 2, h: 4}

@@ -98,6 +98,12 @@ struct Harness {
     const std::vector<float> theta(layout.numel(p), value);
     unit(u).publish(p, theta, {c_steps, c_tok, c_steps, base});
   }
+  // Unit u takes the merged Θ_p waiting in its inbox, as a leader does before it trains on from
+  // it: a snapshot may name as its base only a version the unit was sent.
+  void take(int u, int p) {
+    std::vector<float> got(layout.numel(p));
+    ASSERT_TRUE(unit(u).take_inbox(p, got)) << "unit " << u << " fragment " << p;
+  }
   void beat(int u) { unit(u).set_control(protocol::kHeartbeat, unit(u).control(protocol::kHeartbeat) + 1); }
   void step_time(int u, double seconds) {
     unit(u).set_control(protocol::kStepTimeNs, static_cast<int64_t>(seconds * 1e9));
@@ -468,6 +474,7 @@ TEST(SyncerCore, AStaleSnapshotIsMergedWithItsStalenessAndBaseVersion) {
   for (int k = 0; k < 3; ++k) {
     h.publish(0, 0, 1.0f + k, 4, 400, k);
     h.tick();
+    h.take(0, 0);
   }
   ASSERT_EQ(h.core.versions()[0], 3);
   h.publish(1, 0, 5.0f, 12, 1200, 0);
@@ -478,6 +485,34 @@ TEST(SyncerCore, AStaleSnapshotIsMergedWithItsStalenessAndBaseVersion) {
   EXPECT_EQ(m["base_versions"], json({0}));
 }
 
+// Found by tests/e2e/lying_unit.sh run longer: a base version "from the future" was refused only
+// while Θ_p had not reached it; afterwards the liar's stale values, measured from a version it
+// never held, pulled Θ back (+1.3 nats). A base must be a version the unit was sent.
+TEST(SyncerCore, ABaseVersionTheUnitWasNeverSentIsRefusedEvenOnceThetaHasIt) {
+  Harness h(small_config(Mode::decoupled, 2, 1));
+  for (int k = 0; k < 3; ++k) {
+    h.publish(0, 0, 1.0f + k, 4, 400, k);
+    h.tick();
+    h.take(0, 0);
+  }
+  ASSERT_EQ(h.core.versions()[0], 3);
+  const std::vector<float> before(h.core.theta(0).begin(), h.core.theta(0).end());
+  h.publish(1, 0, 9.0f, 4, 400, 2);  // unit 1 was sent nothing: it holds version 0
+  h.tick();
+  ASSERT_EQ(h.named("snapshot_rejected").size(), 1u);
+  EXPECT_EQ(h.named("snapshot_rejected")[0]["reason"],
+            "base version 2 outside 0..0 (the last version of fragment 0 sent to unit 1)");
+  EXPECT_EQ(h.merges(0).size(), 3u);
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), h.core.theta(0).begin())) << "Θ_0 moved";
+  // Sent the current fragment, it may name that version.
+  ASSERT_EQ(h.unit(1).inbox_version(0), 3);
+  h.take(1, 0);
+  h.publish(1, 0, 4.0f, 4, 400, 3);
+  h.tick();
+  EXPECT_EQ(h.merges(0).back()["units"], json({1}));
+  EXPECT_EQ(h.merges(0).back()["base_versions"], json({3}));
+}
+
 TEST(SyncerCore, MaxStalenessRefusesASnapshotTooFarBehindOnArrivalOrAfterWaiting) {
   Config c = small_config(Mode::decoupled, 2, 1);
   c.syncer.max_staleness = 2;
@@ -486,6 +521,7 @@ TEST(SyncerCore, MaxStalenessRefusesASnapshotTooFarBehindOnArrivalOrAfterWaiting
   for (int k = 0; k < 3; ++k) {
     h.publish(0, 0, 1.0f + k, 4, 400, k);
     h.tick();
+    h.take(0, 0);
   }
   ASSERT_EQ(h.core.versions()[0], 3);
   h.publish(1, 0, 5.0f, 12, 1200, 0);
@@ -522,6 +558,7 @@ TEST(SyncerCore, MaxStalenessDropsASilentUnitsWaitingSnapshotThatAgedPastIt) {
     h.publish(0, 0, 1.0f, 4, 400, k);
     h.beat(0);
     h.tick();
+    h.take(0, 0);
   }
   EXPECT_EQ(h.core.versions()[0], 3);
   // Back: the waiting snapshot is now 3 behind, and is dropped instead of merged.
@@ -922,10 +959,9 @@ TEST(SyncerCore, ASequenceNumberThatGoesBackOrJumpsIsRefusedUnreadWithOneLine) {
   ASSERT_EQ(seq_word(1, 0), 2);
   seq_word(1, 0) = 1;  // backwards
   for (int i = 0; i < 5; ++i) {
-    h.publish(0, 0, 1.0f, 4, 400, h.core.versions()[0]);
+    h.publish(0, 0, 1.0f, 4, 400, h.unit(0).inbox_version(0));
     h.tick();
-    std::vector<float> got(h.layout.numel(0));
-    ASSERT_TRUE(h.unit(0).take_inbox(0, got));
+    h.take(0, 0);
   }
   ASSERT_EQ(h.named("snapshot_rejected").size(), 1u);
   EXPECT_EQ(h.named("snapshot_rejected")[0]["unit"], 1);
@@ -979,7 +1015,7 @@ TEST(SyncerCore, ALiarMergingAloneCannotAgeTheHonestRecordOut) {
     if (h.unit(2).inbox_version(0) > 0) {
       ASSERT_TRUE(h.unit(2).take_inbox(0, got));
     }
-    h.unit(2).publish(0, huge, {4, 400, 4, h.core.versions()[0]});
+    h.unit(2).publish(0, huge, {4, 400, 4, h.unit(2).inbox_version(0)});
     h.tick();
     ASSERT_EQ(h.merges(0).size(), 1u + round);
     ASSERT_EQ(h.merges(0).back()["outer_grads_clipped"], json({2})) << "round " << round;
