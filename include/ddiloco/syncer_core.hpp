@@ -50,6 +50,11 @@ struct Slot {
   int64_t seq = 0;          ///< ... its sequence number
   std::vector<float> data;  ///< ... θ_p, numel(p) floats
   int64_t delivered = 0;    ///< last version written to the unit's inbox
+  /// The newest version of Θ_p the unit may hold, the most a snapshot's base may name: the
+  /// newest this syncer sent it (delivered, served, settled from its offer), or that a
+  /// checkpoint or a recovery began from. Unlike the rest, kept when the unit reconnects: a
+  /// live unit trains on from what it took before the link broke.
+  int64_t may_hold = 0;
   /// The unit is owed a merged fragment: one that merged its snapshot (or the current one after
   /// its snapshot was refused). Merges in between carry nothing of its own and would only be
   /// superseded in its inbox: they are not sent, which keeps the down link to one fragment per

@@ -166,8 +166,10 @@ void SyncerCore::unit_connected(int u) {
     int64_t& base = numbering_.base[u][p];
     base = std::max(base + std::max(s.acked, s.seq), numbering_.merged[u][p]);
     std::vector<float> keep = std::move(s.data);
+    const int64_t may_hold = s.may_hold;
     s = Slot{};
     s.data = std::move(keep);
+    s.may_hold = may_hold;
   }
   // What its window says now: zeros for a new process; for a live one that reconnects to this
   // (restarted) syncer, the snapshots the previous syncer consumed stay consumed.
@@ -346,6 +348,7 @@ bool SyncerCore::serve(int u) {
       Slot& s = slots_[u][p];
       s.outgoing_version = 0;  // a delivery on its way is superseded
       s.delivered = unit_[u].in_flight.version;
+      s.may_hold = std::max(s.may_hold, s.delivered);
       if (!s.fresh) s.meta.base_version = unit_[u].in_flight.version;
       ++sv.next;
       continue;
@@ -402,12 +405,11 @@ std::string SyncerCore::check_snapshot(int u, int p, const protocol::SnapshotMet
                        meta.c_steps, meta.c_tok, tps, tps);
   const std::vector<float>& x = incoming_[p];
   if (!std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); })) return "non-finite values";
-  // A unit trains from what it took from its inbox: a base newer than the last version written
-  // there is a lie, even once Θ_p has reached it (measured from that version, the unit's stale
-  // values would pull Θ_p back).
-  const int64_t newest = slots_[u][p].delivered;
+  // A unit trains from what it was sent: a base newer than that is a lie, even once Θ_p has
+  // reached it (measured from that version, the unit's stale values would pull Θ_p back).
+  const int64_t newest = slots_[u][p].may_hold;
   if (meta.base_version < 0 || meta.base_version > newest)
-    return fmt::format("base version {} outside 0..{} (the last version of fragment {} sent to unit {})",
+    return fmt::format("base version {} outside 0..{} (the newest version of fragment {} unit {} may hold)",
                        meta.base_version, newest, p, u);
   if (too_stale(p, meta.base_version)) return staleness_problem(p, meta.base_version);
   if (!history_.holds(p, meta.base_version))
@@ -876,6 +878,7 @@ void SyncerCore::end_delivery(int u, size_t bytes) {
   Slot& s = slots_[u][d.p];
   if (bytes == 0) return;
   s.delivered = d.version;
+  s.may_hold = std::max(s.may_hold, d.version);
   if (s.outgoing_version == d.version) s.outgoing_version = 0;
 }
 
@@ -936,7 +939,7 @@ void SyncerCore::restore(const checkpoint::SyncerState& c, const std::vector<std
                        !refs[u][p].empty();
       window_.set_reference(u, p, version_[p], own ? std::span<const float>(refs[u][p]) : theta_[p]);
       // The units resume holding Θ_p at this version (they read it from the checkpoint).
-      slots_[u][p].delivered = version_[p];
+      slots_[u][p].delivered = slots_[u][p].may_hold = version_[p];
       slots_[u][p].meta.base_version = version_[p];
     }
   }
@@ -963,6 +966,7 @@ void SyncerCore::adopt(int p, int64_t version, std::span<const float> values) {
   for (int u = 0; u < M_; ++u) {
     Slot& s = slots_[u][p];
     s.delivered = std::min(s.delivered, version);
+    s.may_hold = std::max(s.may_hold, version);  // the dead syncer's versions: any unit may hold one
     if (!s.fresh) s.meta.base_version = std::min(s.meta.base_version, version);
   }
 }
@@ -971,6 +975,7 @@ void SyncerCore::offer_taken(int u, const std::vector<int64_t>& versions) {
   for (int p = 0; p < fragments_.size(); ++p) {
     Slot& s = slots_[u][p];
     s.delivered = versions[p];
+    s.may_hold = std::max(s.may_hold, versions[p]);  // a version of this syncer's history
     s.owed = versions[p] < version_[p];
     if (!s.fresh) s.meta.base_version = std::min(versions[p], version_[p]);
   }

@@ -501,7 +501,7 @@ TEST(SyncerCore, ABaseVersionTheUnitWasNeverSentIsRefusedEvenOnceThetaHasIt) {
   h.tick();
   ASSERT_EQ(h.named("snapshot_rejected").size(), 1u);
   EXPECT_EQ(h.named("snapshot_rejected")[0]["reason"],
-            "base version 2 outside 0..0 (the last version of fragment 0 sent to unit 1)");
+            "base version 2 outside 0..0 (the newest version of fragment 0 unit 1 may hold)");
   EXPECT_EQ(h.merges(0).size(), 3u);
   EXPECT_TRUE(std::equal(before.begin(), before.end(), h.core.theta(0).begin())) << "Θ_0 moved";
   // Sent the current fragment, it may name that version.
@@ -511,6 +511,29 @@ TEST(SyncerCore, ABaseVersionTheUnitWasNeverSentIsRefusedEvenOnceThetaHasIt) {
   h.tick();
   EXPECT_EQ(h.merges(0).back()["units"], json({1}));
   EXPECT_EQ(h.merges(0).back()["base_versions"], json({3}));
+}
+
+// Review of the rule above: a live unit whose link broke trains on, and publishes against what
+// it took before; when it is admitted again, that snapshot may be read before anything is sent
+// to it anew. What it was sent is not forgotten with the connection.
+TEST(SyncerCore, AUnitThatReconnectsMayNameWhatItWasSentBefore) {
+  Harness h(small_config(Mode::decoupled, 2, 1));
+  h.publish(1, 0, 2.0f, 4, 400, 0);
+  h.tick();
+  h.take(1, 0);
+  ASSERT_EQ(h.core.versions()[0], 1);
+  for (int k = 1; k < 3; ++k) {
+    h.publish(0, 0, 1.0f, 4, 400, h.unit(0).inbox_version(0));
+    h.tick();
+    h.take(0, 0);
+  }
+  ASSERT_EQ(h.core.versions()[0], 3);
+  h.publish(1, 0, 3.0f, 4, 400, 1);  // written while its link was down
+  h.core.unit_connected(1);
+  h.tick();
+  EXPECT_TRUE(h.named("snapshot_rejected").empty()) << h.named("snapshot_rejected")[0];
+  EXPECT_EQ(h.merges(0).back()["units"], json({1}));
+  EXPECT_EQ(h.merges(0).back()["base_versions"], json({1}));
 }
 
 TEST(SyncerCore, MaxStalenessRefusesASnapshotTooFarBehindOnArrivalOrAfterWaiting) {
