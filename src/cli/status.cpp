@@ -69,8 +69,9 @@ std::string header(const nlohmann::json& state) {
   const nlohmann::json& gp = state.contains("goodput") ? state["goodput"] : nlohmann::json::object();
   const double tokens = number(pr, "tokens"), budget = number(run, "token_budget");
   std::string out = fmt::format("{} · syncer {} · mode {} · {} units · P={} H={} tau={} K={} · {}\n",
-                                clean(text(run, "dir")), text(run, "pid"), clean(text(run, "mode")), text(run, "units"), text(run, "fragments"),
-                                text(run, "h"), text(run, "tau"), text(run, "quorum"),
+                                clean(text(run, "dir")), text(run, "pid"), clean(text(run, "mode")),
+                                text(run, "units"), text(run, "fragments"), text(run, "h"), text(run, "tau"),
+                                text(run, "quorum"),
                                 fixed(number(state, "elapsed_s"), "{:.1f}", " s"));
   std::string val = "-";
   if (state.contains("val_loss") && state["val_loss"].is_array() && !state["val_loss"].empty()) {
