@@ -104,6 +104,14 @@ struct Harness {
     std::vector<float> got(layout.numel(p));
     ASSERT_TRUE(unit(u).take_inbox(p, got)) << "unit " << u << " fragment " << p;
   }
+  // Unit u alone moves Θ_p `rounds` times from version 0 (values 1, 2, …), taking each merge.
+  void merge_alone(int u, int p, int rounds) {
+    for (int k = 0; k < rounds; ++k) {
+      publish(u, p, 1.0f + k, 4, 400, k);
+      tick();
+      take(u, p);
+    }
+  }
   void beat(int u) { unit(u).set_control(protocol::kHeartbeat, unit(u).control(protocol::kHeartbeat) + 1); }
   void step_time(int u, double seconds) {
     unit(u).set_control(protocol::kStepTimeNs, static_cast<int64_t>(seconds * 1e9));
@@ -471,11 +479,7 @@ TEST(SyncerCore, ALostUnitWeighsNothingAndItsNewProcessIsServedThetaAndMergedAga
 TEST(SyncerCore, AStaleSnapshotIsMergedWithItsStalenessAndBaseVersion) {
   Harness h(small_config(Mode::decoupled, 2, 1));
   // Unit 1 is slow: it reports once, against version 0, after unit 0 moved Θ_0 three times.
-  for (int k = 0; k < 3; ++k) {
-    h.publish(0, 0, 1.0f + k, 4, 400, k);
-    h.tick();
-    h.take(0, 0);
-  }
+  h.merge_alone(0, 0, 3);
   ASSERT_EQ(h.core.versions()[0], 3);
   h.publish(1, 0, 5.0f, 12, 1200, 0);
   h.tick();
@@ -490,11 +494,7 @@ TEST(SyncerCore, AStaleSnapshotIsMergedWithItsStalenessAndBaseVersion) {
 // never held, pulled Θ back (+1.3 nats). A base must be a version the unit was sent.
 TEST(SyncerCore, ABaseVersionTheUnitWasNeverSentIsRefusedEvenOnceThetaHasIt) {
   Harness h(small_config(Mode::decoupled, 2, 1));
-  for (int k = 0; k < 3; ++k) {
-    h.publish(0, 0, 1.0f + k, 4, 400, k);
-    h.tick();
-    h.take(0, 0);
-  }
+  h.merge_alone(0, 0, 3);
   ASSERT_EQ(h.core.versions()[0], 3);
   const std::vector<float> before(h.core.theta(0).begin(), h.core.theta(0).end());
   h.publish(1, 0, 9.0f, 4, 400, 2);  // unit 1 was sent nothing: it holds version 0
@@ -541,11 +541,7 @@ TEST(SyncerCore, MaxStalenessRefusesASnapshotTooFarBehindOnArrivalOrAfterWaiting
   c.syncer.max_staleness = 2;
   Harness h(c);
   // On arrival: unit 1 reports against version 0 after unit 0 moved Θ_0 three times.
-  for (int k = 0; k < 3; ++k) {
-    h.publish(0, 0, 1.0f + k, 4, 400, k);
-    h.tick();
-    h.take(0, 0);
-  }
+  h.merge_alone(0, 0, 3);
   ASSERT_EQ(h.core.versions()[0], 3);
   h.publish(1, 0, 5.0f, 12, 1200, 0);
   h.tick();
